@@ -1,0 +1,66 @@
+"""python -m grpo: the breakdown of the article's example, or of a file.
+
+python -m grpo                          the article's example, as a table
+python -m grpo eval FILE [--preset NAME] [--json] [--set field=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from grpo.config import PRESETS, LossConfig
+from grpo.errors import GrpoInputError
+from grpo.examples import ARTICLE_EXAMPLE
+from grpo.explain import summary_table
+from grpo.io import breakdown_to_json, dumps, load_file
+from grpo.loss import evaluate
+from grpo.requests import batch_from_request, row_lengths
+
+
+def _value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grpo", description="GRPO Lens: explain a GRPO-family loss.")
+    sub = parser.add_subparsers(dest="command")
+    ev = sub.add_parser("eval", help="evaluate a batch file (JSON, JSONL, safetensors, NPZ, .pt)")
+    ev.add_argument("file", type=Path)
+    ev.add_argument("--preset", default=None, help=f"one of {', '.join(PRESETS)} (default: the file's, else article)")
+    ev.add_argument("--json", action="store_true", help="print the whole breakdown as JSON")
+    ev.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a config field")
+    args = parser.parse_args(argv)
+    try:
+        is_file = args.command == "eval"
+        request = load_file(args.file.name, args.file.read_bytes()) if is_file else dict(ARTICLE_EXAMPLE)
+        config_fields = dict(request.pop("config", None) or {})
+        preset = (
+            args.preset if args.command == "eval" and args.preset else config_fields.pop("preset", None) or "article"
+        )
+        overrides = {k: v for k, v in config_fields.items() if k != "preset"}
+        for item in getattr(args, "set", []):
+            key, _, value = item.partition("=")
+            overrides[key] = _value(value)
+        config = LossConfig.from_preset(preset, **overrides)
+        tokens = request.pop("tokens", None)
+        lengths = row_lengths(request)
+        bd = evaluate(batch_from_request(request), config)
+    except (GrpoInputError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if getattr(args, "json", False):
+        print(dumps(breakdown_to_json(bd, lengths=lengths, tokens=tokens)).decode())
+    else:
+        print(summary_table(bd))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

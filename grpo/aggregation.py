@@ -1,0 +1,76 @@
+"""Aggregations: the coefficient each token's loss gets in the scalar, as a (B, T) weight.
+
+Every aggregation takes the 0/1 ``mask`` (B, T) of the tokens that count, the config and the
+padded completion width, and returns ``weight`` (B, T), zero where the mask is: the loss is
+sum(weight * per_token_loss). ``n_rows`` is the number of rows a sequence mean divides by: all
+of them (TRL), or those with at least one token (verl, ``skip_empty_rows``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from torch import Tensor
+
+from grpo.registry import Registry
+
+if TYPE_CHECKING:
+    from grpo.config import LossConfig
+
+Aggregation = Callable[[Tensor, "LossConfig", int], Tensor]
+AGGREGATIONS: Registry[Aggregation] = Registry("aggregation")
+
+
+def n_rows(mask: Tensor, config: LossConfig) -> Tensor:
+    """Rows a sequence mean divides by (at least 1). (B, T) -> ()"""
+    if config.skip_empty_rows:
+        return (mask.sum(-1) > 0).sum().clamp(min=1).to(mask.dtype)
+    return mask.new_tensor(mask.shape[0])
+
+
+@AGGREGATIONS.register("seq-mean-token-mean")
+def seq_mean_token_mean(mask: Tensor, config: LossConfig, width: int) -> Tensor:
+    """Per-sequence token mean, then the mean over sequences (GRPO paper, the article).
+
+    Each row weighs the same whatever its length, so a token of a short answer counts more than
+    one of a long answer: the length bias Dr. GRPO points out. TRL ``grpo``/``sapo``, verl
+    ``seq-mean-token-mean``. Weight 1 / (n_rows · (L_i + length_epsilon)).
+    Paper: https://arxiv.org/abs/2402.03300
+    """
+    lengths = mask.sum(-1, keepdim=True).clamp(min=1) + config.length_epsilon  # (B, 1)
+    return mask / (lengths * n_rows(mask, config))
+
+
+@AGGREGATIONS.register("token-mean")
+def token_mean(mask: Tensor, config: LossConfig, width: int) -> Tensor:
+    """Mean over every token of the batch: each token weighs the same (DAPO, BNPO).
+
+    TRL ``dapo`` (default), ``bnpo``, ``cispo`` on one process; verl ``token-mean``.
+    Weight 1 / (total tokens).
+    Paper: https://arxiv.org/abs/2503.14476
+    """
+    return mask / mask.sum().clamp(min=1)
+
+
+@AGGREGATIONS.register("seq-mean-token-sum")
+def seq_mean_token_sum(mask: Tensor, config: LossConfig, width: int) -> Tensor:
+    """Per-sequence token sum, then the mean over sequences: longer rows weigh more.
+
+    verl ``seq-mean-token-sum``; TRL ``luspo``. Weight 1 / n_rows.
+    Paper: https://arxiv.org/abs/2503.20783
+    """
+    return mask / n_rows(mask, config)
+
+
+@AGGREGATIONS.register("seq-mean-token-sum-norm")
+def seq_mean_token_sum_norm(mask: Tensor, config: LossConfig, width: int) -> Tensor:
+    """Dr. GRPO: token sum / (n_rows · a constant), the constant max_completion_length.
+
+    Unbiased in length: every token weighs the same, and the scale does not move with the
+    batch's lengths. TRL ``dr_grpo``; verl ``seq-mean-token-sum-norm`` with ``loss_scale_factor``
+    (None there and here: the padded completion width). Weight 1 / (n_rows · C).
+    Paper: https://arxiv.org/abs/2503.20783
+    """
+    constant = config.max_completion_length or width
+    return mask / (n_rows(mask, config) * constant)

@@ -1,0 +1,306 @@
+"""LossConfig: every knob of the loss as a named, documented field; presets are data.
+
+Each field carries ``metadata``: ``doc`` (one line, the UI's tooltip), ``group`` (the control
+panel it belongs to), and its valid range (``ge``/``gt``/``le`` bounds or ``choices``). The
+ranges are checked once, generically, in ``__post_init__``; the UI builds its controls from them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpo.advantages import ADVANTAGES
+from grpo.aggregation import AGGREGATIONS
+from grpo.errors import GrpoInputError
+from grpo.kl import KL_ESTIMATORS
+from grpo.objectives import OBJECTIVES
+from grpo.registry import Registry
+
+CHOICES: dict[str, Registry[Any] | tuple[str, ...]] = {
+    "objective": OBJECTIVES,
+    "kl_estimator": KL_ESTIMATORS,
+    "aggregation": AGGREGATIONS,
+    "advantage": ADVANTAGES,
+    "importance_sampling_level": ("token", "sequence"),
+    "cispo_bounds": ("absolute", "relative"),
+    "dtype": ("float32", "float64"),
+    "device": ("auto", "cpu", "cuda"),
+}
+
+
+def _f(default: Any, doc: str, group: str, **bounds: float) -> Any:
+    return field(default=default, metadata={"doc": doc, "group": group, **bounds})
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """How to turn a batch into a GRPO-family loss. Defaults are the article's ``grpo_loss``."""
+
+    preset: str | None = _f(None, "The preset these settings started from (display only).", "preset")
+
+    # --- policy objective --------------------------------------------------------------------
+    objective: str = _f("clip", "Per-token policy objective: PPO clip, CISPO, SAPO or GPG.", "policy")
+    epsilon_low: float = _f(0.2, "Lower clip: the ratio is clipped below at 1 - epsilon_low.", "policy", ge=0.0)
+    epsilon_high: float = _f(
+        0.2,
+        "Upper clip: 1 + epsilon_high (DAPO clip-higher); for CISPO with absolute bounds, the cap itself.",
+        "policy",
+        ge=0.0,
+    )
+    dual_clip: float | None = _f(
+        None, "Dual-clip c (verl clip_ratio_c): for A < 0 the ratio is capped at c. None = off.", "policy", gt=1.0
+    )
+    delta: float | None = _f(
+        None, "TRL's delta (INTELLECT-2): the unclipped ratio is capped at delta (> 1). None = off.", "policy", gt=1.0
+    )
+    cispo_bounds: str = _f(
+        "absolute",
+        "CISPO weight bounds: absolute = min(ratio, epsilon_high) (TRL); relative = "
+        "clamp(ratio, 1 - epsilon_low, 1 + epsilon_high) (verl).",
+        "policy",
+    )
+    sapo_temperature_pos: float = _f(1.0, "SAPO gate temperature for A > 0.", "policy", gt=0.0)
+    sapo_temperature_neg: float = _f(1.05, "SAPO gate temperature for A <= 0.", "policy", gt=0.0)
+    importance_sampling_level: str = _f(
+        "token", "Ratio per token, or one per sequence: exp(mean log-ratio) (GSPO).", "policy"
+    )
+    log_ratio_clamp: float | None = _f(
+        None, "Clamp the token log-ratio to [-c, c] before exp (verl: 20). None = off.", "policy", gt=0.0
+    )
+    seq_log_ratio_clamp: float | None = _f(
+        None, "Upper clamp on the sequence log-ratio before exp (verl GSPO: 10). None = off.", "policy", gt=0.0
+    )
+
+    # --- KL penalty --------------------------------------------------------------------------
+    beta: float = _f(0.01, "KL coefficient: loss += beta * KL (verl kl_loss_coef).", "kl", ge=0.0)
+    kl_estimator: str = _f("k3", "Per-token estimator of KL(pi || pi_ref): k1, k2 or k3.", "kl")
+    kl_log_ratio_clamp: float | None = _f(
+        None, "Clamp ref - logp to [-c, c] before the estimator (verl: 20). None = off.", "kl", gt=0.0
+    )
+    kl_clamp: float | None = _f(
+        None, "Clamp the per-token KL to [-c, c] (verl low_var_kl: 10). None = off.", "kl", gt=0.0
+    )
+    kl_bias_correction: bool = _f(
+        False, "Multiply the KL by the differentiable ratio (TRL use_bias_correction_kl).", "kl"
+    )
+
+    # --- aggregation -------------------------------------------------------------------------
+    aggregation: str = _f("seq-mean-token-mean", "How per-token losses become one scalar.", "aggregation")
+    max_completion_length: int | None = _f(
+        None,
+        "Dr. GRPO's constant divisor (seq-mean-token-sum-norm). None = the padded completion width.",
+        "aggregation",
+        ge=1,
+    )
+    skip_empty_rows: bool = _f(
+        False, "Sequence means divide by rows with a token (verl) instead of all rows (TRL).", "aggregation"
+    )
+    length_epsilon: float = _f(
+        0.0, "Added to each row's length in seq-mean-token-mean (verl: 1e-8).", "aggregation", ge=0.0
+    )
+
+    # --- advantages ----------------------------------------------------------------------------
+    advantage: str = _f("group", "Advantage from rewards: group, batch or none (Dr. GRPO).", "advantage")
+    advantage_epsilon: float = _f(
+        1e-5, "Added to the std: (R - mean) / (std + eps). Article 1e-5, TRL 1e-4, verl 1e-6.", "advantage", ge=0.0
+    )
+
+    # --- runtime -------------------------------------------------------------------------------
+    dtype: str = _f("float32", "Compute dtype.", "runtime")
+    device: str = _f(
+        "auto", "Where to compute: auto (the input's device, else a GPU if present), cpu, cuda.", "runtime"
+    )
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            _check_field(f, getattr(self, f.name))
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> LossConfig:
+        """The preset's settings with ``overrides`` applied: ``from_preset("verl-grpo", beta=0.0)``."""
+        if name not in PRESETS:
+            raise GrpoInputError("preset", f"one of {', '.join(PRESETS)}", got=repr(name))
+        unknown = sorted(set(overrides) - set(FIELD_NAMES))
+        if unknown:
+            raise GrpoInputError(unknown[0], f"a LossConfig field: one of {', '.join(FIELD_NAMES)}")
+        return cls(**{**PRESETS[name].settings, "preset": name, **overrides})
+
+    def replace(self, **changes: Any) -> LossConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(LossConfig))
+
+
+def _check_field(f: dataclasses.Field[Any], value: Any) -> None:
+    """Check one field against its type and its metadata's bounds or choices."""
+    if f.name in CHOICES:
+        choices = CHOICES[f.name]
+        names = choices.names() if isinstance(choices, Registry) else choices
+        if value not in names:
+            raise GrpoInputError(f.name, f"one of {', '.join(names)}", got=repr(value))
+        return
+    kind = str(f.type)
+    if value is None:
+        if "None" not in kind:
+            raise GrpoInputError(f.name, f"a value of type {kind}", got="None")
+        return
+    if kind.startswith("str"):
+        if not isinstance(value, str):
+            raise GrpoInputError(f.name, "a string", got=repr(value))
+        return
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise GrpoInputError(f.name, "true or false", got=repr(value))
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise GrpoInputError(f.name, "a finite number", got=repr(value))
+    if kind.startswith("int") and not float(value).is_integer():
+        raise GrpoInputError(f.name, "an integer", got=repr(value))
+    meta = f.metadata
+    if "ge" in meta and value < meta["ge"]:
+        raise GrpoInputError(f.name, f"a number >= {meta['ge']}", got=repr(value))
+    if "gt" in meta and value <= meta["gt"]:
+        raise GrpoInputError(f.name, f"a number > {meta['gt']}", got=repr(value))
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named set of LossConfig choices, with what it reproduces and where that comes from."""
+
+    name: str
+    doc: str
+    source: str
+    settings: dict[str, Any]
+
+
+# Reproduced from each library's defaults and recipes; see shared/reference/loss-variants-spec.md
+# (TRL 1.16.0 §1.4-1.11, verl 0.9.1 §2.2-2.7). Fields not named keep LossConfig's defaults.
+_TRL = {
+    "beta": 0.0,  # GRPOConfig.beta default since PR #3516
+    "epsilon_low": 0.2,
+    "epsilon_high": 0.2,  # epsilon_high=None falls back to epsilon
+    "advantage": "group",  # scale_rewards="group"
+    "advantage_epsilon": 1e-4,  # TRL adds 1e-4 to the unbiased std
+    "kl_estimator": "k3",
+    "kl_bias_correction": True,  # use_bias_correction_kl defaults to True in 1.16.0
+    "max_completion_length": 512,
+    "skip_empty_rows": False,  # TRL divides sequence means by all rows
+}
+_VERL = {
+    "epsilon_low": 0.2,
+    "epsilon_high": 0.2,
+    "dual_clip": 3.0,  # clip_ratio_c, always on in vanilla
+    "log_ratio_clamp": 20.0,  # vanilla clamps ℓ - ℓold to ±20 before exp
+    "beta": 0.0,  # use_kl_loss=False by default
+    "kl_estimator": "k3",  # low_var_kl
+    "kl_log_ratio_clamp": 20.0,  # low_var_kl clamps ref - logp to ±20 ...
+    "kl_clamp": 10.0,  # ... and the estimate to ±10
+    "advantage": "group",
+    "advantage_epsilon": 1e-6,
+    "skip_empty_rows": True,  # agg_loss's local fallback counts rows with a token
+    "length_epsilon": 1e-8,  # seq-mean-token-mean divides by L_i + 1e-8
+}
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in [
+        Preset(
+            "article",
+            "The article's grpo_loss: clip 0.2, beta 0.01, k3, per-sequence token mean, eps 1e-5.",
+            "shared/reference/grpo-loss-analysis.txt (grpo_loss.py)",
+            {
+                "objective": "clip",
+                "epsilon_low": 0.2,
+                "epsilon_high": 0.2,
+                "beta": 0.01,
+                "kl_estimator": "k3",
+                "aggregation": "seq-mean-token-mean",
+                "advantage": "group",
+                "advantage_epsilon": 1e-5,
+            },
+        ),
+        Preset(
+            "trl-grpo",
+            "TRL 1.16 GRPOTrainer, loss_type='grpo': per-sequence token mean, beta 0.",
+            "TRL 1.16.0 GRPOConfig defaults with loss_type='grpo'",
+            {**_TRL, "aggregation": "seq-mean-token-mean"},
+        ),
+        Preset(
+            "trl-dapo",
+            "TRL 1.16 default loss_type='dapo': token mean over the batch, beta 0.",
+            "TRL 1.16.0 GRPOConfig defaults (loss_type='dapo')",
+            {**_TRL, "aggregation": "token-mean"},
+        ),
+        Preset(
+            "trl-dr_grpo",
+            "TRL loss_type='dr_grpo': token sum / (rows x max_completion_length=512).",
+            "TRL 1.16.0 GRPOConfig defaults with loss_type='dr_grpo' (TRL's recipe also sets "
+            "scale_rewards='none', i.e. advantage='none')",
+            {**_TRL, "aggregation": "seq-mean-token-sum-norm"},
+        ),
+        Preset(
+            "trl-gspo",
+            "TRL GSPO: loss_type='grpo' with importance_sampling_level='sequence', eps 3e-4/4e-4.",
+            "TRL 1.16.0 docs (GSPO paper settings)",
+            {
+                **_TRL,
+                "aggregation": "seq-mean-token-mean",
+                "importance_sampling_level": "sequence",
+                "epsilon_low": 3e-4,
+                "epsilon_high": 4e-4,
+            },
+        ),
+        Preset(
+            "trl-cispo",
+            "TRL loss_type='cispo': detached weight min(ratio, 5) times A times logp, token mean.",
+            "TRL 1.16.0 docs (epsilon_high=5.0 recommended)",
+            {
+                **_TRL,
+                "objective": "cispo",
+                "cispo_bounds": "absolute",
+                "epsilon_high": 5.0,
+                "aggregation": "token-mean",
+            },
+        ),
+        Preset(
+            "trl-sapo",
+            "TRL loss_type='sapo': soft sigmoid gate (temperatures 1.0 / 1.05), per-sequence mean.",
+            "TRL 1.16.0 GRPOConfig defaults with loss_type='sapo'",
+            {**_TRL, "objective": "sapo", "aggregation": "seq-mean-token-mean"},
+        ),
+        Preset(
+            "verl-grpo",
+            "verl 0.9.1 GRPO recipe: vanilla clip + dual clip 3, seq-mean-token-mean, low_var_kl 0.001.",
+            "loss-variants-spec.md §2.7 (adv_estimator=grpo, use_kl_loss=True, kl_loss_coef=0.001)",
+            {**_VERL, "aggregation": "seq-mean-token-mean", "beta": 0.001},
+        ),
+        Preset(
+            "verl-dapo",
+            "verl 0.9.1 DAPO recipe: token-mean, clip 0.2 / 0.28, dual clip 3, no KL.",
+            "loss-variants-spec.md §2.7 (clip_ratio_high=0.28, use_kl_loss=False)",
+            {**_VERL, "aggregation": "token-mean", "epsilon_high": 0.28},
+        ),
+        Preset(
+            "verl-gspo",
+            "verl 0.9.1 GSPO: sequence ratio (log clamped at 10), seq-mean-token-mean, 3e-4 / 4e-4.",
+            "loss-variants-spec.md §2.3 gspo and §2.7",
+            {
+                **_VERL,
+                "aggregation": "seq-mean-token-mean",
+                "importance_sampling_level": "sequence",
+                "epsilon_low": 3e-4,
+                "epsilon_high": 4e-4,
+                "dual_clip": None,
+                "log_ratio_clamp": None,
+                "seq_log_ratio_clamp": 10.0,
+            },
+        ),
+    ]
+}

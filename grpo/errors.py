@@ -1,0 +1,22 @@
+"""The one exception type for bad input: it names the tensor, the row and what was expected."""
+
+from __future__ import annotations
+
+
+class GrpoInputError(ValueError):
+    """Bad input to the grpo library.
+
+    ``field`` is the tensor or config field at fault (``per_token_logps``, ``epsilon_low``),
+    ``row`` the batch row when one is to blame, ``expected`` what would have been valid.
+    """
+
+    def __init__(self, field: str, expected: str, row: int | None = None, got: str | None = None):
+        self.field = field
+        self.row = row
+        self.expected = expected
+        self.got = got
+        where = field if row is None else f"{field}[{row}]"
+        message = f"{where}: expected {expected}"
+        if got is not None:
+            message += f", got {got}"
+        super().__init__(message)

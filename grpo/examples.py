@@ -1,0 +1,194 @@
+"""Ready-made batches: the article's example and the dashboard's teaching scenarios.
+
+Each scenario is data: the fields of an ``/api/v1/loss`` request (ragged rows, TRL names), a
+preset, and two or three sentences on what to notice. ``scenario_batch`` turns one into a Batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpo.batch import Batch
+from grpo.requests import batch_from_request
+
+# The article's grpo_loss demo: log_softmax of torch.randn(3, 5, 32) logits gathered at its
+# token_ids (policy, reference and old policy from independent draws; seeded here, rounded to
+# 4 decimals so the numbers are stable), prompt length 3, advantages [-1, 2, 1].
+ARTICLE_EXAMPLE: dict[str, Any] = {
+    "per_token_logps": [
+        [-4.1773, -4.2033, -4.179, -3.4714, -2.5207],
+        [-3.5007, -2.8572, -3.4608, -4.0135, -3.2377],
+        [-4.3337, -4.7927, -2.7413, -4.0487, -4.6678],
+    ],
+    "ref_per_token_logps": [
+        [-3.9636, -3.7845, -5.1826, -3.2988, -4.0074],
+        [-3.761, -2.5917, -4.0781, -3.7282, -3.79],
+        [-4.9879, -3.298, -3.7463, -3.1562, -2.8923],
+    ],
+    "old_per_token_logps": [
+        [-5.1682, -4.2585, -3.0502, -7.4321, -2.8974],
+        [-4.6044, -3.1265, -4.0572, -2.7444, -4.8416],
+        [-2.9801, -2.6088, -4.6922, -4.0029, -5.4988],
+    ],
+    "advantages": [-1.0, 2.0, 1.0],
+    "prompt_lengths": 3,
+    "tokens": [["11", "12", "13", "14", "15"], ["11", "12", "13", "15", "16"], ["11", "12", "13", "16", "17"]],
+}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    notes: str
+    request: dict[str, Any]
+    preset: str = "article"
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+def _row(*values: float) -> list[float]:
+    return list(values)
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in [
+        Scenario(
+            "article",
+            "The article's example",
+            "Three responses to one prompt, five positions of which the first three are the prompt "
+            "(masked out), advantages [-1, 2, 1]. The old and reference policies are independent "
+            "random draws, so the ratios are far from 1 and most tokens sit in a flat clip region: "
+            "look at which of them still get a gradient, and why the loss has its sign.",
+            ARTICLE_EXAMPLE,
+        ),
+        Scenario(
+            "on-policy",
+            "On-policy: ratio 1, loss about 0, gradient not",
+            "The first update after sampling: old = current, so every ratio is exactly 1 and no token "
+            "can clip. The advantages of the group sum to zero, so the policy part of the loss is "
+            "about 0; only beta times the KL remains. Yet the gradient is far from zero: each token is "
+            "pushed up or down by its row's advantage.",
+            {
+                "per_token_logps": [
+                    _row(-0.9, -1.4, -0.3, -2.0),
+                    _row(-1.1, -0.7, -1.9),
+                    _row(-0.4, -0.6, -1.2, -0.8, -1.5),
+                    _row(-2.2, -0.5),
+                ],
+                "ref_per_token_logps": [
+                    _row(-1.0, -1.3, -0.35, -1.9),
+                    _row(-1.0, -0.8, -1.7),
+                    _row(-0.5, -0.6, -1.0, -0.9, -1.4),
+                    _row(-2.0, -0.6),
+                ],
+                "rewards": [1.0, 0.0, 1.0, 0.0],
+                "group_size": 4,
+                "tokens": [
+                    ["The", " answer", " is", " 4"],
+                    ["It", " is", " 5"],
+                    ["2", "+", "2", " =", " 4"],
+                    ["Five", "."],
+                ],
+            },
+        ),
+        Scenario(
+            "off-policy-clipping",
+            "Off-policy: clipping on both sides",
+            "The policy has moved since sampling: some ratios are above 1 + epsilon, some below "
+            "1 - epsilon. A token is clipped only when the move goes the way the advantage wants "
+            "(up for A > 0, down for A < 0): those sit on the flat parts of the curve and get no "
+            "policy gradient, while tokens that moved the wrong way keep theirs.",
+            {
+                "per_token_logps": [
+                    _row(-0.5, -0.9, -1.2, -0.4),
+                    _row(-1.6, -0.6, -2.3, -0.8),
+                    _row(-0.7, -2.6, -0.9, -1.1),
+                    _row(-1.9, -0.5, -0.6, -2.8),
+                ],
+                "old_per_token_logps": [
+                    _row(-0.9, -1.0, -0.9, -0.8),
+                    _row(-1.2, -0.9, -1.8, -0.7),
+                    _row(-0.8, -2.0, -1.3, -1.1),
+                    _row(-1.4, -0.9, -0.8, -2.0),
+                ],
+                "ref_per_token_logps": [
+                    _row(-0.8, -1.0, -1.0, -0.7),
+                    _row(-1.3, -0.8, -1.9, -0.7),
+                    _row(-0.8, -2.1, -1.2, -1.0),
+                    _row(-1.5, -0.8, -0.8, -2.1),
+                ],
+                "rewards": [1.0, 0.0, 1.0, 0.0],
+                "group_size": 4,
+            },
+        ),
+        Scenario(
+            "all-correct",
+            "An all-correct group: zero std, no signal",
+            "Every completion got the same reward, so the group's reward std is 0 and every advantage "
+            "is 0 (frac_reward_zero_std = 1). The policy term vanishes, loss and gradient alike: only "
+            "the KL term is left. All-wrong groups look the same; GRPO cannot tell them apart.",
+            {
+                "per_token_logps": [
+                    _row(-0.3, -0.8, -0.2),
+                    _row(-0.4, -0.5, -0.9, -0.3),
+                    _row(-0.6, -0.2),
+                    _row(-0.5, -0.4, -0.7),
+                ],
+                "old_per_token_logps": [
+                    _row(-0.35, -0.7, -0.25),
+                    _row(-0.4, -0.6, -0.8, -0.3),
+                    _row(-0.5, -0.25),
+                    _row(-0.5, -0.45, -0.6),
+                ],
+                "ref_per_token_logps": [
+                    _row(-0.5, -0.9, -0.3),
+                    _row(-0.6, -0.6, -1.0, -0.4),
+                    _row(-0.8, -0.3),
+                    _row(-0.7, -0.6, -0.8),
+                ],
+                "rewards": [1.0, 1.0, 1.0, 1.0],
+                "group_size": 4,
+            },
+        ),
+        Scenario(
+            "length-bias",
+            "A long wrong answer and a short right one",
+            "On-policy, two right answers of 3 tokens and two wrong answers of 12. With the per-sequence "
+            "mean (GRPO, the article) each token of a short answer weighs 4 times a token of a long one, "
+            "so the long wrong answers are pushed down gently per token: switch the aggregation to "
+            "token-mean or seq-mean-token-sum-norm (Dr. GRPO), or open Compare, to see the weights change.",
+            {
+                "per_token_logps": [
+                    _row(-0.2, -0.5, -0.3),
+                    [-0.9, -1.1, -0.7, -1.3, -0.8, -1.0, -1.2, -0.9, -1.4, -0.6, -1.1, -0.8],
+                    _row(-0.3, -0.4, -0.2),
+                    [-1.0, -0.8, -1.2, -0.9, -1.5, -0.7, -1.1, -1.3, -0.9, -1.0, -0.8, -1.2],
+                ],
+                "rewards": [1.0, 0.0, 1.0, 0.0],
+                "group_size": 4,
+            },
+        ),
+        Scenario(
+            "kl-blowup",
+            "KL blow-up: pi far below pi_ref",
+            "Some tokens the reference finds likely now have tiny probability under the policy "
+            "(log-prob -9 against -0.4). k3 = exp(ref - logp) - (ref - logp) - 1 grows exponentially, so "
+            "a handful of tokens dominate the loss through beta times the KL, and their gradient pushes "
+            "them back up hard. verl clamps k3 at 10 (kl_clamp): try the verl-grpo preset.",
+            {
+                "per_token_logps": [_row(-0.5, -9.0, -0.6), _row(-0.7, -0.4, -8.5, -0.5), _row(-0.6, -0.5, -0.4)],
+                "old_per_token_logps": [_row(-0.5, -8.8, -0.6), _row(-0.7, -0.4, -8.4, -0.5), _row(-0.6, -0.5, -0.4)],
+                "ref_per_token_logps": [_row(-0.6, -0.4, -0.5), _row(-0.6, -0.5, -0.3, -0.6), _row(-0.5, -0.6, -0.5)],
+                "rewards": [1.0, 0.0, 0.5],
+                "group_size": 3,
+            },
+            overrides={"beta": 0.04},
+        ),
+    ]
+}
+
+
+def scenario_batch(name: str) -> Batch:
+    return batch_from_request(SCENARIOS[name].request)

@@ -1,0 +1,51 @@
+"""KL estimators: per-token estimates of KL(pi || pi_ref) from sampled-token log-probs only.
+
+Every estimator takes ``x = ref_logp - logp`` (B, T), the log of pi_ref / pi at the sampled
+token, and returns the estimate (B, T). Schulman's k1, k2, k3 (http://joschu.net/blog/kl-approx.html).
+The clamps (verl's ±20 on x and ±10 on the estimate) and TRL's bias correction are applied
+around the estimator by ``kl_penalty``, so each appears once, as a named config field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from grpo.registry import Registry
+
+KLEstimator = Callable[[Tensor], Tensor]
+KL_ESTIMATORS: Registry[KLEstimator] = Registry("kl_estimator")
+
+
+@KL_ESTIMATORS.register("k1")
+def k1(x: Tensor) -> Tensor:
+    """k1 = log(pi / pi_ref): unbiased but high variance, and negative for half the tokens.
+
+    verl ``kl``/``k1``. Its gradient is 1 per token whatever pi_ref is, so as a loss term it only
+    pushes every sampled log-prob down.
+    Paper: http://joschu.net/blog/kl-approx.html
+    """
+    return -x
+
+
+@KL_ESTIMATORS.register("k2")
+def k2(x: Tensor) -> Tensor:
+    """k2 = ½·(log pi - log pi_ref)²: low variance, biased, always >= 0.
+
+    verl ``mse``/``k2``. Its gradient (logp - ref) is the gradient of the reverse KL on-policy.
+    Paper: http://joschu.net/blog/kl-approx.html
+    """
+    return 0.5 * x.square()
+
+
+@KL_ESTIMATORS.register("k3")
+def k3(x: Tensor) -> Tensor:
+    """k3 = pi_ref/pi - log(pi_ref/pi) - 1: unbiased, low variance, always >= 0 (GRPO's choice).
+
+    Computed as exp(x) - x - 1 with x = ref - logp (as expm1(x) - x, exact near 0), never as a
+    ratio of two exps, which under- and overflows. verl ``low_var_kl``; DeepSeekMath eq. 4.
+    Paper: https://arxiv.org/abs/2402.03300
+    """
+    return torch.expm1(x) - x

@@ -1,0 +1,403 @@
+"""evaluate(batch, config) -> Breakdown: the loss, and where every part of it comes from.
+
+One vectorised pass, forward and backward, with no Python loop over rows or tokens. The current
+log-probs are the only variable: old and reference log-probs and the advantages are constants.
+The policy and KL terms read the log-probs through two leaves holding the same values, so one
+backward pass gives their gradients apart (their sum is the gradient of the loss).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from grpo.advantages import ADVANTAGES, unbiased_std
+from grpo.aggregation import AGGREGATIONS
+from grpo.batch import Batch
+from grpo.config import LossConfig
+from grpo.errors import GrpoInputError
+from grpo.kl import KL_ESTIMATORS
+from grpo.objectives import OBJECTIVES, REGIONS, TRUST, above
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+# Metrics every breakdown carries, 0 when the objective does not define them (verl logs 0 too).
+CLIP_METRICS = (
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "actor/pg_clipfrac",
+    "actor/pg_clipfrac_lower",
+)
+
+
+@dataclass(frozen=True)
+class TokenBreakdown:
+    """Per-token tensors, all (B, T); zero (region ``masked``) where a position does not count."""
+
+    ratio: Tensor
+    """Importance ratio pi/pi_old (at sequence level, the row's ratio on each of its tokens)."""
+    clipped_ratio: Tensor
+    """The ratio after the objective's bounds (clip: clamp(ratio, 1-ε_low, 1+ε_high))."""
+    surrogate: Tensor
+    """The objective's term before weighting (its policy loss is -surrogate)."""
+    kl: Tensor
+    """The KL estimate entering the loss as beta·kl (after clamps and bias correction)."""
+    weight: Tensor
+    """The aggregation coefficient: loss = sum(weight · (-surrogate + beta·kl))."""
+    loss: Tensor
+    """This token's share of the loss; the shares sum to the loss."""
+    policy_loss: Tensor
+    """weight · (-surrogate)."""
+    kl_loss: Tensor
+    """weight · beta · kl."""
+    grad: Tensor
+    """d loss / d per_token_logps, from autograd."""
+    grad_policy: Tensor
+    """The policy term's part of grad."""
+    grad_kl: Tensor
+    """The KL term's part of grad."""
+    region: Tensor
+    """int8 codes into REGIONS: masked, trust, clip_low, clip_high, dual_clip."""
+    log_ratio: Tensor
+    """log pi - log pi_old (after log_ratio_clamp)."""
+    mask: Tensor
+    """bool: the positions that count."""
+
+    def region_names(self) -> list[list[str]]:
+        return [[REGIONS[c] for c in row] for row in self.region.tolist()]
+
+
+@dataclass(frozen=True)
+class RowBreakdown:
+    """Per-row tensors, all (B,)."""
+
+    advantage: Tensor
+    reward: Tensor | None
+    length: Tensor
+    """Counted tokens of the row."""
+    loss: Tensor
+    """The row's share of the loss."""
+    policy_loss: Tensor
+    kl_loss: Tensor
+    sequence_ratio: Tensor
+    """exp(mean log-ratio over the row's tokens): GSPO's ratio."""
+    clip_fraction: Tensor
+    """Fraction of the row's tokens outside the trust region."""
+    group: Tensor
+    """Group index of the row (consecutive rows of group_size)."""
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """A loss and where every part of it comes from."""
+
+    loss: Tensor
+    """0-d: the scalar a trainer would backpropagate; the sum of tokens.loss."""
+    objective: Tensor
+    """0-d: J = -loss."""
+    policy_loss: Tensor
+    """0-d: the policy term's part of the loss."""
+    kl_loss: Tensor
+    """0-d: beta · aggregated KL; loss = policy_loss + kl_loss."""
+    metrics: dict[str, float]
+    """Trainer metrics under their own names (TRL, verl) plus grad_norm and ratio stats."""
+    advantages: Tensor
+    """(B,): the advantages used (given, or computed from rewards)."""
+    rows: RowBreakdown
+    tokens: TokenBreakdown
+    clamp_counts: dict[str, int]
+    """Tokens each clamp or cap field touched (0 when the field is off)."""
+    warnings: tuple[str, ...]
+    config: LossConfig
+    device: str
+    dtype: str
+    zero_std_groups: tuple[int, ...]
+
+
+def resolve_device(name: str, input_device: torch.device) -> torch.device:
+    """``auto``: the input's device if it is an accelerator, else a GPU when present, else cpu."""
+    if name == "cuda" or (name == "auto" and input_device.type == "cuda"):
+        if not torch.cuda.is_available():
+            raise GrpoInputError("device", "cpu or auto: this machine has no CUDA GPU", got="'cuda'")
+        return input_device if input_device.type == "cuda" else torch.device("cuda")
+    if name == "auto" and torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """Mean of x over the positions that count. (B, T) -> ()"""
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def importance_ratio(logp: Tensor, old: Tensor, mask: Tensor, config: LossConfig) -> tuple[Tensor, Tensor]:
+    """(ratio, log_ratio): ratio (B, T), or (B, 1) at sequence level; log_ratio (B, T).
+
+    At sequence level (GSPO) the ratio is exp(mean log-ratio over the row), differentiable
+    through the mean as in TRL; verl's token form sg(s)·pi/sg(pi) has the same value and the
+    same gradient under every aggregation here.
+    """
+    log_ratio = logp - old
+    if config.log_ratio_clamp is not None:
+        log_ratio = log_ratio.clamp(-config.log_ratio_clamp, config.log_ratio_clamp)
+    if config.importance_sampling_level == "token":
+        return log_ratio.exp(), log_ratio
+    seq = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # (B, T) -> (B, 1)
+    if config.seq_log_ratio_clamp is not None:
+        seq = seq.clamp(max=config.seq_log_ratio_clamp)
+    return seq.exp(), log_ratio
+
+
+def kl_penalty(logp: Tensor, ref: Tensor, old: Tensor, mask: Tensor, config: LossConfig) -> Tensor:
+    """Per-token KL estimate (B, T): clamp x = ref - logp, estimate, clamp, bias-correct."""
+    x = ref - logp
+    if config.kl_log_ratio_clamp is not None:
+        x = x.clamp(-config.kl_log_ratio_clamp, config.kl_log_ratio_clamp)
+    kl = KL_ESTIMATORS.get(config.kl_estimator)(x)
+    if config.kl_clamp is not None:
+        kl = kl.clamp(-config.kl_clamp, config.kl_clamp)
+    if config.kl_bias_correction:  # TRL / DeepSeek-V3.2: KL · differentiable ratio (before delta)
+        kl = kl * importance_ratio(logp, old, mask, config)[0]
+    return kl
+
+
+@dataclass(frozen=True)
+class _Advantages:
+    values: Tensor
+    reward: Tensor | None
+    metrics: dict[str, float]
+    zero_std_groups: tuple[int, ...]
+    group_size: int
+
+
+def compute_advantages(batch: Batch, config: LossConfig, device: torch.device, dtype: torch.dtype) -> _Advantages:
+    """Advantages (B,) from the batch: given, or from rewards by ``config.advantage``."""
+    B = batch.shape[0]
+    G = int(batch.group_size or B)
+    if batch.rewards is None:
+        assert isinstance(batch.advantages, Tensor)
+        return _Advantages(batch.advantages.to(device, dtype), None, {}, (), G)
+    assert isinstance(batch.rewards, Tensor)
+    rewards = batch.rewards.to(device, dtype)
+    grouped = rewards.view(-1, G)  # (B,) -> (B/G, G)
+    values = ADVANTAGES.get(config.advantage)(grouped, config.advantage_epsilon).reshape(B)
+    group_std = unbiased_std(grouped)  # (B/G, 1)
+    zero = (
+        torch.isclose(group_std, torch.zeros_like(group_std)).reshape(-1)
+        if G > 1
+        else torch.zeros(B // G, dtype=torch.bool, device=device)
+    )
+    reward_std = unbiased_std(rewards, dim=None) if config.advantage == "batch" else group_std.mean()
+    metrics = {
+        "reward": float(rewards.mean()),
+        "reward_std": float(reward_std),
+        "frac_reward_zero_std": float(zero.to(dtype).mean()),
+    }
+    zero_groups = tuple(int(g) for g in zero.nonzero().flatten().tolist())
+    return _Advantages(values, rewards, metrics, zero_groups, G)
+
+
+def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
+    """The loss of ``batch`` under ``config``, with its per-row and per-token breakdown."""
+    config = config or LossConfig()
+    device = resolve_device(config.device, batch.logp.device)
+    dtype = DTYPES[config.dtype]
+    counted = batch.mask.to(device)
+    mask = batch.mask_float.to(device, dtype)
+
+    def load(value: object) -> Tensor | None:  # the Batch holds 0 wherever nothing counts
+        return value.to(device, dtype) if isinstance(value, Tensor) else None
+
+    logp = load(batch.per_token_logps)
+    assert logp is not None
+    old, ref = load(batch.old_per_token_logps), load(batch.ref_per_token_logps)
+    old = logp if old is None else old
+    ref = logp if ref is None else ref
+    adv = compute_advantages(batch, config, device, dtype)
+    A = adv.values[:, None]  # (B,) -> (B, 1), broadcast over the row's tokens
+    width = int(batch.shape[1] - int(batch.prompt_length_tensor().min()))
+
+    with torch.enable_grad():
+        logp_policy = logp.detach().requires_grad_(True)  # two leaves over the same memory
+        logp_kl = logp.detach().requires_grad_(True)
+        ratio, log_ratio = importance_ratio(logp_policy, old, mask, config)
+        terms = OBJECTIVES.get(config.objective)(ratio, logp_policy, A, config)
+        kl = kl_penalty(logp_kl, ref, old, mask, config)
+        weight = AGGREGATIONS.get(config.aggregation)(mask, config, width)
+        policy_tokens = weight * -terms.surrogate
+        kl_tokens = weight * (config.beta * kl)
+        token_loss = policy_tokens + kl_tokens
+        loss = token_loss.sum()
+        grads = torch.autograd.grad(loss, [logp_policy, logp_kl], allow_unused=True)
+    # Weights are 0 where nothing counts, so the gradient is ±0 there.
+    grad_policy, grad_kl = (torch.zeros_like(logp) if g is None else g for g in grads)
+
+    shape = logp.shape
+    # Masked positions hold logp = old = ref = 0, so kl and log_ratio are already 0 there.
+    tokens = TokenBreakdown(
+        ratio=ratio.detach().expand(shape) * mask,
+        clipped_ratio=terms.clipped_ratio.expand(shape) * mask,
+        surrogate=terms.surrogate.detach().expand(shape) * mask,
+        kl=kl.detach(),
+        weight=weight,
+        loss=token_loss.detach(),
+        policy_loss=policy_tokens.detach(),
+        kl_loss=kl_tokens.detach(),
+        grad=grad_policy + grad_kl,
+        grad_policy=grad_policy,
+        grad_kl=grad_kl,
+        region=(terms.region.expand(shape) * mask).to(torch.int8),  # MASKED is 0
+        log_ratio=log_ratio.detach(),
+        mask=counted,
+    )
+    rows = _rows(tokens, adv, mask)
+    metrics = _metrics(batch, config, terms.flags, tokens, rows, adv, mask, ratio.detach())
+    return Breakdown(
+        loss=loss.detach(),
+        objective=0.0 - loss.detach(),  # 0.0 - x, not -x: no -0.0 for a zero loss
+        policy_loss=tokens.policy_loss.sum(),
+        kl_loss=tokens.kl_loss.sum(),
+        metrics=metrics,
+        advantages=adv.values,
+        rows=rows,
+        tokens=tokens,
+        clamp_counts=_clamp_counts(logp, old, ref, tokens, config),
+        warnings=_warnings(batch, config, adv, rows, loss),
+        config=config,
+        device=str(device),
+        dtype=config.dtype,
+        zero_std_groups=adv.zero_std_groups,
+    )
+
+
+def _rows(tokens: TokenBreakdown, adv: _Advantages, mask: Tensor) -> RowBreakdown:
+    lengths = mask.sum(-1)
+    outside = above(tokens.region.to(mask.dtype), TRUST).sum(-1)
+    B = mask.shape[0]
+    return RowBreakdown(
+        advantage=adv.values,
+        reward=adv.reward,
+        length=lengths,
+        loss=tokens.loss.sum(-1),
+        policy_loss=tokens.policy_loss.sum(-1),
+        kl_loss=tokens.kl_loss.sum(-1),
+        sequence_ratio=(tokens.log_ratio.sum(-1) / lengths.clamp(min=1)).exp(),
+        clip_fraction=outside / lengths.clamp(min=1),
+        group=torch.arange(B, device=mask.device) // adv.group_size,
+    )
+
+
+def _metrics(
+    batch: Batch,
+    config: LossConfig,
+    flags: dict[str, Tensor],
+    tokens: TokenBreakdown,
+    rows: RowBreakdown,
+    adv: _Advantages,
+    mask: Tensor,
+    raw_ratio: Tensor,
+) -> dict[str, float]:
+    n_tokens = mask.sum().clamp(min=1)
+    flat_mask = mask.view(-1)
+
+    def masked_sum(x: Tensor) -> Tensor:
+        return torch.dot(x.expand(mask.shape).reshape(-1), flat_mask)
+
+    metrics = dict.fromkeys(CLIP_METRICS, 0.0)
+    done: dict[int, float] = {}  # objectives share indicator tensors between metric names
+    for name, flag in flags.items():
+        if flag.shape[-1] == 1 and not name.startswith("actor/"):
+            metrics[name] = float(flag.mean())  # TRL: sequence-level flags, one per row
+        else:  # token-level flags (verl: always), over the tokens that count
+            if id(flag) not in done:
+                done[id(flag)] = float(masked_sum(flag) / n_tokens)
+            metrics[name] = done[id(flag)]
+    any_counted = float(mask.sum()) > 0
+    # Ratios are > 0 and tokens.ratio holds 0 where nothing counts, so its max is a counted one;
+    # the raw ratio is 1 there, so max(mask / raw ratio) is 1 / (the smallest counted ratio).
+    ratio_max = tokens.ratio.max()
+    ratio_min = 1 / (mask / raw_ratio).max()
+    metrics |= {
+        "kl": float(tokens.kl.sum() / n_tokens),  # kl is 0 where nothing counts
+        "actor/ppo_kl": 0.0 - float(tokens.log_ratio.sum() / n_tokens),
+        "actor/pg_loss": float(tokens.policy_loss.sum()),
+        "actor/kl_loss": float(torch.dot(tokens.weight.view(-1), tokens.kl.view(-1))),
+        "actor/kl_coef": config.beta,
+        "completions/mean_length": float(rows.length.mean()),
+        "completions/min_length": float(rows.length.min()),
+        "completions/max_length": float(rows.length.max()),
+        "num_tokens": float(mask.sum()),
+        "grad_norm": float(tokens.grad.norm()),
+        "ratio/min": float(ratio_min) if any_counted else 1.0,
+        "ratio/mean": float(tokens.ratio.sum() / n_tokens) if any_counted else 1.0,
+        "ratio/max": float(ratio_max) if any_counted else 1.0,
+        "advantage/mean": float(adv.values.mean()),
+        "advantage/std": float(unbiased_std(adv.values, dim=None)) if adv.values.numel() > 1 else 0.0,
+    }
+    if isinstance(batch.entropies, Tensor):
+        metrics["entropy"] = float(masked_mean(batch.entropies.to(mask.device, mask.dtype), mask))
+    return metrics | adv.metrics
+
+
+def _clamp_counts(logp: Tensor, old: Tensor, ref: Tensor, tokens: TokenBreakdown, config: LossConfig) -> dict[str, int]:
+    """Counted tokens each clamp or cap touched; fields that are off touch nothing."""
+    counted = tokens.mask
+
+    def log_ratio_clamp(c: float) -> Tensor:
+        return (logp - old).abs() > c
+
+    def seq_log_ratio_clamp(c: float) -> Tensor:
+        lengths = counted.sum(-1, keepdim=True).clamp(min=1)
+        return (((logp - old) * counted).sum(-1, keepdim=True) / lengths > c).expand_as(counted)
+
+    def kl_log_ratio_clamp(c: float) -> Tensor:
+        return (ref - logp).abs() > c
+
+    def kl_clamp(c: float) -> Tensor:
+        x = ref - logp
+        if config.kl_log_ratio_clamp is not None:
+            x = x.clamp(-config.kl_log_ratio_clamp, config.kl_log_ratio_clamp)
+        return KL_ESTIMATORS.get(config.kl_estimator)(x).abs() > c
+
+    def delta(c: float) -> Tensor:
+        return tokens.ratio > c
+
+    def dual_clip(c: float) -> Tensor:
+        return tokens.region == REGIONS.index("dual_clip")
+
+    checks = (log_ratio_clamp, seq_log_ratio_clamp, kl_log_ratio_clamp, kl_clamp, delta, dual_clip)
+    counts = {}
+    for check in checks:
+        value = getattr(config, check.__name__)
+        counts[check.__name__] = 0 if value is None else int((check(value) & counted).sum())
+    return counts
+
+
+def _warnings(batch: Batch, config: LossConfig, adv: _Advantages, rows: RowBreakdown, loss: Tensor) -> tuple[str, ...]:
+    out = []
+    if batch.old_per_token_logps is None:
+        out.append("No old_per_token_logps: on-policy, so the ratio is 1 everywhere and nothing can clip.")
+    if batch.ref_per_token_logps is None:
+        out.append("No ref_per_token_logps: the reference is the current policy, so the KL is 0.")
+    if adv.zero_std_groups:
+        out.append(
+            f"Groups {list(adv.zero_std_groups)} have zero reward std: their advantages are 0, "
+            "so they give no policy gradient."
+        )
+    if batch.rewards is not None and adv.group_size == 1:
+        out.append("group_size 1: each advantage is the raw reward (verl's rule); TRL requires groups of 2 or more.")
+    empty = (rows.length == 0).nonzero().flatten().tolist()
+    if empty:
+        out.append(f"Rows {empty} have no counted tokens: they add nothing but may still count in sequence means.")
+    if config.objective == "clip" and config.delta is not None and config.delta < 1 + config.epsilon_high:
+        out.append("delta < 1 + epsilon_high: TRL recommends delta > 1 + epsilon_high.")
+    if config.objective == "cispo" and config.cispo_bounds == "absolute" and config.epsilon_high < 1:
+        out.append(
+            f"CISPO caps the weight at epsilon_high = {config.epsilon_high} (absolute), scaling every token "
+            "down; TRL's docs recommend 5.0."
+        )
+    if not torch.isfinite(loss):
+        out.append("The loss is not finite: a KL or ratio overflowed. Set kl_log_ratio_clamp / log_ratio_clamp.")
+    return tuple(out)

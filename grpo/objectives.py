@@ -1,0 +1,171 @@
+"""Per-token policy objectives: the term each token adds to J before aggregation.
+
+Every objective takes ``ratio`` ((B, T), or (B, 1) at sequence level; differentiable),
+``logp`` ((B, T), the current log-probs; differentiable), ``advantages`` ((B, 1), constant)
+and the config, and returns ``ObjectiveTerms``. The policy loss of a token is ``-surrogate``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from grpo.registry import Registry
+
+if TYPE_CHECKING:
+    from grpo.config import LossConfig
+
+# Region codes of a token: which branch of the objective is active.
+REGIONS: tuple[str, ...] = ("masked", "trust", "clip_low", "clip_high", "dual_clip")
+MASKED, TRUST, CLIP_LOW, CLIP_HIGH, DUAL_CLIP = range(len(REGIONS))
+
+
+@dataclass(frozen=True)
+class ObjectiveTerms:
+    """What an objective computes for each token."""
+
+    surrogate: Tensor
+    """(B, T) or (B, 1): the objective term before weighting; the policy loss is -surrogate."""
+    clipped_ratio: Tensor
+    """The ratio after the objective's bounds (clip: TRL's coef_2; CISPO: the capped weight)."""
+    region: Tensor
+    """Region codes (see REGIONS) as floats, before masking."""
+    flags: dict[str, Tensor] = field(default_factory=dict)
+    """0.0/1.0 indicators keyed by the trainer's metric name; the caller takes their masked mean."""
+
+
+Objective = Callable[[Tensor, Tensor, Tensor, "LossConfig"], ObjectiveTerms]
+OBJECTIVES: Registry[Objective] = Registry("objective")
+
+
+def above(x: Tensor, threshold: float | Tensor) -> Tensor:
+    """1.0 where x > threshold, else 0.0, in x's dtype.
+
+    Indicators stay floats, written straight from the comparison: on CPU builds the bool paths
+    (``where``, ``masked_fill``, bool sums) run tens of times slower than float arithmetic.
+    """
+    return torch.gt(x, threshold, out=torch.empty_like(x))
+
+
+def below(x: Tensor, threshold: float | Tensor) -> Tensor:
+    """1.0 where x < threshold, else 0.0, in x's dtype."""
+    return torch.lt(x, threshold, out=torch.empty_like(x))
+
+
+def regions(
+    like: Tensor, clip_low: Tensor | None = None, clip_high: Tensor | None = None, dual_clip: Tensor | None = None
+) -> Tensor:
+    """Float region codes from disjoint 0/1 indicators: TRUST where none is 1."""
+    region = torch.full_like(like, TRUST)
+    for code, indicator in ((CLIP_LOW, clip_low), (CLIP_HIGH, clip_high), (DUAL_CLIP, dual_clip)):
+        if indicator is not None:
+            region = region.add_(indicator, alpha=code - TRUST)
+    return region
+
+
+@OBJECTIVES.register("clip")
+def clip(ratio: Tensor, logp: Tensor, advantages: Tensor, config: LossConfig) -> ObjectiveTerms:
+    """PPO/GRPO clipped surrogate min(r·A, clip(r, 1-ε_low, 1+ε_high)·A), with dual clip and delta.
+
+    ``epsilon_high > epsilon_low`` is DAPO's clip-higher. ``dual_clip`` c (verl ``clip_ratio_c``,
+    Ye et al. 2019) bounds the loss of A < 0 tokens at -c·A. ``delta`` (TRL, INTELLECT-2) caps the
+    unclipped ratio at delta; for A < 0 and delta >= 1 + ε_high it equals a dual clip at delta.
+    Tokens in a flat region get no policy gradient.
+    Paper: https://arxiv.org/abs/1707.06347
+    """
+    A, low, high = advantages, 1 - config.epsilon_low, 1 + config.epsilon_high
+    r = ratio.detach()
+    capped = r if config.delta is None else r.clamp(max=config.delta)  # TRL caps only this one
+    clipped = r.clamp(low, high)
+    value = torch.minimum(capped * A, clipped * A)  # the pessimistic of the two candidates
+    if config.dual_clip is not None:  # verl: loss = min(-c·A, max(L1, L2)) when A < 0
+        floor = torch.where(A < 0, config.dual_clip * A, float("-inf"))  # (B, 1): no floor for A >= 0
+        value = torch.maximum(value, floor)
+
+    # Where the chosen candidate is flat in r (delta and dual_clip are > 1 > 1 - ε_low):
+    positive, negative = above(A, 0.0), below(A, 0.0)  # (B, 1)
+    clip_low = below(r, low) * negative  # A < 0 and r fell below 1 - ε_low
+    cap_high = high if config.delta is None else min(high, config.delta)
+    clip_high = above(r, cap_high) * positive  # A > 0 and r rose above 1 + ε_high (or delta)
+    dual = torch.zeros_like(A)  # A < 0 and r capped from above: by delta, or by the dual clip
+    if config.delta is not None:
+        dual = above(r, max(high, config.delta)) * negative
+    dual_clip_flag = None
+    if config.dual_clip is not None:
+        dual_clip_flag = above(torch.maximum(capped, clipped), config.dual_clip) * negative
+        dual = torch.maximum(dual, dual_clip_flag)
+    flat = clip_low + clip_high + dual  # disjoint
+
+    # The gradient autograd takes through min and clamp: A·dr on the trust region, 0 where flat.
+    # Written out because CPU autograd of min/clamp runs slow bool kernels (7x the whole rest);
+    # tests hold it equal to autograd through torch.minimum and clamp.
+    surrogate = value + (ratio - r) * (A * (1 - flat))
+
+    high_flag = clip_high if config.delta is None else above(capped, high) * positive
+    either = clip_low + high_flag
+    flags = {
+        "clip_ratio/low_mean": clip_low,  # TRL: r < 1 - ε_low and A < 0
+        "clip_ratio/high_mean": high_flag,  # TRL: min(r, delta) > 1 + ε_high and A > 0
+        "clip_ratio/region_mean": either,
+        "actor/pg_clipfrac": either if config.delta is None else clip_low + above(r, high) * positive,
+    }
+    if dual_clip_flag is not None:
+        flags["actor/pg_clipfrac_lower"] = dual_clip_flag  # verl: the dual-clip fraction
+    region = regions(r.expand_as(value), clip_low, clip_high, dual if config.delta or config.dual_clip else None)
+    return ObjectiveTerms(surrogate, clipped, region, flags)
+
+
+@OBJECTIVES.register("cispo")
+def cispo(ratio: Tensor, logp: Tensor, advantages: Tensor, config: LossConfig) -> ObjectiveTerms:
+    """CISPO: a detached, clipped ratio times A times logp, so clipped tokens keep their gradient.
+
+    Unlike PPO's clip, the bound only scales the REINFORCE term sg(w)·A·logp; no token is
+    silenced. ``cispo_bounds="absolute"`` is TRL's w = min(r, epsilon_high) (docs: 5.0);
+    ``"relative"`` is verl's w = clamp(r, 1 - epsilon_low, 1 + epsilon_high).
+    Paper: https://arxiv.org/abs/2506.13585
+    """
+    r = ratio.detach()
+    if config.cispo_bounds == "absolute":
+        low, high = float("-inf"), config.epsilon_high
+    else:
+        low, high = 1 - config.epsilon_low, 1 + config.epsilon_high
+    weight = r.clamp(min=low, max=high)
+    surrogate = weight * advantages * logp
+    clip_low, clip_high = below(r, low), above(r, high)
+    flags = {
+        "cispo_clip_ratio": above(r, config.epsilon_high) * above(advantages, 0.0),
+        "actor/pg_clipfrac": clip_low + clip_high,  # verl: ratio != clip(ratio)
+    }
+    region = regions(surrogate.detach(), clip_low, clip_high)
+    return ObjectiveTerms(surrogate, weight, region, flags)
+
+
+@OBJECTIVES.register("sapo")
+def sapo(ratio: Tensor, logp: Tensor, advantages: Tensor, config: LossConfig) -> ObjectiveTerms:
+    """SAPO: a soft sigmoid gate (4/τ)·σ(τ(r - 1)) replaces the hard clip; no token goes flat.
+
+    τ is ``sapo_temperature_pos`` for A > 0 and ``sapo_temperature_neg`` otherwise. The gate's
+    slope at r = 1 is 1, so on-policy SAPO has GRPO's gradient; far from 1 it decays smoothly.
+    Paper: https://arxiv.org/abs/2511.20347
+    """
+    pos, neg = (advantages.new_tensor(t) for t in (config.sapo_temperature_pos, config.sapo_temperature_neg))
+    tau = torch.where(advantages > 0, pos, neg)
+    gate = torch.sigmoid(tau * (ratio - 1)) * 4 / tau
+    surrogate = gate * advantages
+    return ObjectiveTerms(surrogate, gate.detach(), regions(surrogate.detach()))
+
+
+@OBJECTIVES.register("gpg")
+def gpg(ratio: Tensor, logp: Tensor, advantages: Tensor, config: LossConfig) -> ObjectiveTerms:
+    """GPG: plain REINFORCE A·logp, with no ratio, no clip and no old policy.
+
+    verl ``loss_mode="gpg"``. The value depends on logp itself, so only its gradient, -A per
+    token, is comparable with the ratio-based objectives.
+    Paper: https://arxiv.org/abs/2504.02546
+    """
+    surrogate = advantages * logp
+    return ObjectiveTerms(surrogate, ratio.detach().expand_as(surrogate), regions(surrogate.detach()))

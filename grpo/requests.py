@@ -1,0 +1,41 @@
+"""Request-shaped data (the ``/api/v1/loss`` fields) -> a Batch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from torch import Tensor
+
+from grpo.batch import Batch, from_rows
+
+BATCH_FIELDS = (
+    "per_token_logps",
+    "old_per_token_logps",
+    "ref_per_token_logps",
+    "completion_mask",
+    "prompt_lengths",
+    "advantages",
+    "rewards",
+    "group_size",
+    "entropies",
+)
+
+
+def row_lengths(request: dict[str, Any]) -> list[int]:
+    """Each row's length as given (ragged lists), or the padded width for a 2-D array."""
+    rows = request["per_token_logps"]
+    if isinstance(rows, np.ndarray | Tensor):
+        return [int(rows.shape[1])] * int(rows.shape[0])
+    return [len(r) for r in rows]
+
+
+def batch_from_request(request: dict[str, Any]) -> Batch:
+    """A Batch from request fields: ragged lists (padded here) or 2-D arrays (used as they are).
+
+    Keys outside the Batch's fields (``tokens``, ``config``, ...) are ignored.
+    """
+    fields = {k: request[k] for k in BATCH_FIELDS if request.get(k) is not None}
+    if isinstance(fields.get("per_token_logps"), np.ndarray | Tensor):
+        return Batch(**fields)
+    return from_rows(**fields)
