@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m grpo
+	$(PY) -m uvicorn app.main:app --host $(HOST) --port $(PORT)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

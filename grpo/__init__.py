@@ -7,6 +7,8 @@ bd = grpo.evaluate(batch, grpo.LossConfig.from_preset("verl-grpo", beta=0.001))
 bd.loss, bd.tokens.grad, bd.metrics["clip_ratio/region_mean"]
 """
 
+from typing import Any
+
 from grpo._allocator import keep_freed_memory
 from grpo.advantages import ADVANTAGES
 from grpo.aggregation import AGGREGATIONS
@@ -17,10 +19,11 @@ from grpo.kl import KL_ESTIMATORS
 from grpo.logits import TokenLogprobs, token_logprobs
 from grpo.loss import Breakdown, RowBreakdown, TokenBreakdown, evaluate
 from grpo.objectives import OBJECTIVES, REGIONS
+from grpo.registry import Registry
 
 keep_freed_memory()
 
-REGISTRIES = {
+REGISTRIES: dict[str, Registry[Any]] = {
     "advantage": ADVANTAGES,
     "objective": OBJECTIVES,
     "kl_estimator": KL_ESTIMATORS,

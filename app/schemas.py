@@ -1,0 +1,112 @@
+"""Request models: validation lives here, in pydantic, so routes stay thin.
+
+Field names follow TRL; verl's and the article's names are accepted as aliases. Each token
+value is checked by pydantic (finite, a log-prob <= 0, a mask 0 or 1), so an error's ``loc``
+names the field, the row and the position. Cross-field checks (row lengths, exactly one of
+rewards/advantages, config values) are the grpo library's, mapped to the same error shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated, Any
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model
+
+import grpo
+from grpo.io import ALIASES
+
+LogProb = Annotated[float, Field(le=0, allow_inf_nan=False)]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+MaskValue = Annotated[int, Field(ge=0, le=1)]
+Row = Annotated[list[LogProb], Field(min_length=1)]
+Rows = Annotated[list[Row], Field(min_length=1)]
+
+
+def _aliases(name: str) -> AliasChoices:
+    return AliasChoices(name, *(alias for alias, target in ALIASES.items() if target == name))
+
+
+def _python_type(kind: str) -> Any:
+    """The pydantic type of a LossConfig field from its annotation string."""
+    base = {"str": str, "float": float, "int": int, "bool": bool}[kind.split(" ")[0]]
+    return base | None if "None" in kind else base
+
+
+# Every LossConfig field, optional: a field left out keeps the preset's value.
+ConfigRequest: type[BaseModel] = create_model(  # type: ignore[call-overload]
+    "ConfigRequest",
+    __config__=ConfigDict(extra="allow"),
+    __doc__="A preset plus any LossConfig field that overrides it (null turns an optional clamp off).",
+    **{
+        f.name: (
+            _python_type(str(f.type)),
+            Field(
+                "article" if f.name == "preset" else None,
+                description=f.metadata.get("doc", "") + ("" if f.name == "preset" else " (default: the preset's)"),
+            ),
+        )
+        for f in dataclasses.fields(grpo.LossConfig)
+    },
+)
+
+
+class BatchRequest(BaseModel):
+    """One training batch: ragged rows of per-token log-probs, and rewards or advantages."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    per_token_logps: Rows = Field(
+        validation_alias=_aliases("per_token_logps"),
+        description="Current policy log-probs, one list per completion (ragged). Aliases: log_prob, pi_logprob.",
+    )
+    old_per_token_logps: list[list[LogProb]] | None = Field(
+        None,
+        validation_alias=_aliases("old_per_token_logps"),
+        description="Old (sampling) policy log-probs; default: the current ones (ratio 1).",
+    )
+    ref_per_token_logps: list[list[LogProb]] | None = Field(
+        None,
+        validation_alias=_aliases("ref_per_token_logps"),
+        description="Reference policy log-probs; default: the current ones (KL 0).",
+    )
+    completion_mask: list[list[MaskValue]] | None = Field(
+        None, validation_alias=_aliases("completion_mask"), description="0/1 per token; default all 1."
+    )
+    prompt_lengths: Annotated[int, Field(ge=0)] | list[Annotated[int, Field(ge=0)]] | None = Field(
+        None,
+        validation_alias=_aliases("prompt_lengths"),
+        description="Leading positions of each row that are prompt (excluded). Alias: input_len.",
+    )
+    rewards: list[Finite] | None = Field(None, description="One reward per row (give this or advantages).")
+    advantages: list[Finite] | None = Field(None, description="One advantage per row (give this or rewards).")
+    group_size: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Consecutive rows per prompt; default: all rows are one group."
+    )
+    entropies: list[list[Annotated[float, Field(ge=0, allow_inf_nan=False)]]] | None = Field(
+        None, description="Per-token entropies, for the entropy metric."
+    )
+    tokens: list[list[str]] | None = Field(None, description="Display strings, one per token.")
+
+    def batch_fields(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"tokens", "config", "token_rows", "configs"}, exclude_none=True)
+
+    def num_positions(self) -> int:
+        return sum(len(row) for row in self.per_token_logps)
+
+
+class LossRequest(BatchRequest):
+    """``POST /api/v1/loss``: a batch and the config to evaluate it under."""
+
+    config: ConfigRequest | None = Field(None, description="A preset and overrides; default: the article's loss.")
+    token_rows: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, description="Rows whose per-token arrays to return in full when the batch is past the token limit."
+    )
+
+
+class CompareRequest(BatchRequest):
+    """``POST /api/v1/compare``: one batch under several configs."""
+
+    configs: list[ConfigRequest] = Field(
+        min_length=1, description="Presets and overrides to compare, side by side."
+    )
