@@ -107,6 +107,4 @@ class LossRequest(BatchRequest):
 class CompareRequest(BatchRequest):
     """``POST /api/v1/compare``: one batch under several configs."""
 
-    configs: list[ConfigRequest] = Field(
-        min_length=1, description="Presets and overrides to compare, side by side."
-    )
+    configs: list[ConfigRequest] = Field(min_length=1, description="Presets and overrides to compare, side by side.")
