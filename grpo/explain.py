@@ -10,37 +10,58 @@ from grpo.objectives import REGIONS
 
 
 def _f(x: float) -> str:
-    return f"{x:.4g}"
+    return f"{x + 0.0:.4g}"  # + 0.0: no "-0"
+
+
+def _sign_sentence(bd: Breakdown) -> str:
+    """Why the loss has its sign: the weighted surrogate S against beta·KL K, since loss = K - S.
+
+    "About 0" is relative to the size of the per-token terms being summed (their absolute sum):
+    a loss of 1e-8 from terms of size 1 is cancellation, not a small batch.
+    """
+    loss, surrogate, kl = float(bd.loss), -float(bd.policy_loss), float(bd.kl_loss)
+    policy_size = float(bd.tokens.policy_loss.abs().sum())
+    size = policy_size + float(bd.tokens.kl_loss.abs().sum())
+    if abs(loss) <= 1e-5 * size:
+        return (
+            f"The loss is about 0 ({loss:.3g}): its per-token terms, of total size {_f(size)}, cancel "
+            f"(weighted surrogate {_f(surrogate)}, beta·KL {_f(kl)})."
+        )
+    if loss < 0:
+        return (
+            f"The loss is negative ({_f(loss)}) because the weighted surrogate {_f(surrogate)} "
+            f"exceeds beta·KL {_f(kl)}."
+        )
+    if policy_size == 0:
+        return f"The loss is positive ({_f(loss)}): every policy term is 0 (no advantage), so the loss is beta·KL."
+    if abs(surrogate) <= 1e-5 * policy_size:
+        return (
+            f"The loss is positive ({_f(loss)}): the policy terms cancel to about 0 ({surrogate:.3g}, from terms of "
+            f"total size {_f(policy_size)}), so what is left is beta·KL {_f(kl)}."
+        )
+    if surrogate > 0:
+        return (
+            f"The loss is positive ({_f(loss)}) because beta·KL {_f(kl)} exceeds the weighted surrogate "
+            f"{_f(surrogate)}."
+        )
+    if kl > -surrogate:
+        return (
+            f"The loss is positive ({_f(loss)}), mostly from beta·KL {_f(kl)}; the weighted surrogate is negative too "
+            f"({_f(surrogate)}): the tokens with A < 0 weigh more than those with A > 0."
+        )
+    return (
+        f"The loss is positive ({_f(loss)}) because the weighted surrogate is itself negative ({_f(surrogate)}): "
+        f"the tokens with A < 0 outweigh those with A > 0; beta·KL adds {_f(kl)}."
+    )
 
 
 def explain(bd: Breakdown) -> list[str]:
     """Sentences on this batch: the sign of the loss, the ratio, clipping, zero-signal groups."""
-    loss, policy, kl = float(bd.loss), float(bd.policy_loss), float(bd.kl_loss)
-    surrogate = -policy  # the weighted surrogate: what the policy term adds to the objective
+    policy, kl, surrogate = float(bd.policy_loss), float(bd.kl_loss), -float(bd.policy_loss)
     beta = bd.config.beta
     m = bd.metrics
     out = []
-    scale = max(abs(policy), abs(kl), 1e-30)
-    if abs(loss) <= 1e-6 * scale or loss == 0:
-        out.append(
-            f"The loss is about 0 ({loss:.3g}): the weighted surrogate {_f(surrogate)} and beta·KL {_f(kl)} cancel."
-        )
-    elif loss < 0:
-        out.append(
-            f"The loss is negative ({_f(loss)}) because the weighted surrogate {_f(surrogate)} "
-            f"exceeds beta·KL {_f(kl)}."
-        )
-    elif surrogate < 0:
-        out.append(
-            f"The loss is positive ({_f(loss)}) because the weighted surrogate is itself negative "
-            f"({_f(surrogate)}): "
-            f"the tokens with A < 0 outweigh those with A > 0; beta·KL adds {_f(kl)}."
-        )
-    else:
-        out.append(
-            f"The loss is positive ({_f(loss)}) because beta·KL {_f(kl)} exceeds the weighted surrogate "
-            f"{_f(surrogate)}."
-        )
+    out.append(_sign_sentence(bd))
     if m.get("ratio/min") == 1.0 and m.get("ratio/max") == 1.0:
         out.append(
             f"The ratio is 1 everywhere (on-policy), so the policy part is minus the weighted mean advantage, "

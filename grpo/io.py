@@ -18,6 +18,7 @@ import orjson
 import torch
 from torch import Tensor
 
+from grpo.curves import objective_curves
 from grpo.errors import GrpoInputError
 from grpo.explain import explain
 from grpo.logits import token_logprobs
@@ -264,6 +265,7 @@ def breakdown_to_json(
         "token_rows": rows,
         "tokens_complete": len(rows) == B,
         "num_positions": total,
+        "curves": objective_curves(bd),
         "clamp_counts": bd.clamp_counts,
         "zero_std_groups": list(bd.zero_std_groups),
         "config": bd.config.to_dict(),

@@ -1,0 +1,256 @@
+// Chart functions: the API's JSON in, Plotly {data, layout} out. No numbers are computed here.
+
+import { LABELS, REGION_COLORS, fmt, plotlyText } from "./format.js";
+
+const FONT = { family: "system-ui, sans-serif", size: 12 };
+const base = (title, extra = {}) => ({
+  title: { text: title, font: { size: 13 }, x: 0, xanchor: "left" },
+  font: FONT,
+  margin: { l: 60, r: 20, t: 36, b: 40 },
+  paper_bgcolor: "#fff",
+  plot_bgcolor: "#fff",
+  ...extra,
+});
+
+// Diverging scale centred on `mid`: blue below, white at mid, red above.
+const DIVERGING = [
+  [0, "#2166ac"], [0.25, "#67a9cf"], [0.5, "#f7f7f7"], [0.75, "#ef8a62"], [1, "#b2182b"],
+];
+
+function rowLabels(data) {
+  return data.token_rows.map((i) => `row ${i} (A ${fmt(data.rows.advantage[i], 3)})`);
+}
+
+// Ragged rows -> a rectangle (null where a row is shorter or the position does not count).
+function grid(data, values) {
+  const width = Math.max(...values.map((r) => r.length), 1);
+  return values.map((row, k) =>
+    Array.from({ length: width }, (_, j) => (j < row.length && data.tokens.mask[k][j] ? row[j] : null)),
+  );
+}
+
+const HOVER_FIELDS = ["ratio", "clipped_ratio", "surrogate", "kl", "weight", "loss", "grad", "grad_policy", "grad_kl"];
+
+export function hoverData(data) {
+  const t = data.tokens;
+  return t.ratio.map((row, k) =>
+    row.map((_, j) => [
+      ...HOVER_FIELDS.map((f) => fmt(t[f][k][j])),
+      t.region[k][j],
+      plotlyText(t.text ? t.text[k][j] : ""),
+    ]),
+  );
+}
+
+const HOVER =
+  "%{y}, position %{x}<br>token: <b>%{customdata[10]}</b> · region: %{customdata[9]}<br>" +
+  "ratio %{customdata[0]} · clipped %{customdata[1]}<br>surrogate %{customdata[2]} · KL %{customdata[3]}<br>" +
+  "weight %{customdata[4]} · loss share %{customdata[5]}<br>" +
+  "∂loss/∂logp %{customdata[6]} (policy %{customdata[7]}, KL %{customdata[8]})<extra></extra>";
+
+export const HEATMAPS = [
+  { id: "heat-ratio", field: "ratio", title: "Importance ratio π/π_old (white at 1; the colour saturates outside 0 to 2)", mid: 1, range: [0, 2] },
+  { id: "heat-surrogate", field: "surrogate", title: "Surrogate: each token's objective term (white at 0)", mid: 0 },
+  { id: "heat-kl", field: "kl", title: "KL estimate to the reference", mid: null },
+  { id: "heat-loss", field: "loss", title: "Weighted loss share (sums to the loss)", mid: 0 },
+  { id: "heat-grad", field: "grad", title: "Gradient ∂loss/∂logp (blue: descent raises the log-prob)", mid: 0 },
+];
+
+export function heatmap(data, spec, customdata) {
+  const z = grid(data, data.tokens[spec.field]);
+  const rows = z.length;
+  const trace = {
+    type: "heatmap",
+    z,
+    y: rowLabels(data),
+    customdata,
+    hovertemplate: HOVER,
+    hoverongaps: false,
+    colorbar: { thickness: 10 },
+    xgap: z[0].length <= 64 ? 1 : 0,
+    ygap: rows <= 64 ? 1 : 0,
+  };
+  if (spec.mid === null) Object.assign(trace, { colorscale: "YlOrRd", reversescale: true, zmin: 0 });
+  else Object.assign(trace, { colorscale: DIVERGING, zmid: spec.mid });
+  if (spec.range) Object.assign(trace, { zmin: spec.range[0], zmax: spec.range[1] });
+  const height = Math.min(520, 90 + Math.max(rows, 2) * (rows <= 16 ? 26 : 6));
+  const layout = base(spec.title, {
+    height,
+    xaxis: { title: { text: "position" }, showgrid: false, zeroline: false },
+    yaxis: { autorange: "reversed", showgrid: false, automargin: true },
+    plot_bgcolor: "#e3e6eb",
+  });
+  return { data: [trace], layout };
+}
+
+export function contributionRows(data) {
+  const x = data.rows.loss.map((_, i) => `row ${i}`);
+  return {
+    data: [
+      { type: "bar", name: LABELS.policy_loss, x, y: data.rows.policy_loss, marker: { color: "#4c78a8" } },
+      { type: "bar", name: LABELS.kl_loss, x, y: data.rows.kl_loss, marker: { color: "#e45756" } },
+      {
+        type: "scatter", mode: "markers", name: "row's loss share", x, y: data.rows.loss,
+        marker: { symbol: "diamond", size: 10, color: "#1d2330" },
+      },
+    ],
+    layout: base(`Per row: policy part + KL part = the row's loss share (they sum to the loss, ${fmt(data.loss)})`, {
+      barmode: "relative", height: 300, legend: { orientation: "h", y: -0.2 },
+      yaxis: { title: { text: "loss share" }, zeroline: true },
+    }),
+  };
+}
+
+// The counted tokens of the rows at positions `ks` of data.token_rows, with display labels.
+function tokensOf(data, ks) {
+  const t = data.tokens;
+  const keys = [];
+  const labels = [];
+  for (const k of ks) {
+    t.mask[k].forEach((m, j) => {
+      if (!m) return;
+      keys.push([k, j]);
+      const text = plotlyText(t.text ? t.text[k][j] : "");
+      labels.push(ks.length > 1 ? `r${data.token_rows[k]}·${j} ${text}` : `${j}: ${text}`);
+    });
+  }
+  return { keys, labels, pick: (field) => keys.map(([k, j]) => t[field][k][j]) };
+}
+
+const scope = (data, ks) => (ks.length > 1 ? "All rows" : `Row ${data.token_rows[ks[0]]}`);
+
+export function contributionTokens(data, ks) {
+  const { labels, pick } = tokensOf(data, ks);
+  return {
+    data: [
+      { type: "bar", name: LABELS.policy_loss, x: labels, y: pick("policy_loss"), marker: { color: "#4c78a8" } },
+      { type: "bar", name: LABELS.kl_loss, x: labels, y: pick("kl_loss"), marker: { color: "#e45756" } },
+    ],
+    layout: base(`${scope(data, ks)}, per token: policy part and KL part of the loss`, {
+      barmode: "relative", height: 320, legend: { orientation: "h", y: -0.35 },
+      xaxis: { type: "category", automargin: true }, yaxis: { title: { text: "loss share" } },
+    }),
+  };
+}
+
+export function gradientTokens(data, ks) {
+  const { labels, pick } = tokensOf(data, ks);
+  return {
+    data: [
+      { type: "bar", name: "policy part", x: labels, y: pick("grad_policy"), marker: { color: "#4c78a8" } },
+      { type: "bar", name: "KL part", x: labels, y: pick("grad_kl"), marker: { color: "#e45756" } },
+    ],
+    layout: base(`${scope(data, ks)}: ∂loss/∂logp per token; the axis is flipped, so up = gradient descent raises the log-prob`, {
+      barmode: "relative", height: 340, legend: { orientation: "h", y: -0.35 },
+      xaxis: { type: "category", automargin: true },
+      yaxis: { autorange: "reversed", title: { text: "∂loss/∂logp (↑ raised · ↓ lowered)" }, zeroline: true, zerolinewidth: 2 },
+    }),
+  };
+}
+
+export function clipCurve(data, sign) {
+  const c = data.curves;
+  const curve = sign > 0 ? c.positive : c.negative;
+  const p = c.points;
+  const traces = [
+    { type: "scatter", mode: "lines", name: "objective", x: c.x, y: curve.y, line: { color: "#1d2330", width: 2 }, hoverinfo: "skip" },
+  ];
+  for (const region of Object.keys(REGION_COLORS)) {
+    const idx = p.sign.map((s, i) => (s === sign && p.region[i] === region ? i : -1)).filter((i) => i >= 0);
+    if (!idx.length) continue;
+    traces.push({
+      type: "scatter", mode: "markers", name: region,
+      x: idx.map((i) => p.ratio[i]), y: idx.map((i) => p.y[i]),
+      text: idx.map((i) => `row ${p.row[i]}, position ${p.position[i]}`),
+      hovertemplate: "%{text}<br>ratio %{x:.4g}<br>objective per unit A %{y:.4g}<extra>" + region + "</extra>",
+      marker: { color: REGION_COLORS[region], size: 9, line: { color: "#fff", width: 1 } },
+    });
+  }
+  const shapes = [{ type: "line", xref: "x", yref: "paper", x0: 1, x1: 1, y0: 0, y1: 1, line: { color: "#888", width: 1, dash: "dot" } }];
+  shapes.push(...curve.flat.map((span) => ({
+    type: "rect", xref: "x", yref: "paper", x0: span.x0, x1: span.x1, y0: 0, y1: 1,
+    fillcolor: REGION_COLORS[span.region], opacity: 0.13, line: { width: 0 }, layer: "below",
+  })));
+  const bounds = [1 - data.config.epsilon_low, 1 + data.config.epsilon_high];
+  const title = sign > 0 ? "A > 0 (good completion)" : "A < 0 (bad completion)";
+  return {
+    data: traces,
+    layout: base(`${title}: objective per unit advantage`, {
+      height: 340, shapes,
+      xaxis: { type: "log", title: { text: "ratio π/π_old (log scale)" } },
+      yaxis: { title: { text: data.config.objective === "clip" || data.config.objective === "sapo" ? "objective / |A|" : "weight on A·logp" } },
+      legend: { orientation: "h", y: -0.28 },
+      annotations: [{ xref: "paper", yref: "paper", x: 0, y: 1.02, showarrow: false, xanchor: "left", font: { size: 11, color: "#5b6475" },
+        text: `clip range [${fmt(bounds[0])}, ${fmt(bounds[1])}]` + (data.config.dual_clip ? ` · dual clip ${fmt(data.config.dual_clip)}` : "") + (data.config.delta ? ` · delta ${fmt(data.config.delta)}` : "") }],
+    }),
+  };
+}
+
+export function compareRows(results, names) {
+  const x = results[0].rows.loss.map((_, i) => `row ${i}`);
+  return {
+    data: results.map((r, n) => ({ type: "bar", name: names[n], x, y: r.rows.loss })),
+    layout: base("Each row's share of the loss, per preset", { barmode: "group", height: 300, legend: { orientation: "h", y: -0.25 } }),
+  };
+}
+
+// Per token of each row: its aggregation weight (the same for every counted token of a row).
+export function compareWeights(results, names, lengths) {
+  const x = lengths.map((n, i) => `row ${i} (${n} tok)`);
+  const firstWeight = (r) => r.tokens.weight.map((row, i) => {
+    const j = r.tokens.region[i].findIndex((g) => g !== "masked");
+    return j >= 0 ? row[j] : 0;
+  });
+  return {
+    data: results.map((r, n) => ({ type: "bar", name: names[n], x, y: firstWeight(r) })),
+    layout: base("Weight of one token of each row: per-sequence means favour short rows, Dr. GRPO's constant does not", {
+      barmode: "group", height: 300, legend: { orientation: "h", y: -0.25 }, yaxis: { title: { text: "aggregation weight" } },
+    }),
+  };
+}
+
+export function compareGrads(results, names, text) {
+  const labels = [];
+  const keys = [];
+  results[0].tokens.region.forEach((row, i) => row.forEach((g, j) => {
+    if (g !== "masked") { labels.push(`r${i}:${j} ${plotlyText(text ? text[i][j] : "")}`); keys.push([i, j]); }
+  }));
+  return {
+    data: results.map((r, n) => ({ type: "bar", name: names[n], x: labels, y: keys.map(([i, j]) => r.tokens.grad[i][j]) })),
+    layout: base("∂loss/∂logp per token, per preset", {
+      barmode: "group", height: 320, legend: { orientation: "h", y: -0.35 }, xaxis: { type: "category", automargin: true },
+    }),
+  };
+}
+
+const SERIES_STYLE = {
+  float32: { color: "#e45756" },
+  float64: { color: "#4c78a8" },
+  "float32, left to right": { color: "#f2a7a6" },
+};
+
+// float32/float64 (and other computed series) as bars, or lines when x is long; reference values
+// (a closed form such as 8·beta·KL) as a horizontal tick or a dashed line.
+export function experimentChart(exp) {
+  const many = exp.x.length > 12;
+  const data = Object.entries(exp.series).map(([name, y]) => {
+    const style = SERIES_STYLE[name];
+    const x = exp.x.map(String);
+    if (!style) {
+      return many
+        ? { type: "scatter", mode: "lines", name, x, y, line: { color: "#333", dash: "dash", width: 1.5 } }
+        : { type: "scatter", mode: "markers", name, x, y, marker: { symbol: "line-ew-open", size: 46, color: "#333", line: { width: 2 } } };
+    }
+    return many
+      ? { type: "scatter", mode: "lines+markers", name, x, y, marker: { color: style.color, size: 4 }, line: { color: style.color, width: 1 } }
+      : { type: "bar", name, x, y, marker: { color: style.color } };
+  });
+  return {
+    data,
+    layout: base("", {
+      height: 300, barmode: "group", legend: { orientation: "h", y: -0.3 }, margin: { l: 70, r: 20, t: 12, b: 40 },
+      xaxis: { title: { text: exp.x_label }, type: many ? "linear" : "category" },
+      yaxis: { title: { text: exp.y_label }, exponentformat: "e" },
+    }),
+  };
+}

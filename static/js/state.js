@@ -1,0 +1,72 @@
+// The page's one state object, read from and written to the URL. Names match the API's.
+
+export const state = {
+  scenario: "article", // a scenario's name; its request is the input unless `input` is set
+  input: null, // request fields (TRL names) once edited, imported or uploaded
+  config: { preset: "article" }, // the preset and the LossConfig fields overridden
+  row: -1, // the row shown in per-token views (-1: every row, for small batches)
+  compare: ["article", "trl-dapo", "trl-dr_grpo"],
+  compare_edits: false,
+};
+
+export const URL_INPUT_LIMIT = 6000; // characters of encoded input that still fit a link
+
+function encode(obj) {
+  const bytes = new TextEncoder().encode(JSON.stringify(obj));
+  let binary = "";
+  for (const b of bytes) binary += String.fromCharCode(b);
+  return btoa(binary).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+}
+
+function decode(text) {
+  const binary = atob(text.replace(/-/g, "+").replace(/_/g, "/"));
+  return JSON.parse(new TextDecoder().decode(Uint8Array.from(binary, (c) => c.charCodeAt(0))));
+}
+
+function parseValue(field, raw) {
+  if (raw === "null") return null;
+  if (field.type === "number" || field.type === "integer") return Number(raw);
+  if (field.type === "boolean") return raw === "true";
+  return raw;
+}
+
+// Fill `state` from the URL; `fields` are the config fields from /api/v1/options.
+export function readURL(fields) {
+  const params = new URLSearchParams(location.search);
+  const byName = new Map(fields.map((f) => [f.name, f]));
+  if (params.has("scenario")) state.scenario = params.get("scenario");
+  state.config = { preset: params.get("preset") || state.config.preset };
+  for (const [key, raw] of params) {
+    const field = byName.get(key);
+    if (field && key !== "preset") state.config[key] = parseValue(field, raw);
+  }
+  if (params.has("input")) {
+    try {
+      state.input = decode(params.get("input"));
+    } catch {
+      state.input = null;
+    }
+  }
+  if (params.has("row")) state.row = Math.max(-1, parseInt(params.get("row"), 10) || 0);
+  if (params.has("compare")) state.compare = params.get("compare").split(",").filter(Boolean);
+  state.compare_edits = params.get("compare_edits") === "1";
+}
+
+// Write `state` to the URL (replacing the history entry). Returns false when the input is too
+// large for a link (the link then carries the settings only).
+export function writeURL() {
+  const params = new URLSearchParams();
+  params.set("scenario", state.scenario);
+  for (const [key, value] of Object.entries(state.config)) params.set(key, value === null ? "null" : String(value));
+  let fits = true;
+  if (state.input) {
+    const text = encode(state.input);
+    if (text.length <= URL_INPUT_LIMIT) params.set("input", text);
+    else fits = false;
+  }
+  if (state.row !== -1) params.set("row", String(state.row));
+  params.set("compare", state.compare.join(","));
+  if (state.compare_edits) params.set("compare_edits", "1");
+  history.replaceState(null, "", `${location.pathname}?${params}${location.hash}`);
+  return fits;
+}
