@@ -44,9 +44,10 @@ def _flat_spans(x: Tensor, region: Tensor) -> list[dict[str, Any]]:
     return spans
 
 
-def objective_curves(bd: Breakdown, points: int = 241, max_points: int = 4096) -> dict[str, Any]:
+def objective_curves(bd: Breakdown, points: int = 241, max_points: int = 500) -> dict[str, Any]:
     """Curves for A = +1 and A = -1 over a log-spaced ratio grid covering the batch, and the
-    batch's counted tokens (up to ``max_points``) placed on them."""
+    batch's counted tokens placed on them (the first ``max_points``, in row order; ``truncated``
+    says when there were more)."""
     mask = bd.tokens.mask
     ratios = bd.tokens.ratio[mask].double().cpu()
     signs = torch.sign(bd.advantages.double().cpu())[:, None].expand(mask.shape)[mask.cpu()]

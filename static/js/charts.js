@@ -31,56 +31,60 @@ function grid(data, values) {
 
 const HOVER_FIELDS = ["ratio", "clipped_ratio", "surrogate", "kl", "weight", "loss", "grad", "grad_policy", "grad_kl"];
 
+// Per cell: the numbers (formatted by Plotly's hovertemplate, not here), the region, the token.
 export function hoverData(data) {
   const t = data.tokens;
+  const columns = HOVER_FIELDS.map((f) => t[f]);
   return t.ratio.map((row, k) =>
-    row.map((_, j) => [
-      ...HOVER_FIELDS.map((f) => fmt(t[f][k][j])),
-      t.region[k][j],
-      plotlyText(t.text ? t.text[k][j] : ""),
-    ]),
+    row.map((_, j) => [...columns.map((c) => c[k][j]), t.region[k][j], plotlyText(t.text ? t.text[k][j] : "")]),
   );
 }
 
 const HOVER =
   "%{y}, position %{x}<br>token: <b>%{customdata[10]}</b> · region: %{customdata[9]}<br>" +
-  "ratio %{customdata[0]} · clipped %{customdata[1]}<br>surrogate %{customdata[2]} · KL %{customdata[3]}<br>" +
-  "weight %{customdata[4]} · loss share %{customdata[5]}<br>" +
-  "∂loss/∂logp %{customdata[6]} (policy %{customdata[7]}, KL %{customdata[8]})<extra></extra>";
+  "ratio %{customdata[0]:.4g} · clipped %{customdata[1]:.4g}<br>" +
+  "surrogate %{customdata[2]:.4g} · KL %{customdata[3]:.4g}<br>" +
+  "weight %{customdata[4]:.4g} · loss share %{customdata[5]:.4g}<br>" +
+  "∂loss/∂logp %{customdata[6]:.4g} (policy %{customdata[7]:.4g}, KL %{customdata[8]:.4g})<extra></extra>";
 
 export const HEATMAPS = [
-  { id: "heat-ratio", field: "ratio", title: "Importance ratio π/π_old (white at 1; the colour saturates outside 0 to 2)", mid: 1, range: [0, 2] },
-  { id: "heat-surrogate", field: "surrogate", title: "Surrogate: each token's objective term (white at 0)", mid: 0 },
-  { id: "heat-kl", field: "kl", title: "KL estimate to the reference", mid: null },
-  { id: "heat-loss", field: "loss", title: "Weighted loss share (sums to the loss)", mid: 0 },
-  { id: "heat-grad", field: "grad", title: "Gradient ∂loss/∂logp (blue: descent raises the log-prob)", mid: 0 },
+  { field: "ratio", title: "Importance ratio π/π_old (white at 1; the colour saturates outside 0 to 2)", mid: 1, range: [0, 2] },
+  { field: "surrogate", title: "Surrogate: each token's objective term (white at 0)", mid: 0 },
+  { field: "kl", title: "KL estimate to the reference", mid: null },
+  { field: "loss", title: "Weighted loss share (sums to the loss)", mid: 0 },
+  { field: "grad", title: "Gradient ∂loss/∂logp (blue: descent raises the log-prob)", mid: 0 },
 ];
 
-export function heatmap(data, spec, customdata) {
-  const z = grid(data, data.tokens[spec.field]);
-  const rows = z.length;
-  const trace = {
-    type: "heatmap",
-    z,
-    y: rowLabels(data),
-    customdata,
-    hovertemplate: HOVER,
-    hoverongaps: false,
-    colorbar: { thickness: 10 },
-    xgap: z[0].length <= 64 ? 1 : 0,
-    ygap: rows <= 64 ? 1 : 0,
-  };
-  if (spec.mid === null) Object.assign(trace, { colorscale: "YlOrRd", reversescale: true, zmin: 0 });
-  else Object.assign(trace, { colorscale: DIVERGING, zmid: spec.mid });
-  if (spec.range) Object.assign(trace, { zmin: spec.range[0], zmax: spec.range[1] });
-  const height = Math.min(520, 90 + Math.max(rows, 2) * (rows <= 16 ? 26 : 6));
-  const layout = base(spec.title, {
-    height,
-    xaxis: { title: { text: "position" }, showgrid: false, zeroline: false },
-    yaxis: { autorange: "reversed", showgrid: false, automargin: true },
-    plot_bgcolor: "#e3e6eb",
+// The five heatmaps as stacked panels of one figure (one Plotly.react call, a shared position axis).
+export function heatmaps(data, customdata) {
+  const n = HEATMAPS.length;
+  const rows = data.token_rows.length;
+  const panel = Math.min(240, 28 + Math.max(rows, 2) * (rows <= 16 ? 24 : 4)); // pixels per panel
+  const gap = 44;
+  const height = n * panel + (n - 1) * gap + 70;
+  const layout = base("", { height, margin: { l: 110, r: 30, t: 30, b: 44 }, plot_bgcolor: "#e3e6eb", annotations: [] });
+  const traces = HEATMAPS.map((spec, i) => {
+    const z = grid(data, data.tokens[spec.field]);
+    const top = 1 - (i * (panel + gap)) / (height - 70);
+    const bottom = top - panel / (height - 70);
+    const axis = i === 0 ? "" : String(i + 1);
+    layout[`yaxis${axis}`] = { domain: [bottom, top], autorange: "reversed", showgrid: false, automargin: true };
+    layout.annotations.push({ text: spec.title, xref: "paper", yref: "paper", x: 0, y: top, yanchor: "bottom", xanchor: "left", showarrow: false, font: { size: 12 } });
+    const trace = {
+      type: "heatmap", z, y: rowLabels(data), customdata, hovertemplate: HOVER, hoverongaps: false, name: spec.field,
+      yaxis: `y${axis}`, xaxis: "x",
+      colorbar: { thickness: 10, len: (bottom - top) === 0 ? 1 : (top - bottom), y: (top + bottom) / 2, yanchor: "middle" },
+      xgap: z[0].length <= 64 ? 1 : 0, ygap: rows <= 64 ? 1 : 0,
+    };
+    if (rows * z[0].length > 4096) trace.zsmooth = "fast"; // one pixel per cell, scaled: fast for big grids
+    if (spec.mid === null) Object.assign(trace, { colorscale: "YlOrRd", reversescale: true, zmin: 0 });
+    else Object.assign(trace, { colorscale: DIVERGING, zmid: spec.mid });
+    if (spec.range) Object.assign(trace, { zmin: spec.range[0], zmax: spec.range[1] });
+    return trace;
   });
-  return { data: [trace], layout };
+  const width = Math.max(...traces.map((t) => t.z[0].length));
+  layout.xaxis = { title: { text: "position" }, showgrid: false, zeroline: false, dtick: width <= 40 ? 1 : undefined, anchor: `y${n}` };
+  return { data: traces, layout };
 }
 
 export function contributionRows(data) {
@@ -101,6 +105,8 @@ export function contributionRows(data) {
   };
 }
 
+const CATEGORY_LIMIT = 120; // past this many tokens, a numeric axis (category labels are slow)
+
 // The counted tokens of the rows at positions `ks` of data.token_rows, with display labels.
 function tokensOf(data, ks) {
   const t = data.tokens;
@@ -114,36 +120,50 @@ function tokensOf(data, ks) {
       labels.push(ks.length > 1 ? `r${data.token_rows[k]}·${j} ${text}` : `${j}: ${text}`);
     });
   }
-  return { keys, labels, pick: (field) => keys.map(([k, j]) => t[field][k][j]) };
+  const numeric = ks.length === 1 && keys.length > CATEGORY_LIMIT;
+  const x = numeric ? keys.map(([, j]) => j) : labels;
+  return { keys, labels, x, numeric, pick: (field) => keys.map(([k, j]) => t[field][k][j]) };
+}
+
+// Bars per token; for a long row (numeric axis) lines, since a thousand SVG bars draw slowly.
+function tokenTrace(name, x, y, labels, color, numeric) {
+  const common = { name, x, y, text: labels, hoverinfo: "text+y", marker: { color } };
+  return numeric
+    ? { ...common, type: "scatter", mode: "lines", line: { color, width: 1 }, fill: "tozeroy" }
+    : { ...common, type: "bar", textposition: "none" };
+}
+
+function tokenAxis(numeric) {
+  return numeric ? { title: { text: "position" } } : { type: "category", automargin: true };
 }
 
 const scope = (data, ks) => (ks.length > 1 ? "All rows" : `Row ${data.token_rows[ks[0]]}`);
 
 export function contributionTokens(data, ks) {
-  const { labels, pick } = tokensOf(data, ks);
+  const { labels, x, numeric, pick } = tokensOf(data, ks);
   return {
     data: [
-      { type: "bar", name: LABELS.policy_loss, x: labels, y: pick("policy_loss"), marker: { color: "#4c78a8" } },
-      { type: "bar", name: LABELS.kl_loss, x: labels, y: pick("kl_loss"), marker: { color: "#e45756" } },
+      tokenTrace(LABELS.policy_loss, x, pick("policy_loss"), labels, "#4c78a8", numeric),
+      tokenTrace(LABELS.kl_loss, x, pick("kl_loss"), labels, "#e45756", numeric),
     ],
     layout: base(`${scope(data, ks)}, per token: policy part and KL part of the loss`, {
       barmode: "relative", height: 320, legend: { orientation: "h", y: -0.35 },
-      xaxis: { type: "category", automargin: true }, yaxis: { title: { text: "loss share" } },
+      xaxis: tokenAxis(numeric), yaxis: { title: { text: "loss share" } },
     }),
   };
 }
 
 export function gradientTokens(data, ks) {
-  const { labels, pick } = tokensOf(data, ks);
+  const { labels, x, numeric, pick } = tokensOf(data, ks);
   return {
     data: [
-      { type: "bar", name: "policy part", x: labels, y: pick("grad_policy"), marker: { color: "#4c78a8" } },
-      { type: "bar", name: "KL part", x: labels, y: pick("grad_kl"), marker: { color: "#e45756" } },
+      tokenTrace("policy part", x, pick("grad_policy"), labels, "#4c78a8", numeric),
+      tokenTrace("KL part", x, pick("grad_kl"), labels, "#e45756", numeric),
     ],
     layout: base(`${scope(data, ks)}: ∂loss/∂logp per token; the axis is flipped, so up = gradient descent raises the log-prob`, {
       barmode: "relative", height: 340, legend: { orientation: "h", y: -0.35 },
-      xaxis: { type: "category", automargin: true },
-      yaxis: { autorange: "reversed", title: { text: "∂loss/∂logp (↑ raised · ↓ lowered)" }, zeroline: true, zerolinewidth: 2 },
+      xaxis: tokenAxis(numeric),
+      yaxis: { autorange: "reversed", title: { text: "∂loss/∂logp (flipped)" }, zeroline: true, zerolinewidth: 2 },
     }),
   };
 }
@@ -171,17 +191,19 @@ export function clipCurve(data, sign) {
     type: "rect", xref: "x", yref: "paper", x0: span.x0, x1: span.x1, y0: 0, y1: 1,
     fillcolor: REGION_COLORS[span.region], opacity: 0.13, line: { width: 0 }, layer: "below",
   })));
-  const bounds = [1 - data.config.epsilon_low, 1 + data.config.epsilon_high];
+  const cfg = data.config;
+  const bounds = {
+    text: `${cfg.objective} · ε_low ${fmt(cfg.epsilon_low)} · ε_high ${fmt(cfg.epsilon_high)}` +
+      (cfg.dual_clip ? ` · dual clip ${fmt(cfg.dual_clip)}` : "") + (cfg.delta ? ` · delta ${fmt(cfg.delta)}` : ""),
+  };
   const title = sign > 0 ? "A > 0 (good completion)" : "A < 0 (bad completion)";
   return {
     data: traces,
-    layout: base(`${title}: objective per unit advantage`, {
+    layout: base(`${title}: objective per unit advantage · ${bounds.text}`, {
       height: 340, shapes,
       xaxis: { type: "log", title: { text: "ratio π/π_old (log scale)" } },
       yaxis: { title: { text: data.config.objective === "clip" || data.config.objective === "sapo" ? "objective / |A|" : "weight on A·logp" } },
       legend: { orientation: "h", y: -0.28 },
-      annotations: [{ xref: "paper", yref: "paper", x: 0, y: 1.02, showarrow: false, xanchor: "left", font: { size: 11, color: "#5b6475" },
-        text: `clip range [${fmt(bounds[0])}, ${fmt(bounds[1])}]` + (data.config.dual_clip ? ` · dual clip ${fmt(data.config.dual_clip)}` : "") + (data.config.delta ? ` · delta ${fmt(data.config.delta)}` : "") }],
     }),
   };
 }

@@ -83,6 +83,7 @@ function render(data) {
   renderViews(data);
   renderRowsTable(data);
   drawCount += 1;
+  document.body.dataset.drawnAt = String(performance.now());
   document.body.dataset.drawn = String(drawCount);
 }
 
@@ -113,7 +114,7 @@ function renderViews(data) {
   note.hidden = data.tokens_complete;
   note.textContent = data.tokens_complete ? "" : `This batch has ${data.num_positions} positions, more than the per-token limit: showing the per-row overview and the tokens of row ${data.token_rows[0]} (pick another row below or in the rows table).`;
   const customdata = charts.hoverData(data);
-  for (const spec of charts.HEATMAPS) plot(spec.id, charts.heatmap(data, spec, customdata));
+  plot("heatmaps", charts.heatmaps(data, customdata));
   plot("contrib-rows", charts.contributionRows(data));
   fillRowPickers(data);
   const ks = tokenRowsShown(data);
@@ -270,9 +271,17 @@ function editableInput() {
   return state.input;
 }
 
+// A structural change (rows, tokens, which fields exist): redraw the table after the event that
+// caused it has finished (removing a focused input inside its own change event breaks blur).
 function inputChanged() {
-  renderInputTable();
+  setTimeout(renderInputTable, 0);
+  valueChanged();
+}
+
+// A value changed: the table already shows it.
+function valueChanged() {
   renderJSONBox();
+  renderScenarioNotes();
   schedule(250);
 }
 
@@ -320,7 +329,12 @@ function inputRow(req, row, i, target, promptLength) {
   gridNode.append(el("span", { class: "lab", text: "token" }));
   for (let j = 0; j < n; j += 1) {
     const text = el("input", { type: "text", class: `tok-text ${j < promptLength ? "prompt" : ""}`, value: req.tokens ? req.tokens[i][j] : "", "aria-label": `row ${i} token ${j} text`, title: j < promptLength ? "prompt position (excluded)" : "" });
-    text.addEventListener("change", () => { const inp = editableInput(); if (!inp.tokens) inp.tokens = inp.per_token_logps.map((r) => r.map(() => "")); inp.tokens[i][j] = text.value; inputChanged(); });
+    text.addEventListener("change", () => {
+      const inp = editableInput();
+      if (!inp.tokens) inp.tokens = inp.per_token_logps.map((r) => r.map(() => ""));
+      inp.tokens[i][j] = text.value;
+      valueChanged();
+    });
     gridNode.append(text);
   }
   for (const name of PER_TOKEN) {
@@ -334,7 +348,7 @@ function inputRow(req, row, i, target, promptLength) {
   }
   const header = el("header", {},
     el("strong", { text: `row ${i}` }),
-    el("label", { text: target === "rewards" ? "reward " : "advantage " }, numberCell(req[target][i], (v) => { const inp = editableInput(); inp[target][i] = v ?? 0; inputChanged(); }, { "aria-label": `row ${i} ${target}` })),
+    el("label", { text: target === "rewards" ? "reward " : "advantage " }, numberCell(req[target][i], (v) => { const inp = editableInput(); inp[target][i] = v ?? 0; valueChanged(); }, { "aria-label": `row ${i} ${target}` })),
     el("button", { type: "button", class: "small", title: "add a token at the end", onclick: () => { resizeRow(i, 1); }, text: "+ token" }),
     el("button", { type: "button", class: "small", title: "remove the last token", disabled: n <= 1, onclick: () => { resizeRow(i, -1); }, text: "− token" }),
     el("button", { type: "button", class: "small", title: "remove this row", disabled: req.per_token_logps.length <= 1, onclick: () => removeRow(i), text: "remove row" }),
@@ -344,9 +358,11 @@ function inputRow(req, row, i, target, promptLength) {
 
 function setCell(name, i, j, value) {
   const inp = editableInput();
-  if (!inp[name]) inp[name] = inp.per_token_logps.map((r) => r.slice());
+  const created = !inp[name];
+  if (created) inp[name] = inp.per_token_logps.map((r) => r.slice());
   inp[name][i][j] = value ?? inp.per_token_logps[i][j];
-  inputChanged();
+  if (created) inputChanged(); // the other cells of the new field now show values
+  else valueChanged();
 }
 
 const ROW_FIELDS = [...PER_TOKEN, "completion_mask", "tokens", "entropies"];

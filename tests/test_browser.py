@@ -1,0 +1,357 @@
+"""The dashboard in real headless Chromium (Debian's /usr/bin/chromium, driven by Playwright).
+
+A uvicorn server runs on a free loopback port with a low per-token limit (so the large-batch path
+is exercised with a small batch). Every test also checks that no request left 127.0.0.1 and
+that the page logged no errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import save
+
+import grpo
+from grpo.examples import SCENARIOS
+from grpo.requests import batch_from_request
+
+CHROMIUM = "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
+FULL_TOKEN_LIMIT = 200
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (make test installs it)")
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    port = _free_port()
+    env = {**os.environ, "GRPO_LENS_FULL_TOKEN_LIMIT": str(FULL_TOKEN_LIMIT)}
+    cmd = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            urllib.request.urlopen(f"{url}/healthz", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        raise RuntimeError("the server did not start")
+    yield url
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with playwright_api.sync_playwright() as p:
+        b = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"],
+        )
+        yield b
+        b.close()
+
+
+class Page:
+    """A browser page with its console errors and every URL it requested."""
+
+    def __init__(self, browser: Any, server: str):
+        self.server = server
+        self.context = browser.new_context(viewport={"width": 1400, "height": 900}, accept_downloads=True)
+        self.page = self.context.new_page()
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.dialogs: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+
+    def open(self, query: str = "") -> None:
+        self.page.goto(f"{self.server}/{query}")
+        self.wait_drawn(0)
+
+    def wait_for(self, expression: str, timeout: float = 20.0) -> None:
+        """Poll a JS expression until it is truthy (wait_for_function would eval in-page: the CSP forbids it)."""
+        deadline = time.monotonic() + timeout
+        while not self.page.evaluate(expression):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"still false after {timeout} s: {expression}")
+            time.sleep(0.05)
+
+    def drawn(self) -> int:
+        return int(self.page.evaluate("Number(document.body.dataset.drawn || 0)"))
+
+    def wait_drawn(self, after: int) -> int:
+        self.wait_for(f"Number(document.body.dataset.drawn || 0) > {after}")
+        return self.drawn()
+
+    def last(self) -> dict[str, Any]:
+        return dict(self.page.evaluate("window.grpoLens.last"))
+
+    def chart_data(self, chart_id: str) -> list[dict[str, Any]]:
+        js = f"document.getElementById('{chart_id}').data.map(t => ({{name: t.name, x: t.x, y: t.y, z: t.z}}))"
+        return list(self.page.evaluate(js))
+
+    def heatmap(self, field: str) -> list[list[float | None]]:
+        """The z grid of one panel of the heatmap figure."""
+        return next(t["z"] for t in self.chart_data("heatmaps") if t["name"] == field)
+
+    def check_clean(self) -> None:
+        assert self.errors == [], self.errors
+        assert self.dialogs == [], self.dialogs
+        outside = [u for u in self.requests if not u.startswith(self.server) and not u.startswith(("data:", "blob:"))]
+        assert outside == [], f"requests left 127.0.0.1: {outside}"
+
+
+@pytest.fixture
+def page(browser: Any, server: str) -> Iterator[Page]:
+    p = Page(browser, server)
+    yield p
+    p.context.close()
+
+
+def _api_loss(server: str, body: dict[str, Any]) -> dict[str, Any]:
+    req = urllib.request.Request(
+        f"{server}/api/v1/loss", data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(req) as r:
+        return dict(json.load(r))
+
+
+CHARTS_WITH_DATA = """
+[...document.querySelectorAll('.chart')].map(el => [el.id, Boolean(el.data && el.data.some(t =>
+    ['x', 'y', 'z'].some(k => Array.isArray(t[k]) && t[k].length > 0))) && el.querySelector('.main-svg') !== null])
+"""
+
+
+def test_opens_on_the_article_example_with_every_chart_drawn(page: Page) -> None:
+    page.open()
+    page.wait_for("Number(document.body.dataset.experiments || 0) > 0 && document.body.dataset.compared")
+    charts = dict(page.page.evaluate(CHARTS_WITH_DATA))
+    assert len(charts) >= 16  # heatmaps, 2 contribution, 2 clip, 1 gradient, 3 compare, 8 experiments
+    assert all(charts.values()), [k for k, v in charts.items() if not v]
+    # The numbers on the page are the API's: the article example under the article preset.
+    expected = _api_loss(page.server, {**SCENARIOS["article"].request, "config": {"preset": "article"}})
+    assert page.last()["loss"] == expected["loss"]
+    cards = page.page.inner_text("#summary-cards")
+    assert "8.1466" in cards  # the loss of the article's example, as the library computes it
+    assert page.page.inner_text("#explanation").startswith("The loss is positive")
+    assert page.page.locator("#metrics-table tbody tr").count() >= 20
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+    page.check_clean()
+
+
+def test_moving_a_control_redraws_and_the_url_reproduces_the_view(page: Page, browser: Any) -> None:
+    page.open()
+    before = page.drawn()
+    heat_before = page.heatmap("loss")
+    page.page.fill("#cfg-beta", "0.5")
+    page.wait_drawn(before)
+    assert "beta=0.5" in page.page.url
+    data = page.last()
+    assert data["config"]["beta"] == 0.5
+    expected = _api_loss(page.server, {**SCENARIOS["article"].request, "config": {"preset": "article", "beta": 0.5}})
+    assert data["loss"] == expected["loss"]
+    heat_after = page.heatmap("loss")
+    assert heat_after != heat_before  # the KL part of every token's loss share grew
+    page.page.select_option("#cfg-aggregation", "token-mean")
+    page.wait_for("window.grpoLens.last.config.aggregation === 'token-mean'")
+    url = page.page.url
+    assert "aggregation=token-mean" in url
+
+    other = Page(browser, page.server)
+    try:
+        other.page.goto(url)
+        other.wait_drawn(0)
+        for chart in ("heatmaps", "contrib-rows", "clip-positive", "clip-negative"):
+            assert other.chart_data(chart) == page.chart_data(chart), chart
+        assert other.last()["loss"] == page.last()["loss"]
+        assert other.page.input_value("#cfg-beta") == "0.5"
+        other.check_clean()
+    finally:
+        other.context.close()
+    page.check_clean()
+
+
+def test_an_edited_input_travels_in_the_url(page: Page, browser: Any) -> None:
+    page.open()
+    before = page.drawn()
+    cell = page.page.locator("[aria-label='row 1 logp 4']")
+    cell.fill("-0.25")
+    cell.dispatch_event("change")
+    page.wait_drawn(before)
+    assert page.last()["tokens"]["ratio"][1][4] != pytest.approx(1.182, rel=1e-2)
+    assert "input=" in page.page.url
+    other = Page(browser, page.server)
+    try:
+        other.page.goto(page.page.url)
+        other.wait_drawn(0)
+        assert other.last()["loss"] == page.last()["loss"]
+        assert other.page.input_value("[aria-label='row 1 logp 4']") == "-0.25"
+    finally:
+        other.context.close()
+    page.check_clean()
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_each_scenario_draws_the_apis_numbers(page: Page, name: str) -> None:
+    page.open()
+    scenario = SCENARIOS[name]
+    before = page.drawn()
+    page.page.select_option("#scenario", name)
+    if name != "article":
+        page.wait_drawn(before)
+    page.wait_for(f"window.grpoLens.state.scenario === '{name}'")
+    page.wait_for("window.grpoLens.last !== null")
+    data = page.last()
+    expected = _api_loss(page.server, {**scenario.request, "config": {"preset": scenario.preset, **scenario.overrides}})
+    assert data["loss"] == expected["loss"]
+    assert page.page.inner_text("#scenario-text") == scenario.notes
+    if name == "on-policy":
+        ratios = [r for row in page.heatmap("ratio") for r in row if r is not None]
+        assert ratios and all(r == 1 for r in ratios)
+        assert "gradient norm" in page.page.inner_text("#explanation")
+    if name == "all-correct":
+        assert data["metrics"]["frac_reward_zero_std"] == 1
+    page.check_clean()
+
+
+def test_upload_flow_safetensors_and_jsonl(page: Page, tmp_path: Path) -> None:
+    page.open()
+    lp = torch.tensor([[-0.5, -1.0, -0.7], [-0.2, -2.0, -0.4]], dtype=torch.float32)
+    tensors = {"per_token_logps": lp, "old_per_token_logps": lp - 0.1, "advantages": torch.tensor([1.0, -1.0])}
+    path = tmp_path / "batch.safetensors"
+    path.write_bytes(save(tensors))
+    before = page.drawn()
+    page.page.click("#tab-upload")
+    page.page.set_input_files("#upload-file", str(path))
+    page.wait_drawn(before)
+    expected = grpo.evaluate(
+        grpo.Batch(per_token_logps=lp, old_per_token_logps=lp - 0.1, advantages=[1.0, -1.0]),
+        grpo.LossConfig.from_preset("article"),
+    )
+    assert page.last()["loss"] == pytest.approx(float(expected.loss), rel=1e-6)
+    # Controls still recompute an uploaded batch (the file is sent again with the new settings).
+    before = page.drawn()
+    page.page.select_option("#preset", "trl-dapo")
+    page.wait_drawn(before)
+    assert page.last()["config"]["preset"] == "trl-dapo"
+
+    lines = [{"per_token_logps": [-0.3, -0.6], "reward": 1.0}, {"per_token_logps": [-0.9], "reward": 0.0}]
+    jsonl = tmp_path / "rows.jsonl"
+    jsonl.write_text("\n".join(json.dumps(x) for x in lines))
+    before = page.drawn()
+    page.page.set_input_files("#upload-file", str(jsonl))
+    page.wait_drawn(before)
+    batch = batch_from_request({"per_token_logps": [[-0.3, -0.6], [-0.9]], "rewards": [1.0, 0.0]})
+    expected = grpo.evaluate(batch, grpo.LossConfig.from_preset("trl-dapo"))
+    assert page.last()["loss"] == pytest.approx(float(expected.loss), rel=1e-6)
+    page.check_clean()
+
+
+def test_token_strings_are_shown_as_text_never_as_html(page: Page) -> None:
+    page.open()
+    evil = "<img src=x onerror=\"window.__pwned=1\">"
+    body = {
+        "per_token_logps": [[-0.5, -0.9], [-0.3, -1.2]],
+        "advantages": [1.0, -1.0],
+        "tokens": [[evil, "<b>bold</b>"], ["&amp;", "<script>window.__pwned=2</script>"]],
+    }
+    page.page.click("#tab-json")
+    page.page.fill("#json-box", json.dumps(body))
+    before = page.drawn()
+    page.page.click("#apply-json")
+    page.wait_drawn(before)
+    page.page.click("#tab-table")
+    assert page.page.evaluate("window.__pwned === undefined")
+    assert page.page.locator("img[src=x]").count() == 0
+    assert page.page.input_value("[aria-label='row 0 token 0 text']") == evil
+    # Hover labels carry the string escaped for Plotly, so it is drawn as written.
+    custom = page.page.evaluate("document.getElementById('heatmaps').data[0].customdata[0][0][10]")
+    assert custom == "&lt;img src=x onerror=\"window.__pwned=1\"&gt;"
+    page.page.hover("#heatmaps .nsewdrag", position={"x": 20, "y": 20})
+    assert page.page.evaluate("window.__pwned === undefined")
+    page.check_clean()
+
+
+def test_large_batch_shows_rows_first_and_loads_a_row_on_demand(page: Page) -> None:
+    rows = 8
+    body = {
+        "per_token_logps": [[-0.1 - 0.01 * ((i * 7 + j) % 13) for j in range(40)] for i in range(rows)],
+        "old_per_token_logps": [[-0.12 - 0.01 * ((i * 5 + j) % 11) for j in range(40)] for i in range(rows)],
+        "rewards": [float(i % 2) for i in range(rows)],
+        "group_size": 4,
+    }
+    page.open()
+    page.page.click("#tab-json")
+    page.page.fill("#json-box", json.dumps(body))
+    before = page.drawn()
+    page.page.click("#apply-json")
+    page.wait_drawn(before)
+    data = page.last()
+    assert not data["tokens_complete"] and data["num_positions"] == rows * 40 > FULL_TOKEN_LIMIT
+    assert page.page.is_visible("#large-note")
+    assert len(page.heatmap("grad")) == 1  # one row's tokens
+    assert page.page.locator("#rows-table tbody tr").count() == rows  # every row in the overview
+    before = page.drawn()
+    page.page.click("#rows-table tbody tr:nth-child(6)")
+    page.wait_drawn(before)
+    assert page.last()["token_rows"] == [5]
+    assert "row=5" in page.page.url
+    page.check_clean()
+
+
+def test_exports_and_labelled_controls(page: Page) -> None:
+    page.open()
+    with page.page.expect_download() as info:
+        page.page.click("#export-csv")
+    csv = Path(info.value.path()).read_text()
+    assert csv.splitlines()[0].startswith("row,position,token,region,ratio")
+    assert len(csv.splitlines()) == 1 + 15  # the article example: 3 rows x 5 positions
+    with page.page.expect_download() as info:
+        page.page.click("#export-input")
+    exported = json.loads(Path(info.value.path()).read_text())
+    assert exported["per_token_logps"] == SCENARIOS["article"].request["per_token_logps"]
+    unlabelled = page.page.evaluate(
+        """[...document.querySelectorAll('#controls input, #controls select')].filter(el =>
+            !(el.labels && el.labels.length) && !el.getAttribute('aria-label')).map(el => el.id || el.outerHTML)"""
+    )
+    assert unlabelled == []
+    tooltips = page.page.evaluate("[...document.querySelectorAll('#controls label[title]')].length")
+    assert tooltips >= 20
+    page.check_clean()
+
+
+def test_page_and_docs_headers_and_offline_assets(page: Page) -> None:
+    page.open()
+    with urllib.request.urlopen(f"{page.server}/") as r:
+        csp = r.headers["content-security-policy"]
+        assert "script-src 'self'" in csp and r.headers["x-content-type-options"] == "nosniff"
+    page.page.goto(f"{page.server}/docs")
+    page.page.wait_for_selector(".opblock", timeout=20_000)
+    assert page.page.locator(".opblock").count() >= 6
+    page.check_clean()
+
