@@ -37,7 +37,18 @@ def free_port() -> int:
 
 def start_server() -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "app.main:app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=os.environ.copy())
     url = f"http://127.0.0.1:{port}"
     for _ in range(200):
@@ -108,6 +119,13 @@ def measure(page: Any, url: str, batch: dict[str, Any] | None, repeats: int) -> 
     return first, statistics.median(times)
 
 
+def report(name: str, start: str, first: float, redraw: float, repeats: int, target: int) -> None:
+    print(
+        f"{name:16s}: {start:10s} -> all charts drawn {first:7.0f} ms; "
+        f"control -> redrawn {redraw:6.0f} ms (median of {repeats}; target <= {target} ms)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
@@ -121,10 +139,10 @@ def main() -> None:
             )
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             first, redraw = measure(page, url + "/", None, args.repeats)
-            print(f"article example : navigation -> all charts drawn {first:7.0f} ms; control -> redrawn {redraw:6.0f} ms (median of {args.repeats}; target <= 100 ms)")
+            report("article example", "navigation", first, redraw, args.repeats, 100)
             batch = big_batch()
             first, redraw = measure(page, url + "/", batch, args.repeats)
-            print(f"64 x 1024 batch : apply JSON  -> all charts drawn {first:7.0f} ms; control -> redrawn {redraw:6.0f} ms (median of {args.repeats}; target <= 1000 ms)")
+            report("64 x 1024 batch", "apply JSON", first, redraw, args.repeats, 1000)
             browser.close()
     finally:
         proc.terminate()

@@ -72,5 +72,5 @@ def seq_mean_token_sum_norm(mask: Tensor, config: LossConfig, width: int) -> Ten
     (None there and here: the padded completion width). Weight 1 / (n_rows · C).
     Paper: https://arxiv.org/abs/2503.20783
     """
-    constant = config.max_completion_length or width
+    constant = config.max_completion_length or max(width, 1)  # width 0: every position is prompt
     return mask / (n_rows(mask, config) * constant)

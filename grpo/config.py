@@ -81,7 +81,10 @@ class LossConfig:
         None, "Clamp ref - logp to [-c, c] before the estimator (verl: 20). None = off.", "kl", gt=0.0
     )
     kl_clamp: float | None = _f(
-        None, "Clamp the per-token KL to [-c, c] (verl low_var_kl: 10). None = off.", "kl", gt=0.0
+        None,
+        "Clamp the per-token KL to [-c, c] (verl low_var_kl: 10; here for any estimator). None = off.",
+        "kl",
+        gt=0.0,
     )
     kl_bias_correction: bool = _f(
         False, "Multiply the KL by the differentiable ratio (TRL use_bias_correction_kl).", "kl"
@@ -110,9 +113,7 @@ class LossConfig:
 
     # --- runtime -------------------------------------------------------------------------------
     dtype: str = _f("float32", "Compute dtype.", "runtime")
-    device: str = _f(
-        "auto", "Where to compute: auto (the input's device, else a GPU if present), cpu, cuda.", "runtime"
-    )
+    device: str = _f("auto", "Where to compute: auto (the input's device), cpu or cuda.", "runtime")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -59,8 +59,9 @@ SCENARIOS: dict[str, Scenario] = {
             "The article's example",
             "Three responses to one prompt, five positions of which the first three are the prompt "
             "(masked out), advantages [-1, 2, 1]. The old and reference policies are independent "
-            "random draws, so the ratios are far from 1 and most tokens sit in a flat clip region: "
-            "look at which of them still get a gradient, and why the loss has its sign.",
+            "random draws, so the ratios are far from 1 (0.28 to 52) and two of the six completion "
+            "tokens sit in a flat clip region: look at which tokens still get a gradient (the ratio-52 "
+            "token with A < 0 keeps an unbounded one), and why the loss has its sign.",
             ARTICLE_EXAMPLE,
         ),
         Scenario(

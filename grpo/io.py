@@ -154,7 +154,8 @@ def _read_npz(data: bytes) -> dict[str, Any]:
     for name, array in arrays.items():
         if array.dtype.kind not in "biuf":
             raise GrpoInputError(name, "a numeric array", got=str(array.dtype))
-    return _from_tensors({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()})
+    # reshape: ascontiguousarray turns a 0-d array (a scalar such as group_size) into shape (1,)
+    return _from_tensors({k: torch.from_numpy(np.ascontiguousarray(v).reshape(v.shape)) for k, v in arrays.items()})
 
 
 def _read_pt(data: bytes) -> dict[str, Any]:

@@ -44,7 +44,7 @@ def k2(x: Tensor) -> Tensor:
 def k3(x: Tensor) -> Tensor:
     """k3 = pi_ref/pi - log(pi_ref/pi) - 1: unbiased, low variance, always >= 0 (GRPO's choice).
 
-    Computed as exp(x) - x - 1 with x = ref - logp (as expm1(x) - x, exact near 0), never as a
+    Computed as exp(x) - x - 1 with x = ref - logp (as expm1(x) - x, accurate near 0), never as a
     ratio of two exps, which under- and overflows. verl ``low_var_kl``; DeepSeekMath eq. 4.
     Paper: https://arxiv.org/abs/2402.03300
     """

@@ -73,7 +73,10 @@ def token_logprobs(
     for name, other in (("ref_logits", ref_logits), ("old_logits", old_logits)):
         if other is not None and other.shape != logits.shape:
             raise GrpoInputError(name, f"shape {tuple(logits.shape)} like logits", got=f"shape {tuple(other.shape)}")
-    p = torch.as_tensor(prompt_length, device=logits.device).long().expand(B)
+    p = torch.as_tensor(prompt_length, device=logits.device)
+    if p.dim() > 1 or (p.dim() == 1 and p.shape[0] != B) or bool((p != p.round()).any()):
+        raise GrpoInputError("prompt_length", f"an int or {B} ints (one per row)", got=f"{prompt_length!r}")
+    p = p.long().expand(B)
     if bool((p < 1).any()) or bool((p >= T).any()):
         raise GrpoInputError("prompt_length", f"between 1 and {T - 1}: position 0 has no logit scoring it")
     start = int(p.min())

@@ -8,6 +8,7 @@ backward pass gives their gradients apart (their sum is the gradient of the loss
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -117,13 +118,13 @@ class Breakdown:
 
 
 def resolve_device(name: str, input_device: torch.device) -> torch.device:
-    """``auto``: the input's device if it is an accelerator, else a GPU when present, else cpu."""
-    if name == "cuda" or (name == "auto" and input_device.type == "cuda"):
+    """``auto``: the input's device (every tensor evaluate creates lives there); else cpu or cuda."""
+    if name == "auto":
+        return input_device
+    if name == "cuda":
         if not torch.cuda.is_available():
             raise GrpoInputError("device", "cpu or auto: this machine has no CUDA GPU", got="'cuda'")
         return input_device if input_device.type == "cuda" else torch.device("cuda")
-    if name == "auto" and torch.cuda.is_available():
-        return torch.device("cuda")
     return torch.device("cpu")
 
 
@@ -227,7 +228,9 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         kl = kl_penalty(logp_kl, ref, old, mask, config)
         weight = AGGREGATIONS.get(config.aggregation)(mask, config, width)
         policy_tokens = weight * -terms.surrogate
-        kl_tokens = weight * (config.beta * kl)
+        # beta = 0 leaves the KL out of the loss entirely, as TRL does (so an overflowed KL cannot
+        # turn the loss into NaN through 0 · inf); the KL is still reported.
+        kl_tokens = weight * (config.beta * kl) if config.beta else torch.zeros_like(weight)
         token_loss = policy_tokens + kl_tokens
         loss = token_loss.sum()
         grads = torch.autograd.grad(loss, [logp_policy, logp_kl], allow_unused=True)
@@ -264,7 +267,7 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         rows=rows,
         tokens=tokens,
         clamp_counts=_clamp_counts(logp, old, ref, tokens, config),
-        warnings=_warnings(batch, config, adv, rows, loss),
+        warnings=_warnings(batch, config, adv, rows, loss, metrics["ratio/max"]),
         config=config,
         device=str(device),
         dtype=config.dtype,
@@ -375,7 +378,9 @@ def _clamp_counts(logp: Tensor, old: Tensor, ref: Tensor, tokens: TokenBreakdown
     return counts
 
 
-def _warnings(batch: Batch, config: LossConfig, adv: _Advantages, rows: RowBreakdown, loss: Tensor) -> tuple[str, ...]:
+def _warnings(
+    batch: Batch, config: LossConfig, adv: _Advantages, rows: RowBreakdown, loss: Tensor, metrics_ratio_max: float
+) -> tuple[str, ...]:
     out = []
     if batch.old_per_token_logps is None:
         out.append("No old_per_token_logps: on-policy, so the ratio is 1 everywhere and nothing can clip.")
@@ -397,6 +402,10 @@ def _warnings(batch: Batch, config: LossConfig, adv: _Advantages, rows: RowBreak
         out.append(
             f"CISPO caps the weight at epsilon_high = {config.epsilon_high} (absolute), scaling every token "
             "down; TRL's docs recommend 5.0."
+        )
+    if not math.isfinite(float(rows.sequence_ratio.max())) or not math.isfinite(metrics_ratio_max):
+        out.append(
+            f"An importance ratio overflowed to inf ({config.dtype}): set log_ratio_clamp (verl: 20) or use float64."
         )
     if not torch.isfinite(loss):
         out.append("The loss is not finite: a KL or ratio overflowed. Set kl_log_ratio_clamp / log_ratio_clamp.")

@@ -7,6 +7,7 @@ and the config, and returns ``ObjectiveTerms``. The policy loss of a token is ``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -103,7 +104,10 @@ def clip(ratio: Tensor, logp: Tensor, advantages: Tensor, config: LossConfig) ->
     # The gradient autograd takes through min and clamp: A·dr on the trust region, 0 where flat.
     # Written out because CPU autograd of min/clamp runs slow bool kernels (7x the whole rest);
     # tests hold it equal to autograd through torch.minimum and clamp.
-    surrogate = value + (ratio - r) * (A * (1 - flat))
+    step = ratio - r  # 0, carrying d ratio
+    if not math.isfinite(float(r.max())):  # an overflowed ratio: inf - inf is NaN, and the value is not
+        step = step.nan_to_num(0.0)
+    surrogate = value + step * (A * (1 - flat))
 
     high_flag = clip_high if config.delta is None else above(capped, high) * positive
     either = clip_low + high_flag

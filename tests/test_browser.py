@@ -31,7 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
 FULL_TOKEN_LIMIT = 200
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (make test installs it)")
+pytestmark = pytest.mark.skipif(
+    not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (make test installs it)"
+)
 playwright_api = pytest.importorskip("playwright.sync_api")
 
 
@@ -274,7 +276,7 @@ def test_upload_flow_safetensors_and_jsonl(page: Page, tmp_path: Path) -> None:
 
 def test_token_strings_are_shown_as_text_never_as_html(page: Page) -> None:
     page.open()
-    evil = "<img src=x onerror=\"window.__pwned=1\">"
+    evil = '<img src=x onerror="window.__pwned=1">'
     body = {
         "per_token_logps": [[-0.5, -0.9], [-0.3, -1.2]],
         "advantages": [1.0, -1.0],
@@ -291,7 +293,7 @@ def test_token_strings_are_shown_as_text_never_as_html(page: Page) -> None:
     assert page.page.input_value("[aria-label='row 0 token 0 text']") == evil
     # Hover labels carry the string escaped for Plotly, so it is drawn as written.
     custom = page.page.evaluate("document.getElementById('heatmaps').data[0].customdata[0][0][10]")
-    assert custom == "&lt;img src=x onerror=\"window.__pwned=1\"&gt;"
+    assert custom == '&lt;img src=x onerror="window.__pwned=1"&gt;'
     page.page.hover("#heatmaps .nsewdrag", position={"x": 20, "y": 20})
     assert page.page.evaluate("window.__pwned === undefined")
     page.check_clean()
@@ -354,4 +356,3 @@ def test_page_and_docs_headers_and_offline_assets(page: Page) -> None:
     page.page.wait_for_selector(".opblock", timeout=20_000)
     assert page.page.locator(".opblock").count() >= 6
     page.check_clean()
-

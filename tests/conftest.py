@@ -1,0 +1,48 @@
+"""Shared fixtures: the hand-derived batch (reference.HAND), random ragged batches, the hypothesis
+profile, and a guard that no test mutates the global registries or presets."""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from reference import HAND, Inputs, random_inputs
+
+import grpo
+
+# Bounded by default so the library suite stays well under a minute on 2 cores; GRPO_HYPOTHESIS=deep
+# runs twenty times as many examples when hunting for bugs.
+settings.register_profile(
+    "grpo", max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+)
+settings.register_profile("deep", settings.get_profile("grpo"), max_examples=1000)
+settings.load_profile(os.environ.get("GRPO_HYPOTHESIS", "grpo"))
+
+
+@pytest.fixture
+def hand_batch() -> grpo.Batch:
+    return grpo.Batch(**HAND)
+
+
+@pytest.fixture(params=[0, 1, 2], ids=lambda s: f"seed{s}")
+def inputs(request: pytest.FixtureRequest) -> Inputs:
+    """Random ragged float64 batches of 6 rows, one fully masked, NaN in the padding."""
+    return random_inputs(request.param)
+
+
+def _snapshot() -> dict[str, Any]:
+    registries = {kind: [(n, reg.get(n)) for n in reg.names()] for kind, reg in grpo.REGISTRIES.items()}
+    presets = {name: (p.doc, p.source, copy.deepcopy(p.settings)) for name, p in grpo.PRESETS.items()}
+    return {"registries": registries, "presets": presets}
+
+
+@pytest.fixture(autouse=True)
+def _globals_untouched() -> Iterator[None]:
+    """Tests never mutate the registries or the presets: checked around every test."""
+    before = _snapshot()
+    yield
+    assert _snapshot() == before, "a test mutated a global registry or preset"

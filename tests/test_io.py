@@ -1,0 +1,241 @@
+"""grpo.io: every file format in, nothing unpickled or executed, and the breakdown out as JSON
+(ragged like the input, row selection and the max_tokens limit)."""
+
+from __future__ import annotations
+
+import builtins
+import io
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+import torch
+from reference import close
+
+import grpo
+from grpo.examples import ARTICLE_EXAMPLE
+from grpo.io import ALIASES, breakdown_to_json, dumps, load_file
+from grpo.requests import batch_from_request, row_lengths
+
+ROWS = {
+    "per_token_logps": [[-1.0, -0.5], [-0.25, -2.0, -0.75]],
+    "ref_per_token_logps": [[-1.1, -0.5], [-0.2, -2.0, -0.7]],
+    "rewards": [1.0, 0.0],
+}
+
+
+class Payload:
+    """Unpickling this calls open(path, "w"): it would create the file. Nothing may unpickle it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return (builtins.open, (self.path, "w"))
+
+
+def test_payload_is_live(tmp_path: Path) -> None:
+    """The control: plain pickle.loads does run the payload, so the refusals below mean something."""
+    marker = tmp_path / "control"
+    pickle.loads(pickle.dumps(Payload(marker))).close()
+    assert marker.exists()
+
+
+# --- reading --------------------------------------------------------------------------------------
+def test_json_with_aliases() -> None:
+    body = {"log_prob": ROWS["per_token_logps"], "ref_log_prob": ROWS["ref_per_token_logps"], "rewards": [1, 0]}
+    request = load_file("batch.JSON", json.dumps(body).encode())
+    assert set(request) == {"per_token_logps", "ref_per_token_logps", "rewards"}
+    bd = grpo.evaluate(batch_from_request(request))
+    assert bd.tokens.mask.tolist() == [[True, True, False], [True, True, True]]
+    assert set(ALIASES.values()) <= set(grpo.batch.LOGP_FIELDS) | {"completion_mask", "prompt_lengths"}
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "match"),
+    [
+        ("b.json", b"{not json", "file: expected valid JSON"),
+        ("b.json", b"[1, 2]", "file: expected a JSON object"),
+        ("b.json", json.dumps({"log_prob": [[-1.0]], "per_token_logps": [[-1.0]]}).encode(), "not both"),
+        ("b.csv", b"a,b", r"file: expected a .json, .jsonl, .safetensors, .npz or .pt file, got 'b.csv'"),
+        ("b", b"{}", "file: expected a .json"),
+        ("b.jsonl", b'{"per_token_logps": [-1.0]}\n[1]\n', r"file\[1\]: expected one JSON object per line"),
+        (
+            "b.jsonl",
+            b'{"per_token_logps": [-1.0], "reward": 1}\n{"per_token_logps": [-1.0]}\n',
+            "rewards: expected a value on every row line",
+        ),
+        ("b.safetensors", b"garbage", "file: expected a valid safetensors file"),
+        ("b.npz", b"garbage", "file: expected an NPZ"),  # not a zip: numpy would unpickle it; refused
+        ("b.pt", b"garbage", "file: expected a .pt file of plain tensors"),
+    ],
+)
+def test_bad_files(name: str, data: bytes, match: str) -> None:
+    with pytest.raises(grpo.GrpoInputError, match=match):
+        load_file(name, data)
+
+
+def test_jsonl_rows_and_batch_lines() -> None:
+    lines = [
+        {"config": {"preset": "verl-grpo"}, "group_size": 2},
+        {"log_prob": [-1.0, -0.5], "reward": 1.0},
+        {"log_prob": [-0.25, -2.0, -0.75], "reward": 0.0},
+    ]
+    request = load_file("rows.jsonl", "\n".join(json.dumps(x) for x in lines).encode() + b"\n\n")
+    assert request["config"] == {"preset": "verl-grpo"} and request["group_size"] == 2
+    assert request["per_token_logps"] == ROWS["per_token_logps"] and request["rewards"] == [1.0, 0.0]
+    assert batch_from_request(request).shape == (2, 3)
+
+
+def test_safetensors() -> None:
+    from safetensors.torch import save
+
+    tensors = {
+        "old_log_prob": torch.tensor([[-1.0, -0.5], [-0.3, -0.2]]),
+        "per_token_logps": torch.tensor([[-1.1, -0.4], [-0.3, -0.1]]),
+        "response_mask": torch.tensor([[1, 1], [1, 0]]),
+        "advantages": torch.tensor([0.5, -0.5]),
+        "group_size": torch.tensor(2),
+    }
+    request = load_file("b.safetensors", save(tensors))
+    assert request["group_size"] == 2 and request["advantages"] == [0.5, -0.5]
+    assert isinstance(request["old_per_token_logps"], np.ndarray) and request["old_per_token_logps"].dtype == np.float64
+    bd = grpo.evaluate(batch_from_request(request), grpo.LossConfig(dtype="float64"))
+    assert bd.tokens.mask.tolist() == [[True, True], [True, False]]
+    close(bd.tokens.ratio[0], torch.tensor([-0.1, 0.1]).double().exp(), rtol=1e-6, atol=0)
+
+
+def test_logits_file_goes_through_the_causal_shift() -> None:
+    from safetensors.torch import save
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 5, 7, generator=g)
+    ids = torch.randint(0, 7, (2, 5), generator=g)
+    data = save(
+        {
+            "logits": logits,
+            "ref_logits": logits * 0.9,
+            "token_ids": ids,
+            "prompt_length": torch.tensor(2),
+            "rewards": torch.tensor([1.0, 0.0]),
+        }
+    )
+    request = load_file("b.safetensors", data)
+    out = grpo.token_logprobs(logits, ids, 2, ref_logits=logits * 0.9)
+    close(request["per_token_logps"], out.logps.double())
+    close(request["ref_per_token_logps"], out.ref_logps.double())  # type: ignore[union-attr]
+    close(request["entropies"], out.entropies.double())
+    assert request["per_token_logps"].shape == (2, 3) and "full_kl" in request
+    grpo.evaluate(batch_from_request(request))
+
+
+def test_npz() -> None:
+    buf = io.BytesIO()
+    np.savez(
+        buf,
+        pi_logprob=np.array([[-1.0, -0.5], [-0.2, -0.1]]),
+        rewards=np.array([1.0, 0.0]),
+        input_len=np.array(1),  # 0-d arrays are scalars
+        group_size=np.array(2),
+    )
+    request = load_file("b.npz", buf.getvalue())
+    assert request["prompt_lengths"] == 1 and request["group_size"] == 2
+    assert request["per_token_logps"].tolist() == [[-1.0, -0.5], [-0.2, -0.1]]
+    assert batch_from_request(request).mask.tolist() == [[False, True], [False, True]]
+
+
+def test_npz_object_arrays_are_refused_unopened(tmp_path: Path) -> None:
+    marker = tmp_path / "npz-ran"
+    buf = io.BytesIO()
+    np.savez(buf, per_token_logps=np.array([Payload(marker)], dtype=object))
+    with pytest.raises(grpo.GrpoInputError, match="object arrays need pickle and are refused"):
+        load_file("b.npz", buf.getvalue())
+    assert not marker.exists()
+    buf = io.BytesIO()
+    np.savez(buf, per_token_logps=np.array(["a", "b"]))
+    with pytest.raises(grpo.GrpoInputError, match="per_token_logps: expected a numeric array"):
+        load_file("b.npz", buf.getvalue())
+
+
+def test_pt_plain_tensors() -> None:
+    buf = io.BytesIO()
+    torch.save(
+        {"per_token_logps": torch.tensor([[-1.0, -0.5]]), "advantages": torch.tensor([1.0]), "group_size": 1}, buf
+    )
+    request = load_file("b.pt", buf.getvalue())
+    assert request["group_size"] == 1 and request["advantages"] == [1.0]
+    buf = io.BytesIO()
+    torch.save([torch.zeros(1)], buf)
+    with pytest.raises(grpo.GrpoInputError, match="a dict of named tensors"):
+        load_file("b.pth", buf.getvalue())
+
+
+@pytest.mark.parametrize("kind", ["torch.save", "raw pickle"])
+def test_pt_malicious_pickle_is_refused_without_running(kind: str, tmp_path: Path) -> None:
+    marker = tmp_path / "pt-ran"
+    if kind == "torch.save":
+        buf = io.BytesIO()
+        torch.save({"per_token_logps": Payload(marker)}, buf)
+        data = buf.getvalue()
+    else:
+        data = pickle.dumps({"per_token_logps": Payload(marker)}, protocol=2)
+    with pytest.raises(grpo.GrpoInputError, match="weights_only=True"):
+        load_file("evil.pt", data)
+    assert not marker.exists()
+
+
+# --- writing --------------------------------------------------------------------------------------
+@pytest.fixture
+def article() -> tuple[grpo.Breakdown, list[int]]:
+    request = {k: v for k, v in ARTICLE_EXAMPLE.items() if k != "tokens"}
+    return grpo.evaluate(batch_from_request(request)), row_lengths(request)
+
+
+def test_json_round_trip(article: tuple[grpo.Breakdown, list[int]]) -> None:
+    bd, lengths = article
+    data = orjson.loads(dumps(breakdown_to_json(bd, lengths=lengths, tokens=ARTICLE_EXAMPLE["tokens"])))
+    assert data["loss"] == float(bd.loss) and data["objective"] == float(bd.objective)
+    assert data["metrics"] == pytest.approx(bd.metrics, rel=1e-12, abs=0)
+    assert data["tokens_complete"] and data["token_rows"] == [0, 1, 2] and data["num_positions"] == 15
+    tokens = data["tokens"]
+    for name in ("ratio", "surrogate", "kl", "weight", "loss", "grad", "grad_policy", "grad_kl"):
+        close(tokens[name], getattr(bd.tokens, name).double(), rtol=1e-7, atol=0)  # float32 printed shortest
+    assert tokens["region"] == bd.tokens.region_names()
+    assert tokens["mask"] == bd.tokens.mask.int().tolist()
+    assert tokens["text"] == ARTICLE_EXAMPLE["tokens"]
+    close(data["rows"]["loss"], bd.rows.loss.double(), rtol=1e-7, atol=0)
+    assert data["rows"]["reward"] is None
+    assert grpo.LossConfig(**data["config"]) == bd.config
+    assert data["explanation"] and isinstance(data["warnings"], list)
+
+
+def test_per_token_arrays_are_ragged_like_the_input() -> None:
+    bd = grpo.evaluate(batch_from_request(ROWS))
+    data = orjson.loads(dumps(breakdown_to_json(bd, lengths=row_lengths(ROWS))))
+    for name in ("ratio", "grad", "region", "mask"):
+        assert [len(r) for r in data["tokens"][name]] == [2, 3], name
+    close(data["tokens"]["loss"][0], bd.tokens.loss[0, :2].double(), rtol=1e-7, atol=0)
+    assert data["num_positions"] == 5
+
+
+def test_max_tokens_and_row_selection(article: tuple[grpo.Breakdown, list[int]]) -> None:
+    bd, lengths = article
+    over = breakdown_to_json(bd, lengths=lengths, max_tokens=14)
+    assert over["token_rows"] == [] and not over["tokens_complete"]
+    assert all(v == [] for v in over["tokens"].values())
+    assert len(over["rows"]["loss"]) == 3  # per-row data always comes whole
+    assert breakdown_to_json(bd, lengths=lengths, max_tokens=15)["tokens_complete"]
+    picked = orjson.loads(dumps(breakdown_to_json(bd, lengths=lengths, rows=[2], max_tokens=1)))
+    assert picked["token_rows"] == [2] and not picked["tokens_complete"]
+    close(picked["tokens"]["grad"], bd.tokens.grad[2:3].double(), rtol=1e-7, atol=0)
+
+
+def test_dumps_writes_non_finite_as_null() -> None:
+    assert orjson.loads(dumps({"a": float("nan"), "b": np.array([1.0, float("inf")], dtype=np.float32)})) == {
+        "a": None,
+        "b": [1.0, None],
+    }
