@@ -7,11 +7,12 @@ become 413s; nothing becomes a 500 with a traceback.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import grpo
@@ -31,6 +32,12 @@ def detail(loc: list[str | int], msg: str, kind: str) -> dict[str, Any]:
     return {"detail": [{"loc": loc, "msg": msg, "type": kind}]}
 
 
+def config_error(loc: list[str | int], exc: grpo.GrpoInputError) -> RequestValidationError:
+    """A library error about a config (its preset, an unknown or invalid field), placed at ``loc``:
+    ``body.config`` for /loss and /upload, ``body.configs[i]`` for /compare."""
+    return RequestValidationError([{"loc": [*loc, exc.field], "msg": str(exc), "type": "value_error"}])
+
+
 def grpo_loc(exc: grpo.GrpoInputError, root: str = "body") -> list[str | int]:
     """Where a library error points: a config field, or a batch field and its row."""
     loc: list[str | int] = [root]
@@ -42,23 +49,49 @@ def grpo_loc(exc: grpo.GrpoInputError, root: str = "body") -> list[str | int]:
     return loc
 
 
+MAX_ERRORS = 20
+BODY_EXPECTED = "expected a JSON object in UTF-8 (multipart form data for /api/v1/upload)"
 LOGPROB_FIELDS = {"per_token_logps", "old_per_token_logps", "ref_per_token_logps"}
 
 
 def _explain_validation(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """pydantic's errors, JSON-safe, with a hint where a positive log-prob was refused."""
+    """pydantic's errors, JSON-safe, with a hint where a positive log-prob was refused.
+
+    At most ``MAX_ERRORS`` are listed (a flat list of a million numbers is a million errors),
+    then one entry that counts the rest.
+    """
     out = []
-    for err in errors:
+    for err in errors[:MAX_ERRORS]:
         entry: dict[str, Any] = {k: err[k] for k in ("loc", "msg", "type") if k in err}
         loc = entry.get("loc", ())
+        if err.get("type") == "json_invalid" and "ctx" in err:  # FastAPI's bare "JSON decode error"
+            entry["msg"] += f" ({err['ctx'].get('error')}): {BODY_EXPECTED}"
         if err.get("type") == "less_than_equal" and len(loc) > 1 and loc[1] in LOGPROB_FIELDS:
             entry["msg"] += " (a log-prob is <= 0; a positive value usually means logits were passed)"
-        if "input" in err and isinstance(err["input"], int | float | str | bool | type(None)):
-            entry["input"] = (
-                err["input"] if not isinstance(err["input"], float) or err["input"] == err["input"] else None
-            )
+        value = err.get("input")
+        if "input" in err and isinstance(value, int | float | str | bool | type(None)):
+            entry["input"] = None if isinstance(value, float) and not math.isfinite(value) else value  # JSON has no inf
         out.append(entry)
+    if len(errors) > MAX_ERRORS:
+        more = f"{len(errors) - MAX_ERRORS} more errors not listed; the first {MAX_ERRORS} are above"
+        out.append({"loc": ["body"], "msg": more, "type": "too_many_errors"})
     return out
+
+
+ERROR_TEXT = {404: "There is no page here.", 405: "This address does not take that kind of request."}
+
+
+def wants_html(request: Request) -> bool:
+    return not request.url.path.startswith(("/api/", "/healthz", "/openapi")) and "text/html" in request.headers.get(
+        "accept", ""
+    )
+
+
+def error_page(request: Request, status: int) -> Response:
+    from app.pages import templates  # the page templates live with the HTML routes
+
+    message = ERROR_TEXT.get(status, "Something went wrong with this request.")
+    return templates.TemplateResponse(request, "error.html", {"status": status, "message": message}, status_code=status)
 
 
 def install(app: FastAPI) -> None:
@@ -75,7 +108,11 @@ def install(app: FastAPI) -> None:
         return JSONResponse(detail(exc.loc, exc.msg, "too_large"), status_code=413)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http(request: Request, exc: StarletteHTTPException) -> Response:
+        if wants_html(request):  # a person at a browser: the one error page, not JSON
+            return error_page(request, exc.status_code)
+        if exc.status_code == 400 and isinstance(exc.detail, str):  # FastAPI could not decode the body
+            return JSONResponse(detail(["body"], f"{exc.detail}: {BODY_EXPECTED}", "body_invalid"), status_code=422)
         body = (
             exc.detail if isinstance(exc.detail, list) else [{"loc": [], "msg": str(exc.detail), "type": "http_error"}]
         )

@@ -14,22 +14,45 @@ from typing import Annotated, Any
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model
 
 import grpo
+from grpo.examples import ARTICLE_EXAMPLE
 from grpo.io import ALIASES
 
 LogProb = Annotated[float, Field(le=0, allow_inf_nan=False)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 MaskValue = Annotated[int, Field(ge=0, le=1)]
-Row = Annotated[list[LogProb], Field(min_length=1)]
-Rows = Annotated[list[Row], Field(min_length=1)]
+Entropy = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=0)]
+# Lists stop at their first bad entry (fail_fast): one error per field, not one per number, so a
+# million positive log-probs cost one error, not seconds and hundreds of MB of them.
+FAIL_FAST = Field(fail_fast=True)
+Row = Annotated[list[LogProb], Field(min_length=1, fail_fast=True)]
+Rows = Annotated[list[Row], Field(min_length=1, fail_fast=True)]
+LogProbRows = Annotated[list[Annotated[list[LogProb], FAIL_FAST]], FAIL_FAST]
+MaskRows = Annotated[list[Annotated[list[MaskValue], FAIL_FAST]], FAIL_FAST]
+EntropyRows = Annotated[list[Annotated[list[Entropy], FAIL_FAST]], FAIL_FAST]
+TextRows = Annotated[list[Annotated[list[str], FAIL_FAST]], FAIL_FAST]
+Numbers = Annotated[list[Finite], FAIL_FAST]
+Counts = Annotated[list[Count], FAIL_FAST]
 
 
 def _aliases(name: str) -> AliasChoices:
     return AliasChoices(name, *(alias for alias, target in ALIASES.items() if target == name))
 
 
+# Config numbers are used as float32 scalars (1 + epsilon_high, clamp bounds): past float32's
+# range torch refuses them, so the request model bounds them well inside it.
+CONFIG_NUMBER_MAX = 1e30
+CONFIG_INT_MAX = 2**31 - 1
+
+
 def _python_type(kind: str) -> Any:
     """The pydantic type of a LossConfig field from its annotation string."""
-    base = {"str": str, "float": float, "int": int, "bool": bool}[kind.split(" ")[0]]
+    base: Any = {
+        "str": str,
+        "float": Annotated[float, Field(le=CONFIG_NUMBER_MAX, allow_inf_nan=False)],
+        "int": Annotated[int, Field(le=CONFIG_INT_MAX)],
+        "bool": bool,
+    }[kind.split(" ")[0]]
     return base | None if "None" in kind else base
 
 
@@ -60,33 +83,31 @@ class BatchRequest(BaseModel):
         validation_alias=_aliases("per_token_logps"),
         description="Current policy log-probs, one list per completion (ragged). Aliases: log_prob, pi_logprob.",
     )
-    old_per_token_logps: list[list[LogProb]] | None = Field(
+    old_per_token_logps: LogProbRows | None = Field(
         None,
         validation_alias=_aliases("old_per_token_logps"),
         description="Old (sampling) policy log-probs; default: the current ones (ratio 1).",
     )
-    ref_per_token_logps: list[list[LogProb]] | None = Field(
+    ref_per_token_logps: LogProbRows | None = Field(
         None,
         validation_alias=_aliases("ref_per_token_logps"),
         description="Reference policy log-probs; default: the current ones (KL 0).",
     )
-    completion_mask: list[list[MaskValue]] | None = Field(
+    completion_mask: MaskRows | None = Field(
         None, validation_alias=_aliases("completion_mask"), description="0/1 per token; default all 1."
     )
-    prompt_lengths: Annotated[int, Field(ge=0)] | list[Annotated[int, Field(ge=0)]] | None = Field(
+    prompt_lengths: Count | Counts | None = Field(
         None,
         validation_alias=_aliases("prompt_lengths"),
         description="Leading positions of each row that are prompt (excluded). Alias: input_len.",
     )
-    rewards: list[Finite] | None = Field(None, description="One reward per row (give this or advantages).")
-    advantages: list[Finite] | None = Field(None, description="One advantage per row (give this or rewards).")
+    rewards: Numbers | None = Field(None, description="One reward per row (give this or advantages).")
+    advantages: Numbers | None = Field(None, description="One advantage per row (give this or rewards).")
     group_size: Annotated[int, Field(ge=1)] | None = Field(
         None, description="Consecutive rows per prompt; default: all rows are one group."
     )
-    entropies: list[list[Annotated[float, Field(ge=0, allow_inf_nan=False)]]] | None = Field(
-        None, description="Per-token entropies, for the entropy metric."
-    )
-    tokens: list[list[str]] | None = Field(None, description="Display strings, one per token.")
+    entropies: EntropyRows | None = Field(None, description="Per-token entropies, for the entropy metric.")
+    tokens: TextRows | None = Field(None, description="Display strings, one per token.")
 
     def batch_fields(self) -> dict[str, Any]:
         return self.model_dump(exclude={"tokens", "config", "token_rows", "configs"}, exclude_none=True)
@@ -98,8 +119,10 @@ class BatchRequest(BaseModel):
 class LossRequest(BatchRequest):
     """``POST /api/v1/loss``: a batch and the config to evaluate it under."""
 
+    model_config = ConfigDict(json_schema_extra={"examples": [{**ARTICLE_EXAMPLE, "config": {"preset": "article"}}]})
+
     config: ConfigRequest | None = Field(None, description="A preset and overrides; default: the article's loss.")
-    token_rows: list[Annotated[int, Field(ge=0)]] | None = Field(
+    token_rows: Counts | None = Field(
         None, description="Rows whose per-token arrays to return in full when the batch is past the token limit."
     )
 
@@ -107,4 +130,31 @@ class LossRequest(BatchRequest):
 class CompareRequest(BatchRequest):
     """``POST /api/v1/compare``: one batch under several configs."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{**ARTICLE_EXAMPLE, "configs": [{"preset": "article"}, {"preset": "verl-grpo"}]}]
+        }
+    )
+
     configs: list[ConfigRequest] = Field(min_length=1, description="Presets and overrides to compare, side by side.")
+
+
+class UploadForm(BaseModel):
+    """``POST /api/v1/upload``'s form fields beside the file, each given as JSON text."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    config: ConfigRequest | None = Field(None, description="A preset and overrides (over the file's own config).")
+    token_rows: Counts | None = Field(None, description="Rows whose per-token arrays to return in full.")
+
+
+class ErrorDetail(BaseModel):
+    loc: list[str | int] = Field(description="Where: body, the field, the row (and position).")
+    msg: str = Field(description="What was expected, and what was given.")
+    type: str
+
+
+class ErrorResponse(BaseModel):
+    """The API's one error shape (FastAPI's), for 404, 413 and 422 alike."""
+
+    detail: list[ErrorDetail]

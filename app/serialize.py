@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from pydantic import BaseModel
 
 import grpo
-from app.errors import LimitError
+from app.errors import CONFIG_FIELDS, LimitError, config_error
 from app.schemas import BatchRequest
 from app.settings import Settings
 from grpo.io import breakdown_to_json, dumps
@@ -16,14 +17,21 @@ from grpo.requests import batch_from_request, row_lengths
 __all__ = ["compare_json", "dumps", "loss_json", "resolve_config"]
 
 
-def resolve_config(request: BaseModel | None, settings: Settings) -> grpo.LossConfig:
-    """A LossConfig from a preset and the fields the request set (null included)."""
+def resolve_config(
+    request: BaseModel | None, settings: Settings, loc: tuple[str | int, ...] = ("body", "config")
+) -> grpo.LossConfig:
+    """A LossConfig from a preset and the fields the request set (null included); errors name
+    the field under ``loc``, where the request holds this config."""
     fields: dict[str, Any] = {}
     if request is not None:
         fields = request.model_dump(exclude_unset=True) | dict(request.model_extra or {})
     preset = fields.pop("preset", None) or "article"
-    fields.setdefault("device", settings.device)
-    return grpo.LossConfig.from_preset(preset, **fields)
+    if fields.get("device", "auto") == "auto":  # the server's batches arrive on the CPU: auto picks the GPU
+        fields["device"] = "cuda" if settings.device == "auto" and torch.cuda.is_available() else settings.device
+    try:
+        return grpo.LossConfig.from_preset(preset, **fields)
+    except grpo.GrpoInputError as exc:
+        raise config_error([*loc], exc) from exc
 
 
 def check_size(num_positions: int, settings: Settings, loc: str = "per_token_logps") -> None:
@@ -69,8 +77,14 @@ def compare_json(request: BatchRequest, configs: list[grpo.LossConfig], settings
     _check_tokens(request.tokens, lengths)
     batch = batch_from_request(fields)
     results = []
-    for config in configs:
-        full = breakdown_to_json(grpo.evaluate(batch, config), lengths, None, max_tokens=settings.full_token_limit)
+    for i, config in enumerate(configs):
+        try:
+            bd = grpo.evaluate(batch, config)
+        except grpo.GrpoInputError as exc:  # a config this machine cannot run (device): name which one
+            if exc.field not in CONFIG_FIELDS:
+                raise
+            raise config_error(["body", "configs", i], exc) from exc
+        full = breakdown_to_json(bd, lengths, None, max_tokens=settings.full_token_limit)
         tokens = full["tokens"]
         full["tokens"] = {k: tokens[k] for k in ("weight", "grad", "grad_policy", "grad_kl", "loss", "region")}
         results.append(full)

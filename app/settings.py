@@ -22,7 +22,12 @@ class Settings(BaseSettings):
     )
     max_compare_configs: int = Field(8, ge=1, description="Most configs in one /api/v1/compare request.")
     cors_origins: list[str] = Field(default_factory=list, description="Origins allowed by CORS (none by default).")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device when a request does not name one.")
+    max_unpacked_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024, description="Largest size a zipped upload (NPZ, .pt) may unpack to (422 beyond)."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Device when a request does not name one; auto: a GPU when there is one, else the CPU."
+    )
     threads: int = Field(4, ge=1, description="Worker threads for the loss computations.")
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads per computation (0: torch's default).")
 

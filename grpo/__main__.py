@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         is_file = args.command == "eval"
         request = load_file(args.file.name, args.file.read_bytes()) if is_file else dict(ARTICLE_EXAMPLE)
-        config_fields = dict(request.pop("config", None) or {})
+        config_fields = request.pop("config", None) or {}
+        if not isinstance(config_fields, dict):
+            raise GrpoInputError("config", "a JSON object: a preset and overrides", got=type(config_fields).__name__)
         preset = (
             args.preset if args.command == "eval" and args.preset else config_fields.pop("preset", None) or "article"
         )

@@ -8,7 +8,6 @@ ranges are checked once, generically, in ``__post_init__``; the UI builds its co
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,6 +135,8 @@ class LossConfig:
         return dataclasses.asdict(self)
 
 
+MAX_MAGNITUDE = 1e30  # numbers past this overflow float32 once multiplied by a ratio or an advantage
+MAX_INT = 2**31 - 1
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(LossConfig))
 
 
@@ -160,10 +161,11 @@ def _check_field(f: dataclasses.Field[Any], value: Any) -> None:
         if not isinstance(value, bool):
             raise GrpoInputError(f.name, "true or false", got=repr(value))
         return
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise GrpoInputError(f.name, "a finite number", got=repr(value))
-    if kind.startswith("int") and not float(value).is_integer():
-        raise GrpoInputError(f.name, "an integer", got=repr(value))
+    if isinstance(value, bool) or not isinstance(value, int | float) or not abs(value) <= MAX_MAGNITUDE:
+        # NaN fails the comparison too; the bound keeps every value finite in float32 arithmetic
+        raise GrpoInputError(f.name, f"a finite number within ±{MAX_MAGNITUDE:g}", got=repr(value))
+    if kind.startswith("int") and not (float(value).is_integer() and value <= MAX_INT):
+        raise GrpoInputError(f.name, f"an integer up to {MAX_INT}", got=repr(value))
     meta = f.metadata
     if "ge" in meta and value < meta["ge"]:
         raise GrpoInputError(f.name, f"a number >= {meta['ge']}", got=repr(value))

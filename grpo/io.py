@@ -76,17 +76,20 @@ def canonical(fields: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- reading files --------------------------------------------------------------------------------
-def load_file(filename: str, data: bytes) -> dict[str, Any]:
-    """A request dict from an uploaded file; per-token values as ragged lists or 2-D arrays."""
+MAX_UNPACKED_BYTES = 256 * 1024 * 1024
+
+
+def load_file(filename: str, data: bytes, max_unpacked_bytes: int = MAX_UNPACKED_BYTES) -> dict[str, Any]:
+    """A request dict from an uploaded file; per-token values as ragged lists or 2-D arrays.
+
+    Zipped formats (NPZ, torch's .pt) are refused when they would unpack past
+    ``max_unpacked_bytes``, before anything is decompressed.
+    """
     suffix = filename.lower().rsplit(".", 1)[-1] if "." in filename else ""
-    readers = {
-        "json": _read_json,
-        "jsonl": _read_jsonl,
-        "safetensors": _read_safetensors,
-        "npz": _read_npz,
-        "pt": _read_pt,
-        "pth": _read_pt,
-    }
+    if suffix in ("npz", "pt", "pth"):
+        reader = _read_npz if suffix == "npz" else _read_pt
+        return reader(data, max_unpacked_bytes)
+    readers = {"json": _read_json, "jsonl": _read_jsonl, "safetensors": _read_safetensors}
     if suffix not in readers:
         raise GrpoInputError("file", "a .json, .jsonl, .safetensors, .npz or .pt file", got=repr(filename))
     return readers[suffix](data)
@@ -95,8 +98,8 @@ def load_file(filename: str, data: bytes) -> dict[str, Any]:
 def _read_json(data: bytes) -> dict[str, Any]:
     try:
         body = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise GrpoInputError("file", "valid JSON", got=str(exc)) from exc
+    except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8, too deep, an int of 4300+ digits
+        raise GrpoInputError("file", "valid JSON", got=str(exc)[:200]) from exc
     if not isinstance(body, dict):
         raise GrpoInputError("file", "a JSON object with the /api/v1/loss fields", got=type(body).__name__)
     return canonical(body)
@@ -115,8 +118,8 @@ def _read_jsonl(data: bytes) -> dict[str, Any]:
             continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise GrpoInputError("file", "one JSON object per line", row=number, got=str(exc)) from exc
+        except (ValueError, RecursionError) as exc:
+            raise GrpoInputError("file", "one JSON object per line", row=number, got=str(exc)[:200]) from exc
         if not isinstance(row, dict):
             raise GrpoInputError("file", "one JSON object per line", row=number, got=type(row).__name__)
         if set(row) <= {"config", "group_size"}:
@@ -141,24 +144,46 @@ def _read_safetensors(data: bytes) -> dict[str, Any]:
         raise GrpoInputError("file", "a valid safetensors file", got=str(exc)) from exc
 
 
-def _read_npz(data: bytes) -> dict[str, Any]:
+def _check_unzipped_size(data: bytes, max_bytes: int) -> None:
+    """Refuse a zip (NPZ, or torch's zip format) whose members would unpack past ``max_bytes``.
+
+    The sizes come from the zip's directory, before anything is decompressed; zipfile never
+    yields more than a member's declared size, so a member cannot lie its way past the check.
+    """
+    if not zipfile.is_zipfile(io.BytesIO(data)):
+        return
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        total = sum(info.file_size for info in archive.infolist())
+    if total > max_bytes:
+        raise GrpoInputError("file", f"at most {max_bytes} bytes once unpacked", got=f"{total} bytes")
+
+
+def _read_npz(data: bytes, max_bytes: int) -> dict[str, Any]:
     try:
+        _check_unzipped_size(data, max_bytes)
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}
     except ValueError as exc:  # object arrays need pickle: refused
         raise GrpoInputError(
-            "file", "an NPZ of numeric arrays (object arrays need pickle and are refused)", got=str(exc)
+            "file", "an NPZ of numeric arrays (object arrays need pickle and are refused)", got=str(exc)[:200]
         ) from exc
     except (OSError, zipfile.BadZipFile, EOFError) as exc:
-        raise GrpoInputError("file", "a valid NPZ file", got=str(exc)) from exc
+        raise GrpoInputError("file", "a valid NPZ file", got=str(exc)[:200]) from exc
+    tokens = arrays.pop("tokens", None)
     for name, array in arrays.items():
         if array.dtype.kind not in "biuf":
             raise GrpoInputError(name, "a numeric array", got=str(array.dtype))
     # reshape: ascontiguousarray turns a 0-d array (a scalar such as group_size) into shape (1,)
-    return _from_tensors({k: torch.from_numpy(np.ascontiguousarray(v).reshape(v.shape)) for k, v in arrays.items()})
+    out = _from_tensors({k: torch.from_numpy(np.ascontiguousarray(v).reshape(v.shape)) for k, v in arrays.items()})
+    if tokens is not None:  # display strings: a 2-D unicode array (no pickle needed)
+        if tokens.dtype.kind != "U" or tokens.ndim != 2:
+            raise GrpoInputError("tokens", "a 2-D array of strings", got=f"{tokens.dtype} of {tokens.ndim} dims")
+        out["tokens"] = tokens.tolist()
+    return out
 
 
-def _read_pt(data: bytes) -> dict[str, Any]:
+def _read_pt(data: bytes, max_bytes: int) -> dict[str, Any]:
+    _check_unzipped_size(data, max_bytes)
     try:
         loaded = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except Exception as exc:  # weights_only refuses anything but tensors and plain containers

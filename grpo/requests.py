@@ -8,6 +8,7 @@ import numpy as np
 from torch import Tensor
 
 from grpo.batch import Batch, from_rows
+from grpo.errors import GrpoInputError
 
 BATCH_FIELDS = (
     "per_token_logps",
@@ -24,9 +25,18 @@ BATCH_FIELDS = (
 
 def row_lengths(request: dict[str, Any]) -> list[int]:
     """Each row's length as given (ragged lists), or the padded width for a 2-D array."""
-    rows = request["per_token_logps"]
+    rows = request.get("per_token_logps")
+    if rows is None:
+        raise GrpoInputError("per_token_logps", "the current policy's log-probs, one list per completion")
     if isinstance(rows, np.ndarray | Tensor):
+        if rows.ndim != 2:
+            raise GrpoInputError("per_token_logps", "a 2-D array (B rows, T tokens)", got=f"{rows.ndim} dims")
         return [int(rows.shape[1])] * int(rows.shape[0])
+    if not isinstance(rows, list | tuple):
+        raise GrpoInputError("per_token_logps", "a list of rows", got=type(rows).__name__)
+    bad = next((i for i, r in enumerate(rows) if not isinstance(r, list | tuple)), None)
+    if bad is not None:
+        raise GrpoInputError("per_token_logps", "a list of numbers per row", row=bad)
     return [len(r) for r in rows]
 
 
@@ -35,6 +45,7 @@ def batch_from_request(request: dict[str, Any]) -> Batch:
 
     Keys outside the Batch's fields (``tokens``, ``config``, ...) are ignored.
     """
+    row_lengths(request)  # per_token_logps is there and has rows
     fields = {k: request[k] for k in BATCH_FIELDS if request.get(k) is not None}
     if isinstance(fields.get("per_token_logps"), np.ndarray | Tensor):
         return Batch(**fields)
