@@ -23,8 +23,14 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
-test: $(STAMP) lint
+test: $(STAMP) chromium lint
 	$(PY) -m pytest
 
-bench: $(STAMP)
+# The browser tests drive Debian's Chromium (Playwright never downloads a browser here).
+chromium:
+	@test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+
+bench: $(STAMP) chromium
 	$(PY) bench/core.py
+	$(PY) bench/api.py
+	$(PY) bench/page.py

@@ -199,8 +199,8 @@ export function clipCurve(data, sign) {
   const title = sign > 0 ? "A > 0 (good completion)" : "A < 0 (bad completion)";
   return {
     data: traces,
-    layout: base(`${title}: objective per unit advantage · ${bounds.text}`, {
-      height: 340, shapes,
+    layout: base(`${title}: objective per unit advantage<br>${bounds.text}`, {
+      height: 360, shapes, margin: { l: 60, r: 20, t: 52, b: 40 },
       xaxis: { type: "log", title: { text: "ratio π/π_old (log scale)" } },
       yaxis: { title: { text: data.config.objective === "clip" || data.config.objective === "sapo" ? "objective / |A|" : "weight on A·logp" } },
       legend: { orientation: "h", y: -0.28 },

@@ -98,10 +98,14 @@ function renderSummary(data) {
   clear($("#explanation")).append(...data.explanation.map((s) => el("li", { text: s })));
   clear($("#warnings")).append(...data.warnings.map((s) => el("li", { text: s })));
   const meanings = glossary();
+  const explained = new Set(); // a term covering several keys is explained on its first row
   clear($("#metrics-table tbody")).append(
-    ...Object.entries(data.metrics).map(([name, value]) =>
-      el("tr", {}, el("td", { text: name }), el("td", { class: "num", text: fmt(value, 5) }), el("td", { class: "muted", text: meanings.get(name)?.meaning ?? "" })),
-    ),
+    ...Object.entries(data.metrics).map(([name, value]) => {
+      const term = meanings.get(name);
+      const text = term && !explained.has(term) ? term.meaning : "";
+      if (term) explained.add(term);
+      return el("tr", { title: term?.meaning }, el("td", { text: name }), el("td", { class: "num", text: fmt(value, 5) }), el("td", { class: "muted", text }));
+    }),
   );
   const touched = Object.entries(data.clamp_counts).filter(([, n]) => n > 0);
   $("#clamp-counts").textContent = touched.length
