@@ -133,32 +133,54 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
-def importance_ratio(logp: Tensor, old: Tensor, mask: Tensor, config: LossConfig) -> tuple[Tensor, Tensor]:
+def clamp_symmetric(x: Tensor, bound: float) -> tuple[Tensor, Tensor]:
+    """(x clamped to [-bound, bound], 1.0 where the clamp touched x).
+
+    The gradient is torch.clamp's (1 inside, boundary included; 0 outside), written as float
+    arithmetic: CPU autograd of clamp runs bool kernels that cost more than the rest of the pass.
+    Tests hold it equal to torch.clamp in value and gradient.
+    """
+    outside = above(x.detach().abs(), bound)
+    return x.detach().clamp(-bound, bound) + (x - x.detach()) * (1 - outside), outside
+
+
+Touched = dict[str, Tensor]
+"""Where each clamp acted: config field name -> 1.0/0.0 indicator, (B, T) or (B, 1)."""
+
+
+def importance_ratio(
+    logp: Tensor, old: Tensor, mask: Tensor, config: LossConfig, touched: Touched | None = None
+) -> tuple[Tensor, Tensor]:
     """(ratio, log_ratio): ratio (B, T), or (B, 1) at sequence level; log_ratio (B, T).
 
     At sequence level (GSPO) the ratio is exp(mean log-ratio over the row), differentiable
     through the mean as in TRL; verl's token form sg(s)·pi/sg(pi) has the same value and the
-    same gradient under every aggregation here.
+    same gradient under every aggregation here. ``touched`` records where the clamps acted.
     """
+    touched = {} if touched is None else touched
     log_ratio = logp - old
     if config.log_ratio_clamp is not None:
-        log_ratio = log_ratio.clamp(-config.log_ratio_clamp, config.log_ratio_clamp)
+        log_ratio, touched["log_ratio_clamp"] = clamp_symmetric(log_ratio, config.log_ratio_clamp)
     if config.importance_sampling_level == "token":
         return log_ratio.exp(), log_ratio
     seq = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # (B, T) -> (B, 1)
-    if config.seq_log_ratio_clamp is not None:
+    if config.seq_log_ratio_clamp is not None:  # verl GSPO: an upper clamp only
+        touched["seq_log_ratio_clamp"] = above(seq.detach(), config.seq_log_ratio_clamp)
         seq = seq.clamp(max=config.seq_log_ratio_clamp)
     return seq.exp(), log_ratio
 
 
-def kl_penalty(logp: Tensor, ref: Tensor, old: Tensor, mask: Tensor, config: LossConfig) -> Tensor:
+def kl_penalty(
+    logp: Tensor, ref: Tensor, old: Tensor, mask: Tensor, config: LossConfig, touched: Touched | None = None
+) -> Tensor:
     """Per-token KL estimate (B, T): clamp x = ref - logp, estimate, clamp, bias-correct."""
+    touched = {} if touched is None else touched
     x = ref - logp
     if config.kl_log_ratio_clamp is not None:
-        x = x.clamp(-config.kl_log_ratio_clamp, config.kl_log_ratio_clamp)
+        x, touched["kl_log_ratio_clamp"] = clamp_symmetric(x, config.kl_log_ratio_clamp)
     kl = KL_ESTIMATORS.get(config.kl_estimator)(x)
     if config.kl_clamp is not None:
-        kl = kl.clamp(-config.kl_clamp, config.kl_clamp)
+        kl, touched["kl_clamp"] = clamp_symmetric(kl, config.kl_clamp)
     if config.kl_bias_correction:  # TRL / DeepSeek-V3.2: KL · differentiable ratio (before delta)
         kl = kl * importance_ratio(logp, old, mask, config)[0]
     return kl
@@ -223,9 +245,10 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
     with torch.enable_grad():
         logp_policy = logp.detach().requires_grad_(True)  # two leaves over the same memory
         logp_kl = logp.detach().requires_grad_(True)
-        ratio, log_ratio = importance_ratio(logp_policy, old, mask, config)
+        touched: Touched = {}
+        ratio, log_ratio = importance_ratio(logp_policy, old, mask, config, touched)
         terms = OBJECTIVES.get(config.objective)(ratio, logp_policy, A, config)
-        kl = kl_penalty(logp_kl, ref, old, mask, config)
+        kl = kl_penalty(logp_kl, ref, old, mask, config, touched)
         weight = AGGREGATIONS.get(config.aggregation)(mask, config, width)
         policy_tokens = weight * -terms.surrogate
         # beta = 0 leaves the KL out of the loss entirely, as TRL does (so an overflowed KL cannot
@@ -266,7 +289,7 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         advantages=adv.values,
         rows=rows,
         tokens=tokens,
-        clamp_counts=_clamp_counts(logp, old, ref, tokens, config),
+        clamp_counts=_clamp_counts(touched, tokens, mask, config),
         warnings=_warnings(batch, config, adv, rows, loss, metrics["ratio/max"]),
         config=config,
         device=str(device),
@@ -344,37 +367,18 @@ def _metrics(
     return metrics | adv.metrics
 
 
-def _clamp_counts(logp: Tensor, old: Tensor, ref: Tensor, tokens: TokenBreakdown, config: LossConfig) -> dict[str, int]:
+def _clamp_counts(touched: Touched, tokens: TokenBreakdown, mask: Tensor, config: LossConfig) -> dict[str, int]:
     """Counted tokens each clamp or cap touched; fields that are off touch nothing."""
-    counted = tokens.mask
+    flat_mask = mask.reshape(-1)
 
-    def log_ratio_clamp(c: float) -> Tensor:
-        return (logp - old).abs() > c
+    def count(indicator: Tensor) -> int:
+        return int(torch.dot(indicator.expand(mask.shape).reshape(-1), flat_mask))
 
-    def seq_log_ratio_clamp(c: float) -> Tensor:
-        lengths = counted.sum(-1, keepdim=True).clamp(min=1)
-        return (((logp - old) * counted).sum(-1, keepdim=True) / lengths > c).expand_as(counted)
-
-    def kl_log_ratio_clamp(c: float) -> Tensor:
-        return (ref - logp).abs() > c
-
-    def kl_clamp(c: float) -> Tensor:
-        x = ref - logp
-        if config.kl_log_ratio_clamp is not None:
-            x = x.clamp(-config.kl_log_ratio_clamp, config.kl_log_ratio_clamp)
-        return KL_ESTIMATORS.get(config.kl_estimator)(x).abs() > c
-
-    def delta(c: float) -> Tensor:
-        return tokens.ratio > c
-
-    def dual_clip(c: float) -> Tensor:
-        return tokens.region == REGIONS.index("dual_clip")
-
-    checks = (log_ratio_clamp, seq_log_ratio_clamp, kl_log_ratio_clamp, kl_clamp, delta, dual_clip)
-    counts = {}
-    for check in checks:
-        value = getattr(config, check.__name__)
-        counts[check.__name__] = 0 if value is None else int((check(value) & counted).sum())
+    counts = dict.fromkeys(("log_ratio_clamp", "seq_log_ratio_clamp", "kl_log_ratio_clamp", "kl_clamp"), 0)
+    counts |= {name: count(indicator) for name, indicator in touched.items()}
+    counts["delta"] = count(above(tokens.ratio, config.delta)) if config.delta is not None else 0
+    dual = REGIONS.index("dual_clip")
+    counts["dual_clip"] = int((tokens.region == dual).sum()) if config.dual_clip is not None else 0
     return counts
 
 

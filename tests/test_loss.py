@@ -442,3 +442,19 @@ def test_cuda_matches_cpu(inputs: Inputs) -> None:
     # inputs already on the GPU stay there under "auto"
     on_gpu = grpo.Batch(**{k: v.cuda() for k, v in inputs.batch_fields().items()})
     assert evaluate64(on_gpu, "verl-grpo").loss.device.type == "cuda"
+
+
+def test_clamp_symmetric_matches_torch_clamp_in_value_and_gradient() -> None:
+    # Values on both sides of the bound and exactly on it (torch.clamp passes the gradient there).
+    from grpo.loss import clamp_symmetric
+
+    x = torch.tensor([-30.0, -20.0, -5.0, 0.0, 20.0, 25.0], dtype=torch.float64, requires_grad=True)
+    weights = torch.arange(1.0, 7.0, dtype=torch.float64)
+    ours, outside = clamp_symmetric(x, 20.0)
+    (g_ours,) = torch.autograd.grad((ours * weights).sum(), x)
+    x2 = x.detach().clone().requires_grad_(True)
+    theirs = x2.clamp(-20.0, 20.0)
+    (g_theirs,) = torch.autograd.grad((theirs * weights).sum(), x2)
+    torch.testing.assert_close(ours, theirs.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(g_ours, g_theirs, rtol=0, atol=0)
+    assert outside.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
