@@ -152,7 +152,7 @@ def test_opens_on_the_article_example_with_every_chart_drawn(page: Page) -> None
     page.open()
     page.wait_for("Number(document.body.dataset.experiments || 0) > 0 && document.body.dataset.compared")
     charts = dict(page.page.evaluate(CHARTS_WITH_DATA))
-    assert len(charts) >= 16  # heatmaps, 2 contribution, 2 clip, 1 gradient, 3 compare, 8 experiments
+    assert len(charts) >= 15  # heatmaps, 2 contribution, clip curves, gradients, 3 compare, 8 experiments
     assert all(charts.values()), [k for k, v in charts.items() if not v]
     # The numbers on the page are the API's: the article example under the article preset.
     expected = _api_loss(page.server, {**SCENARIOS["article"].request, "config": {"preset": "article"}})
@@ -188,7 +188,7 @@ def test_moving_a_control_redraws_and_the_url_reproduces_the_view(page: Page, br
     try:
         other.page.goto(url)
         other.wait_drawn(0)
-        for chart in ("heatmaps", "contrib-rows", "clip-positive", "clip-negative"):
+        for chart in ("heatmaps", "contrib-rows", "contrib-tokens", "grad-tokens", "clip-curves"):
             assert other.chart_data(chart) == page.chart_data(chart), chart
         assert other.last()["loss"] == page.last()["loss"]
         assert other.page.input_value("#cfg-beta") == "0.5"

@@ -168,42 +168,57 @@ export function gradientTokens(data, ks) {
   };
 }
 
-export function clipCurve(data, sign) {
+// The objective against the ratio for A > 0 (left) and A < 0 (right), one figure of two panels.
+export function clipCurves(data) {
   const c = data.curves;
-  const curve = sign > 0 ? c.positive : c.negative;
   const p = c.points;
-  const traces = [
-    { type: "scatter", mode: "lines", name: "objective", x: c.x, y: curve.y, line: { color: "#1d2330", width: 2 }, hoverinfo: "skip" },
-  ];
-  for (const region of Object.keys(REGION_COLORS)) {
-    const idx = p.sign.map((s, i) => (s === sign && p.region[i] === region ? i : -1)).filter((i) => i >= 0);
-    if (!idx.length) continue;
-    traces.push({
-      type: "scatter", mode: "markers", name: region,
-      x: idx.map((i) => p.ratio[i]), y: idx.map((i) => p.y[i]),
-      text: idx.map((i) => `row ${p.row[i]}, position ${p.position[i]}`),
-      hovertemplate: "%{text}<br>ratio %{x:.4g}<br>objective per unit A %{y:.4g}<extra>" + region + "</extra>",
-      marker: { color: REGION_COLORS[region], size: 9, line: { color: "#fff", width: 1 } },
-    });
-  }
-  const shapes = [{ type: "line", xref: "x", yref: "paper", x0: 1, x1: 1, y0: 0, y1: 1, line: { color: "#888", width: 1, dash: "dot" } }];
-  shapes.push(...curve.flat.map((span) => ({
-    type: "rect", xref: "x", yref: "paper", x0: span.x0, x1: span.x1, y0: 0, y1: 1,
-    fillcolor: REGION_COLORS[span.region], opacity: 0.13, line: { width: 0 }, layer: "below",
-  })));
   const cfg = data.config;
-  const bounds = {
-    text: `${cfg.objective} · ε_low ${fmt(cfg.epsilon_low)} · ε_high ${fmt(cfg.epsilon_high)}` +
-      (cfg.dual_clip ? ` · dual clip ${fmt(cfg.dual_clip)}` : "") + (cfg.delta ? ` · delta ${fmt(cfg.delta)}` : ""),
-  };
-  const title = sign > 0 ? "A > 0 (good completion)" : "A < 0 (bad completion)";
+  const traces = [];
+  const shapes = [];
+  const annotations = [];
+  const shown = new Set();
+  const panels = [
+    { sign: 1, curve: c.positive, axis: "", domain: [0, 0.46], title: "A > 0 (good completion)" },
+    { sign: -1, curve: c.negative, axis: "2", domain: [0.54, 1], title: "A < 0 (bad completion)" },
+  ];
+  for (const panel of panels) {
+    const xref = `x${panel.axis}`;
+    const yref = `y${panel.axis}`;
+    traces.push({
+      type: "scatter", mode: "lines", name: "objective", x: c.x, y: panel.curve.y, xaxis: xref, yaxis: yref,
+      line: { color: "#1d2330", width: 2 }, hoverinfo: "skip", legendgroup: "objective", showlegend: !panel.axis,
+    });
+    for (const region of Object.keys(REGION_COLORS)) {
+      const idx = p.sign.map((s, i) => (s === panel.sign && p.region[i] === region ? i : -1)).filter((i) => i >= 0);
+      if (!idx.length) continue;
+      traces.push({
+        type: "scatter", mode: "markers", name: region, xaxis: xref, yaxis: yref, legendgroup: region, showlegend: !shown.has(region),
+        x: idx.map((i) => p.ratio[i]), y: idx.map((i) => p.y[i]),
+        text: idx.map((i) => `row ${p.row[i]}, position ${p.position[i]}`),
+        hovertemplate: "%{text}<br>ratio %{x:.4g}<br>objective per unit A %{y:.4g}<extra>" + region + "</extra>",
+        marker: { color: REGION_COLORS[region], size: 9, line: { color: "#fff", width: 1 } },
+      });
+      shown.add(region);
+    }
+    shapes.push({ type: "line", xref, yref: `${yref} domain`, x0: 1, x1: 1, y0: 0, y1: 1, line: { color: "#888", width: 1, dash: "dot" } });
+    shapes.push(...panel.curve.flat.map((span) => ({
+      type: "rect", xref, yref: `${yref} domain`, x0: span.x0, x1: span.x1, y0: 0, y1: 1,
+      fillcolor: REGION_COLORS[span.region], opacity: 0.13, line: { width: 0 }, layer: "below",
+    })));
+    annotations.push({ text: panel.title, xref: "paper", yref: "paper", x: panel.domain[0], y: 1.0, yanchor: "bottom", xanchor: "left", showarrow: false, font: { size: 12 } });
+  }
+  const settings = `${cfg.objective} · ε_low ${fmt(cfg.epsilon_low)} · ε_high ${fmt(cfg.epsilon_high)}` +
+    (cfg.dual_clip ? ` · dual clip ${fmt(cfg.dual_clip)}` : "") + (cfg.delta ? ` · delta ${fmt(cfg.delta)}` : "") +
+    (c.truncated ? " · the first 500 tokens shown" : "");
+  const yTitle = cfg.objective === "clip" || cfg.objective === "sapo" ? "objective / |A|" : "weight on A·logp";
+  const xaxis = (domain) => ({ type: "log", domain, title: { text: "ratio π/π_old (log scale)" } });
   return {
     data: traces,
-    layout: base(`${title}: objective per unit advantage<br>${bounds.text}`, {
-      height: 360, shapes, margin: { l: 60, r: 20, t: 52, b: 40 },
-      xaxis: { type: "log", title: { text: "ratio π/π_old (log scale)" } },
-      yaxis: { title: { text: data.config.objective === "clip" || data.config.objective === "sapo" ? "objective / |A|" : "weight on A·logp" } },
-      legend: { orientation: "h", y: -0.28 },
+    layout: base(`Objective per unit advantage · ${settings}`, {
+      height: 380, shapes, annotations, margin: { l: 60, r: 20, t: 60, b: 40 },
+      xaxis: xaxis(panels[0].domain), xaxis2: xaxis(panels[1].domain),
+      yaxis: { title: { text: yTitle }, domain: [0, 0.92] }, yaxis2: { anchor: "x2", domain: [0, 0.92] },
+      legend: { orientation: "h", y: -0.25 },
     }),
   };
 }

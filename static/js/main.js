@@ -124,8 +124,7 @@ function renderViews(data) {
   const ks = tokenRowsShown(data);
   plot("contrib-tokens", charts.contributionTokens(data, ks));
   plot("grad-tokens", charts.gradientTokens(data, ks));
-  plot("clip-positive", charts.clipCurve(data, 1));
-  plot("clip-negative", charts.clipCurve(data, -1));
+  plot("clip-curves", charts.clipCurves(data));
 }
 
 // Positions in data.token_rows whose tokens the per-token charts show: every row of a small
