@@ -12,6 +12,7 @@ COPY grpo ./grpo
 COPY app ./app
 COPY templates ./templates
 COPY static ./static
+COPY vendor ./vendor
 RUN pip install .
 
 RUN useradd --system --uid 10001 lens

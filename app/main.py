@@ -39,6 +39,7 @@ errors.install(app)
 app.include_router(api.router)
 app.include_router(pages.router)
 app.mount("/static", StaticFiles(directory=pages.ROOT / "static"), name="static")
+app.mount("/vendor/swagger-ui", StaticFiles(directory=pages.ROOT / "vendor" / "swagger-ui"), name="swagger-ui")
 if settings.cors_origins:
     app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"])
 app.add_middleware(

@@ -23,7 +23,7 @@ def dashboard(request: Request) -> HTMLResponse:
 
 @router.get("/docs", response_class=HTMLResponse)
 def docs(request: Request) -> HTMLResponse:
-    """Swagger UI from static/vendor (no CDN), initialised by a script file (the CSP allows no inline script)."""
+    """Swagger UI from vendor/swagger-ui (no CDN), initialised by a script file (the CSP allows no inline script)."""
     return templates.TemplateResponse(request, "docs.html", {})
 
 
