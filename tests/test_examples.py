@@ -12,6 +12,8 @@ import grpo
 from grpo.examples import ARTICLE_EXAMPLE, SCENARIOS, scenario_batch
 from grpo.objectives import REGIONS
 
+pytestmark = pytest.mark.numerical  # run again under ATEN_CPU_CAPABILITY=default by make test
+
 TRUST = REGIONS.index("trust")
 
 
