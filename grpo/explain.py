@@ -6,7 +6,7 @@ Every number here comes from the Breakdown; the page shows these sentences as th
 from __future__ import annotations
 
 from grpo.loss import Breakdown
-from grpo.objectives import REGIONS
+from grpo.objectives import OBJECTIVES, REGIONS
 
 
 def _f(x: float) -> str:
@@ -71,7 +71,7 @@ def explain(bd: Breakdown) -> list[str]:
     regions = bd.tokens.region
     n = int(bd.tokens.mask.sum())
     flat = int((regions > REGIONS.index("trust")).sum())
-    if n and flat and bd.config.objective == "clip":
+    if n and flat and OBJECTIVES.entry(bd.config.objective).flat:  # '' where no token goes flat
         out.append(
             f"{flat} of {n} tokens sit in a flat clip region "
             f"(ratio {_f(m['lens/ratio/min'])} to {_f(m['lens/ratio/max'])}) and get no policy gradient."

@@ -14,25 +14,21 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from grpo.advantages import ADVANTAGES, unbiased_std
+from grpo.advantages import ADVANTAGES, group_std_mean, unbiased_std
 from grpo.aggregation import AGGREGATIONS
 from grpo.batch import Batch
-from grpo.config import LossConfig
+from grpo.config import REGISTRIES, LossConfig
 from grpo.errors import GrpoInputError
 from grpo.kl import KL_ESTIMATORS
 from grpo.objectives import OBJECTIVES, REGIONS, TRUST, ObjectiveTerms, above
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-# Metrics every breakdown carries, 0 when the objective does not define them (verl logs 0 too).
-CLIP_METRICS = (
-    "clip_ratio/low_mean",
-    "clip_ratio/low_min",
-    "clip_ratio/high_mean",
-    "clip_ratio/high_max",
-    "clip_ratio/region_mean",
-    "actor/pg_clipfrac",
-    "actor/pg_clipfrac_lower",
-)
+
+
+def objective_metrics() -> tuple[str, ...]:
+    """Metrics every breakdown carries, 0 when its objective does not define them (verl logs 0
+    too): those of every registered objective, in registration order."""
+    return tuple(dict.fromkeys(name for entry in OBJECTIVES.entries() for name in entry.metrics))
 
 
 @dataclass(frozen=True)
@@ -215,10 +211,10 @@ def compute_advantages(batch: Batch, config: LossConfig, device: torch.device, d
         if G > 1
         else torch.zeros(B // G, dtype=torch.bool, device=device)
     )
-    reward_std = unbiased_std(rewards, dim=None) if config.advantage == "batch" else group_std.mean()
+    spread = ADVANTAGES.entry(config.advantage).reward_std or group_std_mean  # TRL's reward_std
     metrics = {
         "reward": float(rewards.mean()),
-        "reward_std": float(reward_std),
+        "reward_std": float(spread(grouped)),
         "frac_reward_zero_std": float(zero.to(dtype).mean()),
     }
     zero_groups = tuple(int(g) for g in zero.nonzero().flatten().tolist())
@@ -396,11 +392,12 @@ def _metrics(
     def masked_sum(x: Tensor) -> Tensor:
         return torch.dot(x.expand(mask.shape).reshape(-1), flat_mask)
 
-    metrics = dict.fromkeys(CLIP_METRICS, 0.0)
+    metrics = dict.fromkeys(objective_metrics(), 0.0)
+    reductions = OBJECTIVES.entry(config.objective).metrics
     done: dict[int, float] = {}  # objectives share indicator tensors between metric names
     for name, flag in flags.items():
-        if flag.shape[-1] == 1 and not name.startswith("actor/"):
-            metrics[name] = float(flag.mean())  # TRL: sequence-level flags, one per row
+        if flag.shape[-1] == 1 and reductions.get(name) == "trl":
+            metrics[name] = float(flag.mean())  # TRL's masked_batch_mean: per-row flags, one per row
         else:  # token-level flags (verl: always), over the tokens that count
             if id(flag) not in done:
                 done[id(flag)] = float(masked_sum(flag) / n_tokens)
@@ -473,22 +470,9 @@ def _warnings(
     empty = (rows.length == 0).nonzero().flatten().tolist()
     if empty:
         out.append(f"Rows {empty} have no counted tokens: they add nothing but may still count in sequence means.")
-    if config.objective == "clip" and config.delta is not None and config.delta < 1 + config.epsilon_high:
-        out.append("delta < 1 + epsilon_high: TRL recommends delta > 1 + epsilon_high.")
-    if config.objective == "cispo" and config.cispo_bounds == "absolute" and config.epsilon_high < 1:
-        out.append(
-            f"CISPO caps the weight at epsilon_high = {config.epsilon_high} (absolute), scaling every token "
-            "down; TRL's docs recommend 5.0."
-        )
     longest = int(rows.length.max())
-    constant = config.max_completion_length
-    far = constant is not None and longest and not 0.5 * longest <= constant <= 2 * longest
-    if config.aggregation == "seq-mean-token-sum-norm" and far:
-        out.append(
-            f"max_completion_length = {constant} is far from the longest counted row ({longest} tokens): "
-            f"the loss is divided by it, so it comes out {longest / (constant or 1):.3g}x what a constant of "
-            f"{longest} gives; set it to the run's max_completion_length."
-        )
+    for kind, registry in REGISTRIES.items():  # each chosen variant's own warnings
+        out += registry.entry(getattr(config, kind)).warnings(config, longest)
     if not math.isfinite(float(rows.sequence_ratio.max())) or not math.isfinite(metrics_ratio_max):
         out.append(
             f"An importance ratio overflowed to inf ({config.dtype}): set log_ratio_clamp (verl: 20) or use float64."

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,6 +210,8 @@ def trl_loss(
             total = total + row / (B * max_completion_length)
         elif loss_type == "luspo":
             total = total + row / B
+        else:
+            raise ValueError(loss_type)
 
     # §1.10 metrics: token-weighted masked means; at sequence level one value per row, all B rows
     # (an empty row has c1 = exp(0) = 1, so its flags are 0).
@@ -222,6 +224,10 @@ def trl_loss(
     if loss_type in CLIP_LOSS_TYPES:
         for name in ("low", "high", "region"):
             metrics[f"clip_ratio/{name}_mean"] = batch_mean(name)
+        # TRL logs nanmin(gather(low_clip)) and nanmax(gather(high_clip)): over one process's one
+        # value, the mean itself.
+        metrics["clip_ratio/low_min"] = metrics["clip_ratio/low_mean"]
+        metrics["clip_ratio/high_max"] = metrics["clip_ratio/high_mean"]
     if loss_type == "cispo":
         metrics["cispo_clip_ratio"] = batch_mean("cispo")
     if beta != 0:
@@ -446,6 +452,52 @@ class LoopResult:
     region: list[list[str]]
 
 
+def _known(table: dict[str, Any], kind: str, name: str) -> Any:
+    """table[name]; a name the loop reference does not know is an error, never a silent default."""
+    if name not in table:
+        raise KeyError(f"the loop reference has no {kind} {name!r}: add it to tests/reference.py")
+    return table[name]
+
+
+# Each objective for one token: (r, A, logp) -> (surrogate, region), as plain scalar code.
+def _loop_clip(c: Any, r: Tensor, a: float, lp: Tensor) -> tuple[Tensor, str]:
+    low, high = 1 - c.epsilon_low, 1 + c.epsilon_high
+    capped = r if c.delta is None else torch.clamp(r, max=c.delta)
+    surrogate = torch.minimum(capped * a, torch.clamp(r, low, high) * a)
+    rv, region = r.item(), "trust"
+    if a > 0 and rv > min(high, c.delta or math.inf):
+        region = "clip_high"
+    elif a < 0 and rv < low:
+        region = "clip_low"
+    elif a < 0 and rv > max(high, c.delta or math.inf):
+        region = "dual_clip"
+    if c.dual_clip is not None and a < 0:
+        if surrogate.item() < c.dual_clip * a:
+            region = "dual_clip"
+        surrogate = torch.maximum(surrogate, torch.tensor(c.dual_clip * a, dtype=r.dtype))
+    return surrogate, region
+
+
+def _loop_cispo(c: Any, r: Tensor, a: float, lp: Tensor) -> tuple[Tensor, str]:
+    absolute = {"absolute": True, "relative": False}[c.cispo_bounds]
+    low, high = (None, c.epsilon_high) if absolute else (1 - c.epsilon_low, 1 + c.epsilon_high)
+    w = torch.clamp(r, low, high).detach()
+    region = "clip_low" if low is not None and r.item() < low else "clip_high" if r.item() > high else "trust"
+    return w * a * lp, region
+
+
+def _loop_sapo(c: Any, r: Tensor, a: float, lp: Tensor) -> tuple[Tensor, str]:
+    tau = c.sapo_temperature_pos if a > 0 else c.sapo_temperature_neg
+    return (4 / tau) * torch.sigmoid(tau * (r - 1)) * a, "trust"
+
+
+def _loop_gpg(c: Any, r: Tensor, a: float, lp: Tensor) -> tuple[Tensor, str]:
+    return a * lp, "trust"
+
+
+LOOP_OBJECTIVES = {"clip": _loop_clip, "cispo": _loop_cispo, "sapo": _loop_sapo, "gpg": _loop_gpg}
+
+
 def loop_evaluate(inputs: Inputs, config: Any, logp: Tensor | None = None) -> LoopResult:
     """What ``evaluate`` should compute for ``config`` (a LossConfig), written as plain loops."""
     c = config
@@ -478,14 +530,14 @@ def loop_evaluate(inputs: Inputs, config: Any, logp: Tensor | None = None) -> Lo
     n_rows = max(n_rows, 1)
     width = T
 
-    def weight(i: int) -> float:
-        if c.aggregation == "seq-mean-token-mean":
-            return 1 / (n_rows * (max(L[i], 1) + c.length_epsilon))
-        if c.aggregation == "token-mean":
-            return 1 / max(sum(L), 1)
-        if c.aggregation == "seq-mean-token-sum":
-            return 1 / n_rows
-        return 1 / (n_rows * (c.max_completion_length or width))
+    weights: dict[str, Callable[[int], float]] = {
+        "seq-mean-token-mean": lambda i: 1 / (n_rows * (max(L[i], 1) + c.length_epsilon)),
+        "token-mean": lambda i: 1 / max(sum(L), 1),
+        "seq-mean-token-sum": lambda i: 1 / n_rows,
+        "seq-mean-token-sum-norm": lambda i: 1 / (n_rows * (c.max_completion_length or width)),
+    }
+    weight = _known(weights, "aggregation", c.aggregation)
+    objective = _known(LOOP_OBJECTIVES, "objective", c.objective)
 
     shape = [[0.0] * T for _ in range(B)]
     out = LoopResult(zero, *([row[:] for row in shape] for _ in range(5)), [["masked"] * T for _ in range(B)])
@@ -495,41 +547,11 @@ def loop_evaluate(inputs: Inputs, config: Any, logp: Tensor | None = None) -> Lo
             if not m[i][t]:
                 continue
             r, a = ratio_of(i, t), A[i]
-            region = "trust"
-            if c.objective == "clip":
-                low, high = 1 - c.epsilon_low, 1 + c.epsilon_high
-                capped = r if c.delta is None else torch.clamp(r, max=c.delta)
-                surrogate = torch.minimum(capped * a, torch.clamp(r, low, high) * a)
-                rv = r.item()
-                if a > 0 and rv > min(high, c.delta or math.inf):
-                    region = "clip_high"
-                elif a < 0 and rv < low:
-                    region = "clip_low"
-                elif a < 0 and rv > max(high, c.delta or math.inf):
-                    region = "dual_clip"
-                if c.dual_clip is not None and a < 0:
-                    if surrogate.item() < c.dual_clip * a:
-                        region = "dual_clip"
-                    surrogate = torch.maximum(surrogate, torch.tensor(c.dual_clip * a, dtype=lp.dtype))
-            elif c.objective == "cispo":
-                bounds = (
-                    (None, c.epsilon_high) if c.cispo_bounds == "absolute" else (1 - c.epsilon_low, 1 + c.epsilon_high)
-                )
-                w = torch.clamp(r, *bounds).detach()
-                surrogate = w * a * lp[i, t]
-                if bounds[0] is not None and r.item() < bounds[0]:
-                    region = "clip_low"
-                elif r.item() > bounds[1]:
-                    region = "clip_high"
-            elif c.objective == "sapo":
-                tau = c.sapo_temperature_pos if a > 0 else c.sapo_temperature_neg
-                surrogate = (4 / tau) * torch.sigmoid(tau * (r - 1)) * a
-            else:  # gpg
-                surrogate = a * lp[i, t]
+            surrogate, region = objective(c, r, a, lp[i, t])
             x = ref[i, t] - lp[i, t]
             if c.kl_log_ratio_clamp is not None:
                 x = torch.clamp(x, -c.kl_log_ratio_clamp, c.kl_log_ratio_clamp)
-            kl = {"k1": -x, "k2": 0.5 * x * x, "k3": torch.exp(x) - x - 1}[c.kl_estimator]
+            kl = _known({"k1": -x, "k2": 0.5 * x * x, "k3": torch.exp(x) - x - 1}, "kl_estimator", c.kl_estimator)
             if c.kl_clamp is not None:
                 kl = torch.clamp(kl, -c.kl_clamp, c.kl_clamp)
             if c.kl_bias_correction:

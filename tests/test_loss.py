@@ -330,7 +330,7 @@ def test_entropy_metric_and_lengths() -> None:
 def test_clip_metrics_are_zero_for_objectives_without_them(hand_batch: grpo.Batch) -> None:
     for objective in ("sapo", "gpg"):
         bd = evaluate64(hand_batch, "article", objective=objective)
-        assert all(bd.metrics[k] == 0.0 for k in grpo.loss.CLIP_METRICS)
+        assert all(bd.metrics[k] == 0.0 for k in grpo.loss.objective_metrics())
 
 
 def test_clamp_counts_by_hand(hand_batch: grpo.Batch) -> None:

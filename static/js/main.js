@@ -124,7 +124,7 @@ function renderViews(data) {
   const ks = tokenRowsShown(data);
   plot("contrib-tokens", charts.contributionTokens(data, ks));
   plot("grad-tokens", charts.gradientTokens(data, ks));
-  plot("clip-curves", charts.clipCurves(data));
+  plot("clip-curves", charts.clipCurves(data, options));
 }
 
 // Positions in data.token_rows whose tokens the per-token charts show: every row of a small
