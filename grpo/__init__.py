@@ -10,9 +10,11 @@ loss = grpo.compute_loss(batch, config)  # for training: differentiable in per_t
 Plugins: set GRPO_LENS_PLUGINS to comma-separated module names; each is imported at the end of
 ``import grpo`` and may register variants (``grpo.OBJECTIVES.register(...)``) and presets
 (``grpo.register_preset(...)``), which every part of GRPO Lens then offers.
+
+Importing grpo changes nothing else in the process: no allocator tuning, thread counts or seeds
+(``grpo._allocator.keep_freed_memory()`` is there for programs that want it).
 """
 
-from grpo._allocator import keep_freed_memory
 from grpo.advantages import ADVANTAGES
 from grpo.aggregation import AGGREGATIONS
 from grpo.batch import Batch, from_rows
@@ -53,5 +55,4 @@ __all__ = [
     "token_logprobs",
 ]
 
-keep_freed_memory()
 load_plugins()  # last: a plugin imports grpo and finds it whole

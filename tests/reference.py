@@ -261,8 +261,10 @@ def trl_advantages(rewards: Sequence[float], num_generations: int, scale_rewards
                 out.append((r - mean) / (std + 1e-4))
             elif scale_rewards == "batch":
                 out.append((r - mean) / (batch_std + 1e-4))
-            else:
+            elif scale_rewards == "none":
                 out.append(r - mean)
+            else:
+                raise ValueError(scale_rewards)
     return out
 
 
