@@ -199,9 +199,8 @@ def compute_advantages(batch: Batch, config: LossConfig, device: torch.device, d
     B = batch.shape[0]
     G = int(batch.group_size or B)
     if batch.rewards is None:
-        assert isinstance(batch.advantages, Tensor)
+        assert batch.advantages is not None  # the Batch holds exactly one of the two
         return _Advantages(batch.advantages.to(device, dtype), None, {}, (), G)
-    assert isinstance(batch.rewards, Tensor)
     rewards = batch.rewards.to(device, dtype)
     grouped = rewards.view(-1, G)  # (B,) -> (B/G, G)
     values = ADVANTAGES.get(config.advantage)(grouped, config.advantage_epsilon).reshape(B)
@@ -244,8 +243,8 @@ def _inputs(batch: Batch, config: LossConfig) -> _Inputs:
     device = resolve_device(config.device, batch.logp.device)
     dtype = DTYPES[config.dtype]
 
-    def load(value: object) -> Tensor | None:  # the Batch holds 0 wherever nothing counts
-        return value.to(device, dtype) if isinstance(value, Tensor) else None
+    def load(value: Tensor | None) -> Tensor | None:  # the Batch holds 0 wherever nothing counts
+        return None if value is None else value.to(device, dtype)
 
     logp = batch.logp.to(device, dtype)
     old, ref = load(batch.old_per_token_logps), load(batch.ref_per_token_logps)
@@ -426,7 +425,7 @@ def _metrics(
         "lens/advantage/mean": float(adv.values.mean()),
         "lens/advantage/std": float(unbiased_std(adv.values, dim=None)) if adv.values.numel() > 1 else 0.0,
     }
-    if isinstance(batch.entropies, Tensor):
+    if batch.entropies is not None:
         metrics["entropy"] = float(masked_mean(batch.entropies.to(mask.device, mask.dtype), mask))
     return metrics | adv.metrics
 

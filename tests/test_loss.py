@@ -7,6 +7,7 @@ pi_ref / pi = 2 and 1/2 at the first token of each row, NaN padding).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from typing import Any
@@ -413,7 +414,7 @@ def test_compute_loss_backpropagates_into_the_model(preset: str, inputs: Inputs)
 
 def test_compute_loss_gradient_per_token_and_without_grad(hand_batch: grpo.Batch) -> None:
     logp = leaf(torch.tensor(hand_batch.logp.tolist(), dtype=torch.float64))
-    fields = {k: v for k, v in vars(hand_batch).items() if not k.startswith("_")}
+    fields = {f.name: getattr(hand_batch, f.name) for f in dataclasses.fields(hand_batch)}
     batch = grpo.Batch(**{**fields, "per_token_logps": logp})
     config = grpo.LossConfig.from_preset("article", dtype="float64")
     grpo.compute_loss(batch, config).backward()
