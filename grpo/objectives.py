@@ -99,6 +99,21 @@ def regions(
     return region
 
 
+def clipped_surrogate(ratio: Tensor, advantages: Tensor, config: ObjectiveSettings) -> Tensor:
+    """The clipped surrogate as the papers write it (PPO eq. 7; CleanRL's ppo.py), for autograd.
+
+    The reference form: the ratio, the two candidates, their minimum; then TRL's delta (a cap on
+    the unclipped candidate's ratio) and verl's dual clip (for A < 0, the objective is at least
+    c·A). ``clip`` below is its fast path, with the same value and gradient (tests hold them equal).
+    """
+    ratio_capped = ratio if config.delta is None else ratio.clamp(max=config.delta)
+    ratio_clipped = ratio.clamp(1 - config.epsilon_low, 1 + config.epsilon_high)
+    surrogate = torch.minimum(ratio_capped * advantages, ratio_clipped * advantages)
+    if config.dual_clip is not None:
+        surrogate = torch.where(advantages < 0, torch.maximum(surrogate, config.dual_clip * advantages), surrogate)
+    return surrogate
+
+
 def clip_warnings(config: ObjectiveSettings, longest_row: int) -> list[str]:
     if config.delta is not None and config.delta < 1 + config.epsilon_high:
         return ["delta < 1 + epsilon_high: TRL recommends delta > 1 + epsilon_high."]
@@ -122,6 +137,9 @@ def clip(ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSetti
     Tokens in a flat region get no policy gradient.
     Paper: https://arxiv.org/abs/1707.06347
     """
+    # The fast path of clipped_surrogate: the value on the detached ratio, then the gradient
+    # autograd would take, added as float arithmetic (CPU autograd of min/clamp runs slow bool
+    # kernels: 7x the whole rest of the pass). Tests hold value and gradient equal to the reference.
     A, low, high = advantages, 1 - config.epsilon_low, 1 + config.epsilon_high
     r = ratio.detach()
     capped = r if config.delta is None else r.clamp(max=config.delta)  # TRL caps only this one
@@ -146,8 +164,6 @@ def clip(ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSetti
     flat = clip_low + clip_high + dual  # disjoint
 
     # The gradient autograd takes through min and clamp: A·dr on the trust region, 0 where flat.
-    # Written out because CPU autograd of min/clamp runs slow bool kernels (7x the whole rest);
-    # tests hold it equal to autograd through torch.minimum and clamp.
     step = ratio - r  # 0, carrying d ratio
     if not math.isfinite(float(r.max())):  # an overflowed ratio: inf - inf is NaN, and the value is not
         step = step.nan_to_num(0.0)

@@ -12,7 +12,7 @@ import torch
 from reference import Inputs, close, evaluate64, random_inputs
 
 import grpo
-from grpo.objectives import OBJECTIVES, REGIONS
+from grpo.objectives import OBJECTIVES, REGIONS, clipped_surrogate
 
 pytestmark = pytest.mark.numerical  # run again under ATEN_CPU_CAPABILITY=default by make test
 
@@ -85,16 +85,6 @@ def test_clip_higher_by_hand() -> None:
     close(grads(terms, ratio)[0], [[1, 1, 1], [0, -1, -1]])
 
 
-def plain_clip(ratio: torch.Tensor, A: torch.Tensor, config: grpo.LossConfig) -> torch.Tensor:
-    """The textbook form autograd differentiates: min(min(r, δ)·A, clamp(r)·A), then verl's dual clip."""
-    capped = ratio if config.delta is None else torch.clamp(ratio, max=config.delta)
-    clipped = torch.clamp(ratio, 1 - config.epsilon_low, 1 + config.epsilon_high)
-    value = torch.minimum(capped * A, clipped * A)
-    if config.dual_clip is not None:
-        value = torch.where(A < 0, torch.maximum(value, config.dual_clip * A), value)
-    return value
-
-
 CLIP_CONFIGS = [
     {"epsilon_low": lo, "epsilon_high": hi, "delta": delta, "dual_clip": dual}
     for (lo, hi), delta, dual in itertools.product(
@@ -105,9 +95,10 @@ CLIP_CONFIGS = [
 
 @pytest.mark.parametrize("level", ["token", "sequence"])
 @pytest.mark.parametrize("settings", CLIP_CONFIGS, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
-def test_clip_gradient_equals_autograd_of_plain_form(settings: dict[str, Any], level: str) -> None:
-    """clip writes its gradient as a straight-through term; it must equal autograd through
-    torch.minimum / clamp, value and gradient, on random ratios spanning every region."""
+def test_clip_fast_path_equals_autograd_of_the_reference_form(settings: dict[str, Any], level: str) -> None:
+    """clip (the fast path) writes its gradient as a straight-through term; it must equal autograd
+    through clipped_surrogate (torch.minimum / clamp, as the paper writes it), value and gradient,
+    on random ratios spanning every region."""
     g = torch.Generator().manual_seed(len(str(settings)) + (level == "token"))
     B, T = 64, (32 if level == "token" else 1)
     x = (torch.randn(B, T, generator=g, dtype=torch.float64) * 0.8).requires_grad_(True)  # log-ratios
@@ -116,7 +107,7 @@ def test_clip_gradient_equals_autograd_of_plain_form(settings: dict[str, Any], l
     config = grpo.LossConfig(**settings)
     terms = OBJECTIVES.get("clip")(x.exp(), x.detach(), A, config)
     (got,) = torch.autograd.grad(terms.surrogate.sum(), x)
-    plain = plain_clip(x.exp(), A, config)
+    plain = clipped_surrogate(x.exp(), A, config)
     (want,) = torch.autograd.grad(plain.sum(), x)
     close(terms.surrogate, plain)
     close(got, want)
