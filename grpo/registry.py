@@ -57,7 +57,7 @@ class Entry(Generic[F]):
     @property
     def doc(self) -> str:
         """The first line of the function's docstring."""
-        return _docstring(self.fn).splitlines()[0] if _docstring(self.fn) else ""
+        return next(iter(_docstring(self.fn).splitlines()), "")
 
     @property
     def details(self) -> str:
