@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -109,3 +112,51 @@ def test_the_readme_check_reports_exactly_the_toy_entries_as_undocumented(report
     """The README is the project's, not the plugin's: the check sees the two new entries and says
     they are missing from its tables (and nothing else is)."""
     assert report["readme_missing"] == ["objective:toy", "preset:toy-preset"]
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (make test installs it)")
+def test_the_page_offers_the_toy_objective_and_draws_its_axis(tmp_path: Path) -> None:
+    """The same plugin in a real server and headless Chromium: the objective control lists it, the
+    toy preset selects it, and the clip view's y axis is the entry's axis title."""
+    playwright = pytest.importorskip("playwright.sync_api")
+    (tmp_path / "toy_objective.py").write_text(TOY, encoding="utf-8")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    env = {
+        **os.environ,
+        "GRPO_LENS_PLUGINS": "toy_objective",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
+    }
+    cmd = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
+    server = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"{url}/healthz", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        with playwright.sync_playwright() as p:
+            browser = p.chromium.launch(
+                executable_path=CHROMIUM,
+                args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"],
+            )
+            page = browser.new_page()
+            page.goto(f"{url}/?preset=toy-preset")
+            axis = "document.getElementById('clip-curves')?.layout?.yaxis?.title?.text"
+            deadline = time.monotonic() + 30
+            while page.evaluate(axis) != "toy objective / |A|" and time.monotonic() < deadline:
+                time.sleep(0.1)
+            choices = page.evaluate("[...document.querySelectorAll('#cfg-objective option')].map((o) => o.value)")
+            assert "toy" in choices
+            assert page.evaluate("document.getElementById('cfg-objective').value") == "toy"
+            assert page.evaluate(axis) == "toy objective / |A|"
+            browser.close()
+    finally:
+        server.terminate()
+        server.wait(10)
