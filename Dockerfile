@@ -31,16 +31,18 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 RUN groupadd --system --gid 10001 lens \
  && useradd --system --uid 10001 --gid lens --home-dir /home/lens --create-home --shell /usr/sbin/nologin lens \
  && python -m venv --without-pip /opt/venv \
+ && mkdir /app \
  && mkdir -p /data/runs && chown lens:lens /data/runs
 
-# Every dependency but torch, exactly as locked (make lock), each file checked against its hash. The lock is
-# copied (not bind-mounted) so that a changed lock always rebuilds this layer, with any builder.
+# Every dependency but torch, exactly as locked (make lock), each file checked against its hash, wheels only
+# (nothing compiled in the image). The lock is copied, not bind-mounted, so that a changed lock rebuilds
+# this layer with any builder (buildah's cache does not look at what is mounted).
 COPY requirements.lock /opt/venv/requirements.lock
 RUN --mount=type=secret,id=pip_conf --mount=type=secret,id=pip_ca \
     if [ -f /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
     if [ -f /run/secrets/pip_ca ]; then export PIP_CERT=/run/secrets/pip_ca; fi; \
     python -m pip --python /opt/venv/bin/python install --no-cache-dir --disable-pip-version-check \
-        --require-hashes -r /opt/venv/requirements.lock
+        --root-user-action=ignore --only-binary=:all: --require-hashes -r /opt/venv/requirements.lock
 
 # torch, pinned by version and variant (cpu, cu128, ...; empty for PyPI's default build) from its own index.
 # Its pure-Python dependencies are already there from the lock; a CUDA variant adds its nvidia-* wheels.
@@ -51,7 +53,7 @@ RUN --mount=type=secret,id=pip_conf --mount=type=secret,id=pip_ca \
     if [ -f /run/secrets/pip_ca ]; then export PIP_CERT=/run/secrets/pip_ca; fi; \
     if [ -n "$TORCH_INDEX_URL" ]; then index="--index-url $TORCH_INDEX_URL"; else index="--no-index"; fi; \
     python -m pip --python /opt/venv/bin/python install --no-cache-dir --disable-pip-version-check \
-        $index --find-links /tmp/torch-wheels "torch==${TORCH_VERSION}${TORCH_VARIANT:++$TORCH_VARIANT}" \
+        --root-user-action=ignore --only-binary=:all: $index --find-links /tmp/torch-wheels "torch==${TORCH_VERSION}${TORCH_VARIANT:++$TORCH_VARIANT}" \
  && python -m pip --python /opt/venv/bin/python check
 
 ENV PATH=/opt/venv/bin:$PATH \
@@ -59,13 +61,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     HOME=/home/lens \
     GRPO_LENS_RUNS_DIR=/data/runs
 COPY docker/entrypoint.sh /usr/local/bin/grpo-lens-entrypoint
-WORKDIR /app
-COPY vendor ./vendor
-COPY templates ./templates
-COPY static ./static
-COPY grpo ./grpo
-COPY app ./app
 
+# The runtime settings come before the source, so that a source edit redoes only the COPY layers below.
 USER lens
 VOLUME /data/runs
 EXPOSE 8000
@@ -73,3 +70,11 @@ HEALTHCHECK --start-period=60s --interval=30s --timeout=5s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4)"]
 ENTRYPOINT ["grpo-lens-entrypoint"]
 CMD ["uvicorn", "app.main:app", "--host", "0.0.0.0", "--port", "8000", "--timeout-graceful-shutdown", "3"]
+
+# The source, root-owned (the app cannot change its own code), least often edited first.
+WORKDIR /app
+COPY vendor ./vendor
+COPY templates ./templates
+COPY static ./static
+COPY grpo ./grpo
+COPY app ./app
