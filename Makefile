@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml $(LOCK) $(DEV_LOCK)
 	$(PY) -m pip install --quiet --no-deps $(TORCH)
 	$(PY) -m pip install --quiet --no-deps -e .
 	$(PY) -m pip install --quiet --require-hashes -r $(DEV_LOCK)
-	$(PY) -m pip check
+	$(PY) -m pip check || { echo "pyproject.toml and the locks disagree: make lock LOCK_UPGRADE= adds what is missing" >&2; exit 1; }
 	touch $(STAMP)
 
 # Refreshes both locks to the newest releases pyproject.toml allows, for CPython 3.11 on x86-64 Linux

@@ -290,6 +290,7 @@ def check_pages() -> None:
             """[...new Set(document.querySelectorAll('.chart, .js-plotly-plot'))].map(n => ({
                 id: n.id || n.className, drawn: !!(n.data && n.data.length && n.querySelector('.main-svg'))}))"""
         )
+        page.evaluate("window.scrollTo(0, 0)")
         page.screenshot(path=str(ARTIFACTS / "docker-page.png"), full_page=True)
         undrawn = [c["id"] for c in charts if not c["drawn"]]
         if not charts or undrawn or errors or outside:
