@@ -76,12 +76,12 @@ def engine() -> str:
         os.environ["DOCKER_BUILDKIT"] = "1"
         return "docker"
     t0 = time.monotonic()
-    setup = subprocess.run(
+    setup = subprocess.run(  # its progress (apt, debootstrap) goes to stderr, shown as it runs
         ["bash", str(ROOT / "docker" / "setup-podman.sh"), str(WORK), BASE_IMAGE],
-        capture_output=True, text=True, timeout=1200,
+        stdout=subprocess.PIPE, text=True, timeout=1200,
     )  # fmt: skip
     if setup.returncode != 0:
-        fail(f"podman setup exited {setup.returncode}:\n{setup.stderr[-3000:]}")
+        fail(f"podman setup exited {setup.returncode} (its output is above)")
     os.environ["CONTAINERS_CONF"] = str(WORK / "containers.conf")
     os.environ["GRPO_LENS_BASE"] = setup.stdout.strip().splitlines()[-1]
     timings["podman setup (install, base image; cached after the first run)"] = time.monotonic() - t0

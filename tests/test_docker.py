@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,3 +68,12 @@ def test_build_context_is_what_the_dockerfile_copies() -> None:
     allowed = {line[1:].rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines() if line[:1] == "!"}
     assert copied == allowed
     assert not allowed & {"tests", "docs", "bench", ".venv", "Makefile", "pyproject.toml"}
+
+
+def test_compose_runs_the_image_safely() -> None:
+    service = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["grpo-lens"]
+    assert all(port.startswith("127.0.0.1:") for port in service["ports"])  # never every interface
+    assert "runs:/data/runs" in service["volumes"] and service["read_only"] and "/tmp" in service["tmpfs"]
+    assert service["environment"]["GRPO_LENS_AUTH_TOKEN"].startswith("${GRPO_LENS_AUTH_TOKEN:?")  # required
+    assert service["restart"] == "unless-stopped" and service["healthcheck"]["start_period"]
+    assert service["cap_drop"] == ["ALL"]
