@@ -56,9 +56,11 @@ RUN --mount=type=secret,id=pip_conf --mount=type=secret,id=pip_ca \
         --root-user-action=ignore --only-binary=:all: $index --find-links /tmp/torch-wheels "torch==${TORCH_VERSION}${TORCH_VARIANT:++$TORCH_VARIANT}" \
  && python -m pip --python /opt/venv/bin/python check
 
+# XDG_CACHE_HOME: any library cache goes to /tmp, the one writable place under --read-only besides the runs.
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONPATH=/app \
     HOME=/home/lens \
+    XDG_CACHE_HOME=/tmp/.cache \
     GRPO_LENS_RUNS_DIR=/data/runs
 COPY docker/entrypoint.sh /usr/local/bin/grpo-lens-entrypoint
 
