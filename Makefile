@@ -5,15 +5,39 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8000
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint bench chromium
+.PHONY: run test lint bench chromium lock docker-test
 
-$(STAMP): pyproject.toml
+# Every dependency but torch comes from the hashed locks (the image installs the same requirements.lock).
+# torch is pinned apart: its CPU build is a local wheel here and another index elsewhere (see `make lock`).
+LOCK     := requirements.lock
+DEV_LOCK := requirements-dev.lock
+TORCH    ?= torch==2.13.0
+
+$(STAMP): pyproject.toml $(LOCK) $(DEV_LOCK)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# torch first and pinned: the CPU wheel on this machine's disk, never a newer CUDA build
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --require-hashes -r $(LOCK)
+	# the CPU wheel on this machine's disk, never a newer CUDA build; its dependencies came from the lock
+	$(PY) -m pip install --quiet --no-deps $(TORCH)
+	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m pip install --quiet --require-hashes -r $(DEV_LOCK)
+	$(PY) -m pip check || { echo "pyproject.toml and the locks disagree: make lock LOCK_UPGRADE= adds what is missing" >&2; exit 1; }
 	touch $(STAMP)
+
+# Refreshes both locks to the newest releases pyproject.toml allows, for CPython 3.11 on x86-64 Linux
+# (the image's platform), with every file's hash. uv resolves for that platform whatever the host is.
+UV_VENV     := .venv-uv
+UV_VERSION  := 0.13.8
+LOCK_UPGRADE ?= --upgrade
+TORCH_LINKS ?= $(firstword $(wildcard /opt/wheels) https://download.pytorch.org/whl/cpu/torch/)
+UV_COMPILE   = SSL_CERT_FILE=$(firstword $(wildcard /etc/ssl/certs/ca-certificates.crt) $(SSL_CERT_FILE)) \
+	$(UV_VENV)/bin/uv pip compile pyproject.toml --quiet --generate-hashes --custom-compile-command 'make lock' \
+	--python-version 3.11 --python-platform x86_64-manylinux_2_28 --no-emit-package torch \
+	--find-links $(TORCH_LINKS) --constraint docker/torch-cpu.txt
+lock:
+	test -x $(UV_VENV)/bin/uv || { python3 -m venv $(UV_VENV) && $(UV_VENV)/bin/pip install --quiet uv==$(UV_VERSION); }
+	$(UV_COMPILE) $(LOCK_UPGRADE) -o $(LOCK)
+	$(UV_COMPILE) $(LOCK_UPGRADE) --extra dev --constraint $(LOCK) -o $(DEV_LOCK)
 
 run: $(STAMP)
 	$(PY) -m uvicorn app.main:app --host $(HOST) --port $(PORT)
@@ -38,3 +62,8 @@ bench: $(STAMP) chromium
 	$(PY) bench/core.py
 	$(PY) bench/api.py
 	$(PY) bench/page.py
+
+# Builds the image (docker if its engine answers, else podman, set up here if missing), runs it and checks it.
+# Slow (a cold build downloads torch) and needs root for podman's setup: not part of `make test`.
+docker-test: $(STAMP) chromium
+	$(PY) docker/test.py
