@@ -28,8 +28,8 @@ from fastapi.testclient import TestClient
 
 import grpo
 from app.main import app
+from app.responses import ROW_FIELDS, TOKEN_FIELDS
 from grpo.examples import ARTICLE_EXAMPLE
-from grpo.io import ROW_FIELDS, TOKEN_FIELDS
 from grpo.requests import batch_from_request
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,0 +1,123 @@
+"""Two lanes for the work of a request, so that small requests never wait behind large ones.
+
+- small requests (a body under ``large_request_bytes``) run in a thread of this process, at most
+  ``threads`` at a time: quick, and the event loop stays free;
+- large ones run in a pool of ``process_workers`` worker processes (spawned, started with the app):
+  parsing JSON, pydantic and multipart hold the GIL, so in a thread they would stall every other
+  request. At most ``process_queue`` more wait for a worker; past that the answer is a 503 with
+  Retry-After (capacity, not a fault). A worker gives its memory back to the OS after each job.
+
+With no pool (``process_workers = 0``, or an app whose lifespan did not run, as in the ASGI test
+client) large requests run in the thread lane too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import logging
+import multiprocessing
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import suppress
+from functools import partial
+from typing import Any
+
+import anyio
+
+from app.errors import error_item, error_json
+from app.settings import Settings
+from app.work import Reply, replying
+
+log = logging.getLogger("grpo_lens")
+
+
+def release_memory() -> None:
+    """Hand the heap's free pages back to the OS (glibc's malloc_trim; a no-op elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    with suppress(OSError, AttributeError):  # not glibc: nothing to trim
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+
+
+def _worker_start(settings: Settings) -> None:
+    """A worker process: below the server's priority, its own torch threads, glibc tuned for (B, T) buffers."""
+    import torch
+
+    from grpo._allocator import keep_freed_memory
+
+    if settings.worker_nice:
+        os.nice(settings.worker_nice)
+    torch.set_num_threads(settings.worker_torch_threads or torch.get_num_threads())
+    keep_freed_memory()  # evaluate re-allocates dozens of (B, T) tensors: keep them mapped during a job
+
+
+def _ready() -> int:
+    return os.getpid()
+
+
+def _in_worker(fn: Any, *args: Any) -> Reply:
+    try:
+        return replying(getattr(fn, "__name__", "request"), fn, *args)
+    finally:
+        release_memory()  # the job's buffers go back to the OS, not kept for the next one
+
+
+class Lanes:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.threads = anyio.CapacityLimiter(settings.threads)
+        self.pool: ProcessPoolExecutor | None = None
+        self.waiting = 0  # large jobs running or queued
+
+    def start(self) -> None:
+        """Start the worker processes; they import the app in the background (seconds, once) while the
+        server already answers."""
+        if self.settings.process_workers < 1:
+            return
+        context = multiprocessing.get_context("spawn")
+        self.pool = ProcessPoolExecutor(
+            self.settings.process_workers, mp_context=context, initializer=_worker_start, initargs=(self.settings,)
+        )
+        for _ in range(self.settings.process_workers):
+            self.pool.submit(_ready)
+
+    def stop(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None
+
+    async def run(self, size: int, fn: Any, *args: Any) -> Reply:
+        """``fn(*args)`` off the event loop, in the lane for a request of ``size`` bytes."""
+        if size < self.settings.large_request_bytes or self.pool is None:
+            reply: Reply = await anyio.to_thread.run_sync(
+                partial(replying, fn.__name__, fn, *args), limiter=self.threads
+            )
+            if size >= self.settings.large_request_bytes:
+                release_memory()
+            return reply
+        limit = self.settings.process_workers + self.settings.process_queue
+        if self.waiting >= limit:
+            return self._busy(limit)
+        self.waiting += 1
+        try:
+            return await asyncio.wrap_future(self.pool.submit(_in_worker, fn, *args))
+        except BrokenProcessPool:  # a worker died (killed from outside): start fresh ones
+            log.error("a worker process died; restarting the pool")
+            self.stop()
+            await anyio.to_thread.run_sync(self.start)
+            msg = "a worker process stopped while computing this; please retry"
+            return Reply(503, error_json([error_item(["body"], msg, "worker_lost")]), {"retry-after": "5"})
+        finally:
+            self.waiting -= 1
+
+    def _busy(self, limit: int) -> Reply:
+        seconds = str(self.settings.retry_after)
+        msg = (
+            f"the large-request lane is full ({limit} large requests running or waiting); retry after {seconds} s "
+            f"(requests under {self.settings.large_request_bytes} bytes are not queued)"
+        )
+        return Reply(503, error_json([error_item(["body"], msg, "busy")]), {"retry-after": seconds})
