@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     process_queue: int = Field(2, ge=0, description="Large requests that may wait for a worker (503 beyond).")
     retry_after: int = Field(5, ge=1, description="Seconds a 503 for a full large-request lane asks to wait.")
     worker_nice: int = Field(
-        5, ge=0, le=19, description="How much lower the workers' CPU priority is than the server's."
+        0, ge=0, le=19, description="How much lower the workers' CPU priority is than the server's (5: small first)."
     )
     worker_torch_threads: int = Field(1, ge=0, description="torch threads per worker process (0: torch's default).")
     auth_token: str | None = Field(

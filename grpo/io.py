@@ -117,7 +117,7 @@ def parse_json(data: bytes | str) -> Any:
 
 
 def _fix(text: str) -> str:
-    return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace") if _has_surrogate(text) else text
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace") if _has_surrogate(text) else text
 
 
 def _has_surrogate(text: str) -> bool:
