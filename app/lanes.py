@@ -59,6 +59,15 @@ def _ready() -> int:
     return os.getpid()
 
 
+def rss_bytes(pid: int) -> int:
+    """Resident memory of process ``pid`` (0 when it is gone or /proc is not there)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _in_worker(fn: Any, *args: Any) -> Reply:
     try:
         return replying(getattr(fn, "__name__", "request"), fn, *args)
@@ -72,6 +81,7 @@ class Lanes:
         self.threads = anyio.CapacityLimiter(settings.threads)
         self.pool: ProcessPoolExecutor | None = None
         self.waiting = 0  # large jobs running or queued
+        self.started_rss: dict[int, int] = {}  # each worker's RSS once it had imported everything
 
     def start(self) -> None:
         """Start the worker processes; they import the app in the background (seconds, once) while the
@@ -82,8 +92,24 @@ class Lanes:
         self.pool = ProcessPoolExecutor(
             self.settings.process_workers, mp_context=context, initializer=_worker_start, initargs=(self.settings,)
         )
+        self.started_rss = {}
         for _ in range(self.settings.process_workers):
-            self.pool.submit(_ready)
+            self.pool.submit(_ready).add_done_callback(self._note_started)
+
+    def _note_started(self, future: Any) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self.started_rss[future.result()] = rss_bytes(future.result())
+
+    def _recycle_if_grown(self) -> None:
+        """Replace the workers when, idle, they hold ``worker_recycle_bytes`` more than when they started:
+        what malloc_trim cannot return (fragmented heaps, caches) goes with the process."""
+        if self.pool is None or self.waiting or not self.started_rss:
+            return
+        grown = sum(rss_bytes(pid) - rss for pid, rss in self.started_rss.items())
+        if grown > self.settings.worker_recycle_bytes:
+            log.info("worker processes hold %d MB more than at start: replacing them", grown // 2**20)
+            self.stop()
+            self.start()
 
     def stop(self) -> None:
         if self.pool is not None:
@@ -104,7 +130,7 @@ class Lanes:
             return self._busy(limit)
         self.waiting += 1
         try:
-            return await asyncio.wrap_future(self.pool.submit(_in_worker, fn, *args))
+            reply = await asyncio.wrap_future(self.pool.submit(_in_worker, fn, *args))
         except BrokenProcessPool:  # a worker died (killed from outside): start fresh ones
             log.error("a worker process died; restarting the pool")
             self.stop()
@@ -113,6 +139,9 @@ class Lanes:
             return Reply(503, error_json([error_item(["body"], msg, "worker_lost")]), {"retry-after": "5"})
         finally:
             self.waiting -= 1
+        release_memory()  # the body's copies in this process
+        self._recycle_if_grown()
+        return reply
 
     def _busy(self, limit: int) -> Reply:
         seconds = str(self.settings.retry_after)

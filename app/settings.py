@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     worker_nice: int = Field(
         0, ge=0, le=19, description="How much lower the workers' CPU priority is than the server's (5: small first)."
     )
+    worker_recycle_bytes: int = Field(
+        256 * 1024 * 1024, ge=0, description="Idle workers holding this much more than at start are replaced."
+    )
     worker_torch_threads: int = Field(1, ge=0, description="torch threads per worker process (0: torch's default).")
     auth_token: str | None = Field(
         None, description="Shared secret: when set, every route but /healthz asks for it (bearer or sign-in cookie)."

@@ -117,6 +117,11 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
+def _statm(pid: int) -> float:
+    with open(f"/proc/{pid}/statm") as f:
+        return float(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+
+
 def rss() -> float | None:
     """Resident memory of the server and all its processes, bytes (None when the server is not ours)."""
     if STATE["pid"] is None:
@@ -478,7 +483,8 @@ def main() -> None:
         for key in args.only:
             steps[key]()
             sys.stdout.flush()
-        print(f"RSS at the end {mb(rss())}")
+        main_rss = rss() if STATE["pid"] is None else _statm(STATE["pid"])
+        print(f"RSS at the end {mb(rss())} (the server's main process {mb(main_rss)}, the rest its workers)")
 
 
 if __name__ == "__main__":
