@@ -20,6 +20,7 @@ import logging
 import multiprocessing
 import os
 import sys
+import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import suppress
@@ -68,10 +69,36 @@ def rss_bytes(pid: int) -> int:
         return 0
 
 
+class Spooled:
+    """A large body handed to a worker as a file (tmpfs where there is one), not through the pool's pipe:
+    pickled through the pipe it would be copied twice in the server, and one copy outlives the request."""
+
+    def __init__(self, data: bytes) -> None:
+        fd, self.path = tempfile.mkstemp(prefix="grpo-lens-", dir=SPOOL_DIR)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+
+    def read(self) -> bytes:
+        try:
+            with open(self.path, "rb") as f:
+                return f.read()
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        with suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+SPOOL_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
 def _in_worker(fn: Any, *args: Any) -> Reply:
     try:
+        args = tuple(a.read() if isinstance(a, Spooled) else a for a in args)
         return replying(getattr(fn, "__name__", "request"), fn, *args)
     finally:
+        del args
         release_memory()  # the job's buffers go back to the OS, not kept for the next one
 
 
@@ -129,8 +156,9 @@ class Lanes:
         if self.waiting >= limit:
             return self._busy(limit)
         self.waiting += 1
+        spooled = [Spooled(a) if isinstance(a, bytes) and len(a) >= 65536 else a for a in args]
         try:
-            reply = await asyncio.wrap_future(self.pool.submit(_in_worker, fn, *args))
+            reply = await asyncio.wrap_future(self.pool.submit(_in_worker, fn, *spooled))
         except BrokenProcessPool:  # a worker died (killed from outside): start fresh ones
             log.error("a worker process died; restarting the pool")
             self.stop()
@@ -139,6 +167,9 @@ class Lanes:
             return Reply(503, error_json([error_item(["body"], msg, "worker_lost")]), {"retry-after": "5"})
         finally:
             self.waiting -= 1
+            for item in spooled:
+                if isinstance(item, Spooled):
+                    item.discard()  # already gone unless the worker never ran
         release_memory()  # the body's copies in this process
         self._recycle_if_grown()
         return reply
