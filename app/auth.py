@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app.errors import error_item, error_json
 
 COOKIE = "grpo_lens_session"
 OPEN_PATHS = ("/healthz", "/signin")
@@ -76,7 +77,7 @@ class RequireToken:
             await send({"type": "http.response.body", "body": b""})
             return
         msg = "sign in: send the team's token as 'Authorization: Bearer <token>' (or sign in at /signin)"
-        body = json.dumps({"detail": [{"loc": ["header", "authorization"], "msg": msg, "type": "unauthorized"}]})
+        body = error_json([error_item(["header", "authorization"], msg, "unauthorized")])
         await send(
             {
                 "type": "http.response.start",
@@ -88,4 +89,4 @@ class RequireToken:
                 ],
             }
         )
-        await send({"type": "http.response.body", "body": body.encode()})
+        await send({"type": "http.response.body", "body": body})

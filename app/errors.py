@@ -19,7 +19,6 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import grpo
-from app.middleware import SECURITY_HEADERS
 
 log = logging.getLogger("grpo_lens")
 CONFIG_FIELDS = set(grpo.FIELD_NAMES)
@@ -180,6 +179,8 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:
         # Starlette answers this from its outermost middleware, outside SecurityHeaders: add them here.
+        from app.middleware import SECURITY_HEADERS  # (app.middleware builds its answers with error_json)
+
         response = error_response(as_api_error(exc, f"{request.method} {request.url.path}"))
         for name, value in SECURITY_HEADERS:
             response.headers[name.decode()] = value.decode()

@@ -4,12 +4,13 @@ host the client sent."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.errors import error_item, error_json
 
 # The pages load only their own scripts and styles (plotly.js and Swagger UI are served locally);
 # Plotly and Swagger UI set inline styles and draw icons from data: URIs.
@@ -111,7 +112,7 @@ async def _too_large(send: Send, size: int, limit: int) -> None:
 
 async def _refuse(send: Send, status: int, msg: str, kind: str) -> None:
     """An error answer, and the connection closed (the rest of the body is not read)."""
-    payload = json.dumps({"detail": [{"loc": ["body"], "msg": msg, "type": kind}]}).encode()
+    payload = error_json([error_item(["body"], msg, kind)])
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(payload)).encode()),
