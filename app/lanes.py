@@ -74,9 +74,16 @@ class Spooled:
     pickled through the pipe it would be copied twice in the server, and one copy outlives the request."""
 
     def __init__(self, data: bytes) -> None:
-        fd, self.path = tempfile.mkstemp(prefix="grpo-lens-", dir=SPOOL_DIR)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        for directory in (SPOOL_DIR, None):  # tmpfs, else the temp dir (Docker's /dev/shm holds 64 MB)
+            fd, self.path = tempfile.mkstemp(prefix="grpo-lens-", dir=directory)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                return
+            except OSError:
+                self.discard()
+                if directory is None:
+                    raise
 
     def read(self) -> bytes:
         try:
