@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from functools import lru_cache
 from typing import Any
 
@@ -77,10 +78,14 @@ def body_schemas() -> dict[str, Any]:
 
 async def answer(request: Request, fn: Any, *args: Any) -> Response:
     """Read the body, run ``fn(body, *args, settings)`` in its lane, and answer what it replied."""
+    started = time.perf_counter()
     body = await request.body()
+    received = time.perf_counter()
     lanes = request.app.state.lanes
     reply = await lanes.run(len(body), fn, body, *args, request.app.state.settings)
-    return Response(reply.body, reply.status, headers=reply.headers, media_type="application/json")
+    timing = f"receive;dur={(received - started) * 1e3:.1f}, work;dur={(time.perf_counter() - received) * 1e3:.1f}"
+    headers = {**reply.headers, "server-timing": timing}  # where the time went: for bench/api.py and browsers
+    return Response(reply.body, reply.status, headers=headers, media_type="application/json")
 
 
 @router.post(

@@ -243,6 +243,7 @@ def json_ingest(base: str, repeats: int) -> None:
     print(f"2. JSON ingest: 256 x 4096, three log-prob fields, {len(body) / MB:.0f} MB, floats as Python writes them")
     print(f"   floor: orjson.loads + arrays     median {ms(f)}")
     print(f"   POST /api/v1/loss round trip     median {ms(t)}   status {response.status_code}")
+    print(f"   the server's share (Server-Timing of the last): {response.headers.get('server-timing')}")
     print(f"   ratio                            {t / f:8.2f}x   (target <= 2x)")
 
 
