@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import sys
 import tempfile
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import suppress
@@ -100,6 +101,10 @@ class Spooled:
 SPOOL_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
+def _spool(args: tuple[Any, ...]) -> list[Any]:
+    return [Spooled(a) if isinstance(a, bytes) and len(a) >= 65536 else a for a in args]
+
+
 def _in_worker(fn: Any, *args: Any) -> Reply:
     try:
         args = tuple(a.read() if isinstance(a, Spooled) else a for a in args)
@@ -115,7 +120,8 @@ class Lanes:
         self.threads = anyio.CapacityLimiter(settings.threads)
         self.pool: ProcessPoolExecutor | None = None
         self.waiting = 0  # large jobs running or queued
-        self.started_rss: dict[int, int] = {}  # each worker's RSS once it had imported everything
+        self.started_rss: dict[int, int] = {}
+        self.recycling = threading.Lock()  # each worker's RSS once it had imported everything
 
     def start(self) -> None:
         """Start the worker processes; they import the app in the background (seconds, once) while the
@@ -142,7 +148,8 @@ class Lanes:
         grown = sum(rss_bytes(pid) - rss for pid, rss in self.started_rss.items())
         if grown > self.settings.worker_recycle_bytes:
             log.info("worker processes hold %d MB more than at start: replacing them", grown // 2**20)
-            self.stop()
+            old, self.pool = self.pool, None  # meanwhile (a moment: the workers are idle) large requests use threads
+            old.shutdown(wait=True)  # the old workers are gone before new ones start: never both in memory
             self.start()
 
     def stop(self) -> None:
@@ -153,19 +160,17 @@ class Lanes:
     async def run(self, size: int, fn: Any, *args: Any) -> Reply:
         """``fn(*args)`` off the event loop, in the lane for a request of ``size`` bytes."""
         if size < self.settings.large_request_bytes or self.pool is None:
-            reply: Reply = await anyio.to_thread.run_sync(
-                partial(replying, fn.__name__, fn, *args), limiter=self.threads
-            )
-            if size >= self.settings.large_request_bytes:
-                release_memory()
-            return reply
+            return await self._in_thread(size, fn, *args)
         limit = self.settings.process_workers + self.settings.process_queue
         if self.waiting >= limit:
             return self._busy(limit)
         self.waiting += 1
-        spooled = [Spooled(a) if isinstance(a, bytes) and len(a) >= 65536 else a for a in args]
+        spooled = await anyio.to_thread.run_sync(_spool, args)  # writing 64 MB would stall the event loop
+        pool = self.pool
         try:
-            reply = await asyncio.wrap_future(self.pool.submit(_in_worker, fn, *spooled))
+            if pool is None:  # the workers are being replaced (a moment): this one runs in a thread
+                return await self._in_thread(size, fn, *args)
+            reply = await asyncio.wrap_future(pool.submit(_in_worker, fn, *spooled))
         except BrokenProcessPool:  # a worker died (killed from outside): start fresh ones
             log.error("a worker process died; restarting the pool")
             self.stop()
@@ -177,8 +182,18 @@ class Lanes:
             for item in spooled:
                 if isinstance(item, Spooled):
                     item.discard()  # already gone unless the worker never ran
+        await anyio.to_thread.run_sync(self._after_large_job)
+        return reply
+
+    def _after_large_job(self) -> None:
         release_memory()  # the body's copies in this process
-        self._recycle_if_grown()
+        with self.recycling:  # one replacement at a time
+            self._recycle_if_grown()
+
+    async def _in_thread(self, size: int, fn: Any, *args: Any) -> Reply:
+        reply: Reply = await anyio.to_thread.run_sync(partial(replying, fn.__name__, fn, *args), limiter=self.threads)
+        if size >= self.settings.large_request_bytes:
+            await anyio.to_thread.run_sync(release_memory)
         return reply
 
     def _busy(self, limit: int) -> Reply:

@@ -145,12 +145,16 @@ class Sampler:
 
     def __init__(self) -> None:
         self.peak = rss() or 0.0
+        self.per_process: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(0.02):
             self.peak = max(self.peak, rss() or 0.0)
+            for pid in _tree(STATE["pid"]) if STATE["pid"] else []:
+                with suppress(OSError):
+                    self.per_process[pid] = max(self.per_process.get(pid, 0.0), _statm(pid))
 
     def __enter__(self) -> Sampler:
         self._thread.start()
@@ -328,6 +332,8 @@ def largest(base: str) -> None:
             f"10 s after {mb(after)} ({(after or 0) - idle:+.0f} B = {((after or 0) - idle) / MB:+.0f} MB, "
             "target within 400 MB)"
         )
+        parts = ", ".join(f"{pid}: {mb(v).strip()}" for pid, v in sampler.per_process.items() if v > 50 * MB)
+        print(f"   peak per process (the first is the server's main process): {parts}")
 
 
 async def small_clients(base: str, clients: int, seconds: float, body: bytes) -> tuple[list[float], list[str]]:
