@@ -7,42 +7,15 @@ from functools import lru_cache
 from typing import Any
 
 import grpo
-from grpo.config import CHOICES
 from grpo.examples import SCENARIOS
 from grpo.glossary import GLOSSARY
-from grpo.registry import Registry
-
-
-def _field(f: dataclasses.Field[Any]) -> dict[str, Any]:
-    kind = str(f.type)
-    entry: dict[str, Any] = {
-        "name": f.name,
-        "doc": f.metadata.get("doc", ""),
-        "group": f.metadata.get("group", ""),
-        "default": f.default,
-        "nullable": "None" in kind,
-        "type": {"str": "string", "float": "number", "int": "integer", "bool": "boolean"}[kind.split(" ")[0]],
-    }
-    if f.name in CHOICES:
-        choices = CHOICES[f.name]
-        entry["type"] = "choice"
-        entry["choices"] = list(choices.names() if isinstance(choices, Registry) else choices)
-    for bound in ("ge", "gt", "le"):
-        if bound in f.metadata:
-            entry[bound] = f.metadata[bound]
-    return entry
 
 
 @lru_cache
 def options_json() -> dict[str, Any]:
     return {
-        "fields": [_field(f) for f in dataclasses.fields(grpo.LossConfig)],
-        "registries": {
-            kind: [
-                {"name": n, "doc": reg.doc(n), "details": reg.details(n), "paper": reg.paper(n)} for n in reg.names()
-            ]
-            for kind, reg in grpo.REGISTRIES.items()
-        },
+        "fields": [spec.describe() for spec in grpo.FIELDS],
+        "registries": {kind: [e.describe() for e in reg.entries()] for kind, reg in grpo.REGISTRIES.items()},
         "presets": [
             {"name": p.name, "doc": p.doc, "source": p.source, "config": grpo.LossConfig.from_preset(p.name).to_dict()}
             for p in grpo.PRESETS.values()

@@ -8,12 +8,12 @@ rewards/advantages, config values) are the grpo library's, mapped to the same er
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Annotated, Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model
 
 import grpo
+from grpo.config import MAX_INT, MAX_MAGNITUDE, FieldSpec
 from grpo.examples import ARTICLE_EXAMPLE
 from grpo.io import ALIASES
 
@@ -40,20 +40,24 @@ def _aliases(name: str) -> AliasChoices:
 
 
 # Config numbers are used as float32 scalars (1 + epsilon_high, clamp bounds): past float32's
-# range torch refuses them, so the request model bounds them well inside it.
-CONFIG_NUMBER_MAX = 1e30
-CONFIG_INT_MAX = 2**31 - 1
+# range torch refuses them, so the request model bounds them as LossConfig does (grpo.config).
+CONFIG_TYPES: dict[str, Any] = {
+    "string": str,
+    "number": Annotated[float, Field(ge=-MAX_MAGNITUDE, le=MAX_MAGNITUDE, allow_inf_nan=False)],
+    "integer": Annotated[int, Field(ge=-MAX_INT, le=MAX_INT)],
+    "boolean": bool,
+}
 
 
-def _python_type(kind: str) -> Any:
-    """The pydantic type of a LossConfig field from its annotation string."""
-    base: Any = {
-        "str": str,
-        "float": Annotated[float, Field(le=CONFIG_NUMBER_MAX, allow_inf_nan=False)],
-        "int": Annotated[int, Field(le=CONFIG_INT_MAX)],
-        "bool": bool,
-    }[kind.split(" ")[0]]
-    return base | None if "None" in kind else base
+def _config_field(spec: FieldSpec) -> tuple[Any, Any]:
+    """The pydantic (type, Field) of one LossConfig field, from grpo's field table. Ranges and
+    choices are checked by LossConfig itself, so their errors read the same from every entry point."""
+    kind = CONFIG_TYPES[spec.type]
+    preset = spec.name == "preset"
+    return (
+        kind | None if spec.nullable else kind,
+        Field("article" if preset else None, description=spec.doc + ("" if preset else " (default: the preset's)")),
+    )
 
 
 # Every LossConfig field, optional: a field left out keeps the preset's value.
@@ -61,16 +65,7 @@ ConfigRequest: type[BaseModel] = create_model(  # type: ignore[call-overload]
     "ConfigRequest",
     __config__=ConfigDict(extra="allow"),
     __doc__="A preset plus any LossConfig field that overrides it (null turns an optional clamp off).",
-    **{
-        f.name: (
-            _python_type(str(f.type)),
-            Field(
-                "article" if f.name == "preset" else None,
-                description=f.metadata.get("doc", "") + ("" if f.name == "preset" else " (default: the preset's)"),
-            ),
-        )
-        for f in dataclasses.fields(grpo.LossConfig)
-    },
+    **{spec.name: _config_field(spec) for spec in grpo.FIELDS},
 )
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 
 import grpo
+from grpo._allocator import keep_freed_memory
 
 
 def ragged_batch(B: int, T: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -66,6 +67,7 @@ def time_interleaved(fns: list[Callable[[], object]], repeats: int) -> list[list
 
 
 def main() -> None:
+    keep_freed_memory()  # the program decides: large (B, T) buffers stay in the heap between calls
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--tokens", type=int, default=4096)

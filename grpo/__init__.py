@@ -5,37 +5,36 @@ batch = grpo.Batch(per_token_logps=lp, old_per_token_logps=old, ref_per_token_lo
                    completion_mask=mask, advantages=adv)
 bd = grpo.evaluate(batch, grpo.LossConfig.from_preset("verl-grpo", beta=0.001))
 bd.loss, bd.tokens.grad, bd.metrics["clip_ratio/region_mean"]
+loss = grpo.compute_loss(batch, config)  # for training: differentiable in per_token_logps
+
+Plugins: set GRPO_LENS_PLUGINS to comma-separated module names; each is imported at the end of
+``import grpo`` and may register variants (``grpo.OBJECTIVES.register(...)``) and presets
+(``grpo.register_preset(...)``), which every part of GRPO Lens then offers.
+
+Importing grpo changes nothing else in the process: no allocator tuning, thread counts or seeds
+(``grpo._allocator.keep_freed_memory()`` is there for programs that want it).
 """
 
-from typing import Any
-
-from grpo._allocator import keep_freed_memory
 from grpo.advantages import ADVANTAGES
 from grpo.aggregation import AGGREGATIONS
 from grpo.batch import Batch, from_rows
-from grpo.config import FIELD_NAMES, PRESETS, LossConfig, Preset
+from grpo.config import FIELD_NAMES, FIELDS, PRESETS, REGISTRIES, LossConfig, Preset, register_preset
 from grpo.errors import GrpoInputError
 from grpo.kl import KL_ESTIMATORS
 from grpo.logits import TokenLogprobs, token_logprobs
-from grpo.loss import Breakdown, RowBreakdown, TokenBreakdown, evaluate
+from grpo.loss import Breakdown, RowBreakdown, TokenBreakdown, compute_loss, evaluate
 from grpo.objectives import OBJECTIVES, REGIONS
+from grpo.plugins import PLUGINS_VARIABLE, load_plugins
 from grpo.registry import Registry
-
-keep_freed_memory()
-
-REGISTRIES: dict[str, Registry[Any]] = {
-    "advantage": ADVANTAGES,
-    "objective": OBJECTIVES,
-    "kl_estimator": KL_ESTIMATORS,
-    "aggregation": AGGREGATIONS,
-}
 
 __all__ = [
     "ADVANTAGES",
     "AGGREGATIONS",
+    "FIELDS",
     "FIELD_NAMES",
     "KL_ESTIMATORS",
     "OBJECTIVES",
+    "PLUGINS_VARIABLE",
     "PRESETS",
     "REGIONS",
     "REGISTRIES",
@@ -44,10 +43,16 @@ __all__ = [
     "GrpoInputError",
     "LossConfig",
     "Preset",
+    "Registry",
     "RowBreakdown",
     "TokenBreakdown",
     "TokenLogprobs",
+    "compute_loss",
     "evaluate",
     "from_rows",
+    "load_plugins",
+    "register_preset",
     "token_logprobs",
 ]
+
+load_plugins()  # last: a plugin imports grpo and finds it whole

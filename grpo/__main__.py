@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from grpo._allocator import keep_freed_memory
 from grpo.config import PRESETS, LossConfig
 from grpo.errors import GrpoInputError
 from grpo.examples import ARTICLE_EXAMPLE
@@ -67,4 +68,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    keep_freed_memory()  # the CLI's process: a large file's (B, T) buffers stay in the heap
     raise SystemExit(main())

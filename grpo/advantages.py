@@ -34,7 +34,17 @@ def unbiased_std(x: Tensor, dim: int | None = -1) -> Tensor:
     return x.std(dim=dim, keepdim=dim is not None) if dim is not None else x.std()
 
 
-@ADVANTAGES.register("group")
+def group_std_mean(rewards: Tensor) -> Tensor:
+    """TRL's reward_std under group (and no) scaling: the mean of the per-group stds. (n, G) -> ()"""
+    return unbiased_std(rewards).mean()
+
+
+def batch_std(rewards: Tensor) -> Tensor:
+    """TRL's reward_std under batch scaling: the std over the whole batch. (n, G) -> ()"""
+    return unbiased_std(rewards, dim=None)
+
+
+@ADVANTAGES.register("group", label="group (GRPO)", reward_std=group_std_mean)
 def group(rewards: Tensor, epsilon: float) -> Tensor:
     """GRPO: (R - group mean) / (group std + eps), the standard group-relative advantage.
 
@@ -43,7 +53,7 @@ def group(rewards: Tensor, epsilon: float) -> Tensor:
     return (rewards - group_mean(rewards)) / (unbiased_std(rewards) + epsilon)
 
 
-@ADVANTAGES.register("batch")
+@ADVANTAGES.register("batch", label="batch std (Lite PPO)", reward_std=batch_std)
 def batch(rewards: Tensor, epsilon: float) -> Tensor:
     """Lite PPO: (R - group mean) / (batch std + eps); a global scale, not a per-group one.
 
@@ -53,7 +63,7 @@ def batch(rewards: Tensor, epsilon: float) -> Tensor:
     return (rewards - group_mean(rewards)) / (unbiased_std(rewards, dim=None) + epsilon)
 
 
-@ADVANTAGES.register("none")
+@ADVANTAGES.register("none", label="no std (Dr. GRPO)", reward_std=group_std_mean)
 def none(rewards: Tensor, epsilon: float) -> Tensor:
     """Dr. GRPO: R - group mean, with no division by the std (which biases by difficulty).
 

@@ -1,36 +1,46 @@
 """Aggregations: the coefficient each token's loss gets in the scalar, as a (B, T) weight.
 
-Every aggregation takes the 0/1 ``mask`` (B, T) of the tokens that count, the config and the
-padded completion width, and returns ``weight`` (B, T), zero where the mask is: the loss is
-sum(weight * per_token_loss). ``n_rows`` is the number of rows a sequence mean divides by: all
-of them (TRL), or those with at least one token (verl, ``skip_empty_rows``).
+Every aggregation takes the 0/1 ``mask`` (B, T) of the tokens that count, its ``settings`` (the
+fields of AggregationSettings; a LossConfig is one) and the padded completion width, and returns
+``weight`` (B, T), zero where the mask is: the loss is sum(weight * per_token_loss). ``n_rows``
+is the number of rows a sequence mean divides by: all of them (TRL), or those with at least one
+token (verl, ``skip_empty_rows``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from torch import Tensor
 
 from grpo.registry import Registry
 
-if TYPE_CHECKING:
-    from grpo.config import LossConfig
 
-Aggregation = Callable[[Tensor, "LossConfig", int], Tensor]
+class AggregationSettings(Protocol):
+    """The settings aggregations read (LossConfig fields)."""
+
+    @property
+    def skip_empty_rows(self) -> bool: ...
+    @property
+    def length_epsilon(self) -> float: ...
+    @property
+    def max_completion_length(self) -> int | None: ...
+
+
+Aggregation = Callable[[Tensor, AggregationSettings, int], Tensor]
 AGGREGATIONS: Registry[Aggregation] = Registry("aggregation")
 
 
-def n_rows(mask: Tensor, config: LossConfig) -> Tensor:
+def n_rows(mask: Tensor, config: AggregationSettings) -> Tensor:
     """Rows a sequence mean divides by (at least 1). (B, T) -> ()"""
     if config.skip_empty_rows:
         return (mask.sum(-1) > 0).sum().clamp(min=1).to(mask.dtype)
     return mask.new_tensor(mask.shape[0])
 
 
-@AGGREGATIONS.register("seq-mean-token-mean")
-def seq_mean_token_mean(mask: Tensor, config: LossConfig, width: int) -> Tensor:
+@AGGREGATIONS.register("seq-mean-token-mean", label="per-sequence token mean")
+def seq_mean_token_mean(mask: Tensor, config: AggregationSettings, width: int) -> Tensor:
     """Per-sequence token mean, then the mean over sequences (GRPO paper, the article).
 
     Each row weighs the same whatever its length, so a token of a short answer counts more than
@@ -42,8 +52,8 @@ def seq_mean_token_mean(mask: Tensor, config: LossConfig, width: int) -> Tensor:
     return mask / (lengths * n_rows(mask, config))
 
 
-@AGGREGATIONS.register("token-mean")
-def token_mean(mask: Tensor, config: LossConfig, width: int) -> Tensor:
+@AGGREGATIONS.register("token-mean", label="token mean")
+def token_mean(mask: Tensor, config: AggregationSettings, width: int) -> Tensor:
     """Mean over every token of the batch: each token weighs the same (DAPO, BNPO).
 
     TRL ``dapo`` (default), ``bnpo``, ``cispo`` on one process; verl ``token-mean``.
@@ -53,8 +63,8 @@ def token_mean(mask: Tensor, config: LossConfig, width: int) -> Tensor:
     return mask / mask.sum().clamp(min=1)
 
 
-@AGGREGATIONS.register("seq-mean-token-sum")
-def seq_mean_token_sum(mask: Tensor, config: LossConfig, width: int) -> Tensor:
+@AGGREGATIONS.register("seq-mean-token-sum", label="per-sequence token sum")
+def seq_mean_token_sum(mask: Tensor, config: AggregationSettings, width: int) -> Tensor:
     """Per-sequence token sum, then the mean over sequences: longer rows weigh more.
 
     verl ``seq-mean-token-sum``; TRL ``luspo``. Weight 1 / n_rows.
@@ -63,8 +73,21 @@ def seq_mean_token_sum(mask: Tensor, config: LossConfig, width: int) -> Tensor:
     return mask / n_rows(mask, config)
 
 
-@AGGREGATIONS.register("seq-mean-token-sum-norm")
-def seq_mean_token_sum_norm(mask: Tensor, config: LossConfig, width: int) -> Tensor:
+def constant_warnings(config: AggregationSettings, longest_row: int) -> list[str]:
+    """A constant divisor far from the batch's longest row: usually a max_completion_length that
+    is not the run's (TRL's default 512 for a run that used 16 makes the loss 32x too small)."""
+    constant = config.max_completion_length
+    if constant is None or not longest_row or 0.5 * longest_row <= constant <= 2 * longest_row:
+        return []
+    return [
+        f"max_completion_length = {constant} is far from the longest counted row ({longest_row} tokens): "
+        f"the loss is divided by it, so it comes out {longest_row / constant:.3g}x what a constant of "
+        f"{longest_row} gives; set it to the run's max_completion_length."
+    ]
+
+
+@AGGREGATIONS.register("seq-mean-token-sum-norm", label="Dr. GRPO constant", warnings=constant_warnings)
+def seq_mean_token_sum_norm(mask: Tensor, config: AggregationSettings, width: int) -> Tensor:
     """Dr. GRPO: token sum / (n_rows · a constant), the constant max_completion_length.
 
     Unbiased in length: every token weighs the same, and the scale does not move with the

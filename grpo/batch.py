@@ -22,14 +22,16 @@ TensorLike = Tensor | np.ndarray | Sequence[Any]
 LOGP_FIELDS = ("per_token_logps", "old_per_token_logps", "ref_per_token_logps")
 
 
-def _as_tensor(name: str, value: Any, dtype: torch.dtype | None = None) -> Tensor:
+def _as_tensor(name: str, value: Any, dtype: torch.dtype | None = None, keep_graph: bool = False) -> Tensor:
+    """``value`` as a tensor; detached unless ``keep_graph`` (the current log-probs: a model's output)."""
     try:
         tensor = value if isinstance(value, Tensor) else torch.as_tensor(np.asarray(value, dtype=np.float64))
     except (ValueError, TypeError) as exc:
         raise GrpoInputError(name, "a rectangular array of numbers", got=type(value).__name__) from exc
     if tensor.is_complex():
         raise GrpoInputError(name, "real numbers", got=str(tensor.dtype))
-    return tensor.detach().to(dtype) if dtype is not None else tensor.detach()
+    tensor = tensor if keep_graph else tensor.detach()
+    return tensor.to(dtype) if dtype is not None else tensor
 
 
 def _first_row(bad: Tensor) -> int:
@@ -37,66 +39,97 @@ def _first_row(bad: Tensor) -> int:
     return int(bad.reshape(bad.shape[0], -1).any(-1).nonzero()[0, 0])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False, eq=False)
 class Batch:
-    """Per-token log-probs of B completions and their rewards or advantages.
+    """Per-token log-probs of B completions and their rewards or advantages, as checked tensors.
 
-    Accepts tensors, NumPy arrays or nested lists; stores tensors, with 0 at every position that
-    does not count. ``per_token_logps`` is the current policy (the variable the gradient is taken against);
-    ``old_per_token_logps`` defaults to it (on-policy: ratio 1), ``ref_per_token_logps`` too
-    (no reference: KL 0). Give exactly one of ``advantages`` (B,) or ``rewards`` (B,);
-    ``group_size`` G groups consecutive rows (default: all rows are one group).
+    The constructor converts: it accepts tensors, NumPy arrays or nested lists and stores tensors,
+    with 0 at every position that does not count. ``per_token_logps`` is the current policy (the
+    variable the gradient is taken against; a model's output keeps its autograd graph, so
+    ``grpo.compute_loss`` can backpropagate into the model); ``old_per_token_logps`` defaults to
+    it (on-policy: ratio 1), ``ref_per_token_logps`` too (no reference: KL 0). Give exactly one of
+    ``advantages`` (B,) or ``rewards`` (B,); ``group_size`` G groups consecutive rows (default: all
+    rows are one group). ``prompt_lengths`` (an int, or one per row) excludes each row's leading
+    positions. Rebuilding from the fields, ``Batch(**dataclasses.asdict``-style, gives the same batch.
     """
 
-    per_token_logps: TensorLike
-    old_per_token_logps: TensorLike | None = None
-    ref_per_token_logps: TensorLike | None = None
-    completion_mask: TensorLike | None = None
-    prompt_lengths: int | TensorLike | None = None
-    advantages: TensorLike | None = None
-    rewards: TensorLike | None = None
-    group_size: int | None = None
-    entropies: TensorLike | None = None
+    per_token_logps: Tensor
+    """(B, T) floating point; 0 where nothing counts."""
+    old_per_token_logps: Tensor | None
+    ref_per_token_logps: Tensor | None
+    completion_mask: Tensor
+    """(B, T) bool: the positions that count (the given mask, past each row's prompt)."""
+    prompt_lengths: Tensor
+    """(B,) int64 (0 when none were given)."""
+    advantages: Tensor | None
+    """(B,) in per_token_logps' dtype, or None when rewards were given."""
+    rewards: Tensor | None
+    group_size: int | None
+    entropies: Tensor | None
 
-    def __post_init__(self) -> None:
-        logp = _as_tensor("per_token_logps", self.per_token_logps)
+    def __init__(
+        self,
+        per_token_logps: TensorLike,
+        old_per_token_logps: TensorLike | None = None,
+        ref_per_token_logps: TensorLike | None = None,
+        completion_mask: TensorLike | None = None,
+        prompt_lengths: int | TensorLike | None = None,
+        advantages: TensorLike | None = None,
+        rewards: TensorLike | None = None,
+        group_size: int | None = None,
+        entropies: TensorLike | None = None,
+    ) -> None:
+        logp = _as_tensor("per_token_logps", per_token_logps, keep_graph=True)
         if logp.dim() != 2 or logp.shape[0] == 0 or logp.shape[1] == 0:
             raise GrpoInputError(
                 "per_token_logps", "a non-empty 2-D array (B rows, T tokens)", got=f"shape {tuple(logp.shape)}"
             )
         if not logp.is_floating_point():
             logp = logp.double()
-        set_ = object.__setattr__
-        set_(self, "per_token_logps", logp)
-        for name in ("old_per_token_logps", "ref_per_token_logps", "entropies"):
-            if getattr(self, name) is not None:
-                set_(self, name, self._same_shape(name, _as_tensor(name, getattr(self, name), logp.dtype)))
-        mask = self._counted_mask()
+        B, T = logp.shape
+        prompt = _prompt_lengths(prompt_lengths, int(B), int(T), logp.device)
+        mask = _counted_mask(completion_mask, prompt, logp)
         weights = mask.to(logp.dtype)
-        set_(self, "_mask", mask)
-        set_(self, "_mask_float", weights)
-        for name in (*LOGP_FIELDS, "entropies"):
-            value = getattr(self, name)
-            if value is not None:
-                set_(self, name, _checked(name, value, mask, weights))
-        self._check_targets()
 
-    # --- checks -----------------------------------------------------------------------------
+        def per_token(name: str, value: TensorLike | None) -> Tensor | None:
+            if value is None:
+                return None
+            tensor = _same_shape(name, _as_tensor(name, value, logp.dtype), logp)
+            return _checked(name, tensor, mask, weights)
+
+        set_ = object.__setattr__
+        set_(self, "per_token_logps", _checked("per_token_logps", logp, mask, weights))
+        set_(self, "old_per_token_logps", per_token("old_per_token_logps", old_per_token_logps))
+        set_(self, "ref_per_token_logps", per_token("ref_per_token_logps", ref_per_token_logps))
+        set_(self, "entropies", per_token("entropies", entropies))
+        set_(self, "completion_mask", mask)
+        set_(self, "prompt_lengths", prompt)
+        set_(self, "_mask_float", weights)
+        advantages_, rewards_ = _targets(advantages, rewards, logp)
+        set_(self, "advantages", advantages_)
+        set_(self, "rewards", rewards_)
+        if group_size is not None and (
+            isinstance(group_size, bool)
+            or not isinstance(group_size, int | np.integer)
+            or group_size < 1
+            or B % group_size
+        ):
+            raise GrpoInputError("group_size", f"a positive divisor of the number of rows ({B})", got=repr(group_size))
+        set_(self, "group_size", None if group_size is None else int(group_size))
+
     @property
     def shape(self) -> tuple[int, int]:
-        B, T = self.logp.shape
+        B, T = self.per_token_logps.shape
         return int(B), int(T)
 
     @property
     def logp(self) -> Tensor:
-        assert isinstance(self.per_token_logps, Tensor)
         return self.per_token_logps
 
     @property
     def mask(self) -> Tensor:
         """(B, T) bool: the positions that count (completion mask and past the prompt)."""
-        mask: Tensor = self.__dict__["_mask"]
-        return mask
+        return self.completion_mask
 
     @property
     def mask_float(self) -> Tensor:
@@ -104,64 +137,64 @@ class Batch:
         mask: Tensor = self.__dict__["_mask_float"]
         return mask
 
-    def _same_shape(self, name: str, value: Tensor) -> Tensor:
-        if value.shape != self.logp.shape:
-            raise GrpoInputError(
-                name, f"shape {tuple(self.logp.shape)} like per_token_logps", got=f"shape {tuple(value.shape)}"
-            )
-        return value.to(self.logp.device)
-
-    def _counted_mask(self) -> Tensor:
-        B, T = self.shape
-        device = self.logp.device
-        if self.completion_mask is None:
-            mask = torch.ones(B, T, dtype=torch.bool, device=device)
-        else:
-            values = self._same_shape("completion_mask", _as_tensor("completion_mask", self.completion_mask))
-            bad = (values != 0) & (values != 1)
-            if bad.any():
-                raise GrpoInputError("completion_mask", "only 0 and 1", row=_first_row(bad))
-            mask = values.bool()
-        prompt = self.prompt_length_tensor()
-        positions = torch.arange(T, device=device)
-        return mask & (positions[None, :] >= prompt[:, None])
-
     def prompt_length_tensor(self) -> Tensor:
         """(B,) int64 prompt lengths (0 when none were given)."""
-        B, T = self.shape
-        device = self.logp.device
-        p = self.prompt_lengths
-        if p is None:
-            return torch.zeros(B, dtype=torch.long, device=device)
-        if isinstance(p, int | np.integer) and not isinstance(p, bool):
-            p = [int(p)] * B
-        lengths = _as_tensor("prompt_lengths", p)
-        if lengths.dim() == 0:
-            lengths = lengths.expand(B)
-        if lengths.shape != (B,):
-            raise GrpoInputError(
-                "prompt_lengths", f"an int or {B} ints (one per row)", got=f"shape {tuple(lengths.shape)}"
-            )
-        bad = (lengths < 0) | (lengths > T) | (lengths != lengths.round())
-        if bad.any():
-            raise GrpoInputError("prompt_lengths", f"whole numbers from 0 to {T}", row=int(bad.nonzero()[0, 0]))
-        return lengths.to(device=device, dtype=torch.long)
+        return self.prompt_lengths
 
-    def _check_targets(self) -> None:
-        B = self.shape[0]
-        if (self.advantages is None) == (self.rewards is None):
-            raise GrpoInputError("advantages", "exactly one of advantages or rewards")
-        name = "advantages" if self.advantages is not None else "rewards"
-        values = _as_tensor(name, getattr(self, name), self.logp.dtype)
-        if values.shape != (B,):
-            raise GrpoInputError(name, f"one number per row ({B})", got=f"shape {tuple(values.shape)}")
-        bad = ~torch.isfinite(values)
+
+# --- checks ---------------------------------------------------------------------------------------
+def _same_shape(name: str, value: Tensor, logp: Tensor) -> Tensor:
+    if value.shape != logp.shape:
+        raise GrpoInputError(name, f"shape {tuple(logp.shape)} like per_token_logps", got=f"shape {tuple(value.shape)}")
+    return value.to(logp.device)
+
+
+def _prompt_lengths(p: int | TensorLike | None, B: int, T: int, device: torch.device) -> Tensor:
+    """(B,) int64 prompt lengths from an int, one per row, or None (0)."""
+    if p is None:
+        return torch.zeros(B, dtype=torch.long, device=device)
+    if isinstance(p, int | np.integer) and not isinstance(p, bool):
+        p = [int(p)] * B
+    lengths = _as_tensor("prompt_lengths", p)
+    if lengths.dim() == 0:
+        lengths = lengths.expand(B)
+    if lengths.shape != (B,):
+        raise GrpoInputError("prompt_lengths", f"an int or {B} ints (one per row)", got=f"shape {tuple(lengths.shape)}")
+    bad = (lengths < 0) | (lengths > T) | (lengths != lengths.round())
+    if bad.any():
+        raise GrpoInputError("prompt_lengths", f"whole numbers from 0 to {T}", row=int(bad.nonzero()[0, 0]))
+    return lengths.to(device=device, dtype=torch.long)
+
+
+def _counted_mask(completion_mask: TensorLike | None, prompt: Tensor, logp: Tensor) -> Tensor:
+    """(B, T) bool: the completion mask (all ones when None), past each row's prompt."""
+    B, T = logp.shape
+    if completion_mask is None:
+        mask = torch.ones(B, T, dtype=torch.bool, device=logp.device)
+    else:
+        values = _same_shape("completion_mask", _as_tensor("completion_mask", completion_mask), logp)
+        bad = (values != 0) & (values != 1)
         if bad.any():
-            raise GrpoInputError(name, "finite numbers", row=int(bad.nonzero()[0, 0]))
-        object.__setattr__(self, name, values.to(self.logp.device))
-        G = self.group_size
-        if G is not None and (isinstance(G, bool) or not isinstance(G, int | np.integer) or G < 1 or B % G):
-            raise GrpoInputError("group_size", f"a positive divisor of the number of rows ({B})", got=repr(G))
+            raise GrpoInputError("completion_mask", "only 0 and 1", row=_first_row(bad))
+        mask = values.bool()
+    positions = torch.arange(T, device=logp.device)
+    return mask & (positions[None, :] >= prompt[:, None])
+
+
+def _targets(advantages: TensorLike | None, rewards: TensorLike | None, logp: Tensor) -> tuple[Tensor | None, ...]:
+    """(advantages, rewards): exactly one given, as (B,) finite numbers in logp's dtype."""
+    if (advantages is None) == (rewards is None):
+        raise GrpoInputError("advantages", "exactly one of advantages or rewards")
+    name, given = ("advantages", advantages) if advantages is not None else ("rewards", rewards)
+    B = logp.shape[0]
+    values = _as_tensor(name, given, logp.dtype)
+    if values.shape != (B,):
+        raise GrpoInputError(name, f"one number per row ({B})", got=f"shape {tuple(values.shape)}")
+    bad = ~torch.isfinite(values)
+    if bad.any():
+        raise GrpoInputError(name, "finite numbers", row=int(bad.nonzero()[0, 0]))
+    values = values.to(logp.device)
+    return (values, None) if name == "advantages" else (None, values)
 
 
 def _checked(name: str, value: Tensor, mask: Tensor, weights: Tensor) -> Tensor:

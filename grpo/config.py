@@ -1,13 +1,19 @@
 """LossConfig: every knob of the loss as a named, documented field; presets are data.
 
-Each field carries ``metadata``: ``doc`` (one line, the UI's tooltip), ``group`` (the control
-panel it belongs to), and its valid range (``ge``/``gt``/``le`` bounds or ``choices``). The
-ranges are checked once, generically, in ``__post_init__``; the UI builds its controls from them.
+Each field is declared with ``_f(default, doc, group, **bounds)``: ``doc`` (one line, the UI's
+tooltip), ``group`` (the control panel it belongs to) and its valid range (``ge``/``gt``/``le``
+bounds, or ``choices``: a registry or a tuple of names). ``FIELDS`` reads that metadata and the
+field's type once; it is the one table behind the dataclass checks, the API's request model
+(app/schemas.py) and ``/api/v1/options``.
 """
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
+import operator
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,20 +24,23 @@ from grpo.kl import KL_ESTIMATORS
 from grpo.objectives import OBJECTIVES
 from grpo.registry import Registry
 
-CHOICES: dict[str, Registry[Any] | tuple[str, ...]] = {
+# One registry per independent choice, under the LossConfig field that picks from it.
+REGISTRIES: dict[str, Registry[Any]] = {
+    "advantage": ADVANTAGES,
     "objective": OBJECTIVES,
     "kl_estimator": KL_ESTIMATORS,
     "aggregation": AGGREGATIONS,
-    "advantage": ADVANTAGES,
-    "importance_sampling_level": ("token", "sequence"),
-    "cispo_bounds": ("absolute", "relative"),
-    "dtype": ("float32", "float64"),
-    "device": ("auto", "cpu", "cuda"),
 }
+MAX_MAGNITUDE = 1e30  # numbers past this overflow float32 once multiplied by a ratio or an advantage
+MAX_INT = 2**31 - 1
+Choices = Registry[Any] | tuple[str, ...]
 
 
-def _f(default: Any, doc: str, group: str, **bounds: float) -> Any:
-    return field(default=default, metadata={"doc": doc, "group": group, **bounds})
+def _f(default: Any, doc: str, group: str, *, choices: Choices | None = None, **bounds: float) -> Any:
+    meta: dict[str, Any] = {"doc": doc, "group": group, **bounds}
+    if choices is not None:
+        meta["choices"] = choices
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -41,7 +50,9 @@ class LossConfig:
     preset: str | None = _f(None, "The preset these settings started from (display only).", "preset")
 
     # --- policy objective --------------------------------------------------------------------
-    objective: str = _f("clip", "Per-token policy objective: PPO clip, CISPO, SAPO or GPG.", "policy")
+    objective: str = _f(
+        "clip", "Per-token policy objective (see the objective registry).", "policy", choices=OBJECTIVES
+    )
     epsilon_low: float = _f(0.2, "Lower clip: the ratio is clipped below at 1 - epsilon_low.", "policy", ge=0.0)
     epsilon_high: float = _f(
         0.2,
@@ -60,11 +71,15 @@ class LossConfig:
         "CISPO weight bounds: absolute = min(ratio, epsilon_high) (TRL); relative = "
         "clamp(ratio, 1 - epsilon_low, 1 + epsilon_high) (verl).",
         "policy",
+        choices=("absolute", "relative"),
     )
     sapo_temperature_pos: float = _f(1.0, "SAPO gate temperature for A > 0.", "policy", gt=0.0)
     sapo_temperature_neg: float = _f(1.05, "SAPO gate temperature for A <= 0.", "policy", gt=0.0)
     importance_sampling_level: str = _f(
-        "token", "Ratio per token, or one per sequence: exp(mean log-ratio) (GSPO).", "policy"
+        "token",
+        "Ratio per token, or one per sequence: exp(mean log-ratio) (GSPO).",
+        "policy",
+        choices=("token", "sequence"),
     )
     log_ratio_clamp: float | None = _f(
         None, "Clamp the token log-ratio to [-c, c] before exp (verl: 20). None = off.", "policy", gt=0.0
@@ -75,7 +90,7 @@ class LossConfig:
 
     # --- KL penalty --------------------------------------------------------------------------
     beta: float = _f(0.01, "KL coefficient: loss += beta * KL (verl kl_loss_coef).", "kl", ge=0.0)
-    kl_estimator: str = _f("k3", "Per-token estimator of KL(pi || pi_ref): k1, k2 or k3.", "kl")
+    kl_estimator: str = _f("k3", "Per-token estimator of KL(pi || pi_ref).", "kl", choices=KL_ESTIMATORS)
     kl_log_ratio_clamp: float | None = _f(
         None, "Clamp ref - logp to [-c, c] before the estimator (verl: 20). None = off.", "kl", gt=0.0
     )
@@ -90,7 +105,9 @@ class LossConfig:
     )
 
     # --- aggregation -------------------------------------------------------------------------
-    aggregation: str = _f("seq-mean-token-mean", "How per-token losses become one scalar.", "aggregation")
+    aggregation: str = _f(
+        "seq-mean-token-mean", "How per-token losses become one scalar.", "aggregation", choices=AGGREGATIONS
+    )
     max_completion_length: int | None = _f(
         None,
         "Dr. GRPO's constant divisor (seq-mean-token-sum-norm). None = the padded completion width.",
@@ -105,18 +122,22 @@ class LossConfig:
     )
 
     # --- advantages ----------------------------------------------------------------------------
-    advantage: str = _f("group", "Advantage from rewards: group, batch or none (Dr. GRPO).", "advantage")
+    advantage: str = _f(
+        "group", "Advantage from rewards (see the advantage registry).", "advantage", choices=ADVANTAGES
+    )
     advantage_epsilon: float = _f(
         1e-5, "Added to the std: (R - mean) / (std + eps). Article 1e-5, TRL 1e-4, verl 1e-6.", "advantage", ge=0.0
     )
 
     # --- runtime -------------------------------------------------------------------------------
-    dtype: str = _f("float32", "Compute dtype.", "runtime")
-    device: str = _f("auto", "Where to compute: auto (the input's device), cpu or cuda.", "runtime")
+    dtype: str = _f("float32", "Compute dtype.", "runtime", choices=("float32", "float64"))
+    device: str = _f(
+        "auto", "Where to compute: auto (the input's device), cpu or cuda.", "runtime", choices=("auto", "cpu", "cuda")
+    )
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            _check_field(f, getattr(self, f.name))
+        for spec in FIELDS:
+            spec.check(getattr(self, spec.name))
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> LossConfig:
@@ -135,42 +156,94 @@ class LossConfig:
         return dataclasses.asdict(self)
 
 
-MAX_MAGNITUDE = 1e30  # numbers past this overflow float32 once multiplied by a ratio or an advantage
-MAX_INT = 2**31 - 1
-FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(LossConfig))
+TYPES = {str: "string", float: "number", int: "integer", bool: "boolean"}
+BOUNDS = {"ge": (operator.ge, ">="), "gt": (operator.gt, ">"), "le": (operator.le, "<=")}
 
 
-def _check_field(f: dataclasses.Field[Any], value: Any) -> None:
-    """Check one field against its type and its metadata's bounds or choices."""
-    if f.name in CHOICES:
-        choices = CHOICES[f.name]
-        names = choices.names() if isinstance(choices, Registry) else choices
-        if value not in names:
-            raise GrpoInputError(f.name, f"one of {', '.join(names)}", got=repr(value))
-        return
-    kind = str(f.type)
-    if value is None:
-        if "None" not in kind:
-            raise GrpoInputError(f.name, f"a value of type {kind}", got="None")
-        return
-    if kind.startswith("str"):
-        if not isinstance(value, str):
-            raise GrpoInputError(f.name, "a string", got=repr(value))
-        return
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise GrpoInputError(f.name, "true or false", got=repr(value))
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float) or not abs(value) <= MAX_MAGNITUDE:
-        # NaN fails the comparison too; the bound keeps every value finite in float32 arithmetic
-        raise GrpoInputError(f.name, f"a finite number within ±{MAX_MAGNITUDE:g}", got=repr(value))
-    if kind.startswith("int") and not (float(value).is_integer() and value <= MAX_INT):
-        raise GrpoInputError(f.name, f"an integer up to {MAX_INT}", got=repr(value))
+@dataclass(frozen=True)
+class FieldSpec:
+    """One LossConfig field as the checks, the request model and the page see it."""
+
+    name: str
+    type: str
+    """string, number, integer or boolean."""
+    python_type: builtins.type[Any]
+    nullable: bool
+    default: Any
+    doc: str
+    group: str
+    bounds: dict[str, float]
+    """ge / gt / le, from the field's metadata."""
+    choices: Choices | None
+
+    def choice_names(self) -> tuple[str, ...]:
+        """The valid names now (a registry's grow as plugins register)."""
+        choices = self.choices
+        return choices.names() if isinstance(choices, Registry) else tuple(choices or ())
+
+    def check(self, value: Any) -> None:
+        """Raise GrpoInputError naming the field unless ``value`` has its type and range."""
+        if self.choices is not None:
+            if value not in self.choice_names():
+                raise GrpoInputError(self.name, f"one of {', '.join(self.choice_names())}", got=repr(value))
+            return
+        if value is None:
+            if not self.nullable:
+                raise GrpoInputError(self.name, f"a value of type {self.python_type.__name__}", got="None")
+            return
+        if self.type == "string":
+            if not isinstance(value, str):
+                raise GrpoInputError(self.name, "a string", got=repr(value))
+            return
+        if self.type == "boolean":
+            if not isinstance(value, bool):
+                raise GrpoInputError(self.name, "true or false", got=repr(value))
+            return
+        if isinstance(value, bool) or not isinstance(value, int | float) or not abs(value) <= MAX_MAGNITUDE:
+            # NaN fails the comparison too; the bound keeps every value finite in float32 arithmetic
+            raise GrpoInputError(self.name, f"a finite number within ±{MAX_MAGNITUDE:g}", got=repr(value))
+        if self.type == "integer" and not (float(value).is_integer() and value <= MAX_INT):
+            raise GrpoInputError(self.name, f"an integer up to {MAX_INT}", got=repr(value))
+        for bound, limit in self.bounds.items():
+            holds, words = BOUNDS[bound]
+            if not holds(value, limit):
+                raise GrpoInputError(self.name, f"a number {words} {limit}", got=repr(value))
+
+    def describe(self) -> dict[str, Any]:
+        """What /api/v1/options lists for this field."""
+        entry: dict[str, Any] = {
+            "name": self.name,
+            "doc": self.doc,
+            "group": self.group,
+            "default": self.default,
+            "nullable": self.nullable,
+            "type": "choice" if self.choices is not None else self.type,
+        }
+        if self.choices is not None:
+            entry["choices"] = list(self.choice_names())
+        return entry | self.bounds
+
+
+def _spec(f: dataclasses.Field[Any], hint: Any) -> FieldSpec:
+    args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    base = next(a for a in args if a is not type(None))
     meta = f.metadata
-    if "ge" in meta and value < meta["ge"]:
-        raise GrpoInputError(f.name, f"a number >= {meta['ge']}", got=repr(value))
-    if "gt" in meta and value <= meta["gt"]:
-        raise GrpoInputError(f.name, f"a number > {meta['gt']}", got=repr(value))
+    return FieldSpec(
+        name=f.name,
+        type=TYPES[base],
+        python_type=base,
+        nullable=type(None) in args,
+        default=f.default,
+        doc=meta["doc"],
+        group=meta["group"],
+        bounds={k: meta[k] for k in BOUNDS if k in meta},
+        choices=meta.get("choices"),
+    )
+
+
+_HINTS = typing.get_type_hints(LossConfig)
+FIELDS: tuple[FieldSpec, ...] = tuple(_spec(f, _HINTS[f.name]) for f in dataclasses.fields(LossConfig))
+FIELD_NAMES: tuple[str, ...] = tuple(spec.name for spec in FIELDS)
 
 
 @dataclass(frozen=True)
@@ -211,99 +284,112 @@ _VERL = {
     "length_epsilon": 1e-8,  # seq-mean-token-mean divides by L_i + 1e-8
 }
 
-PRESETS: dict[str, Preset] = {
-    p.name: p
-    for p in [
-        Preset(
-            "article",
-            "The article's grpo_loss: clip 0.2, beta 0.01, k3, per-sequence token mean, eps 1e-5.",
-            "shared/reference/grpo-loss-analysis.txt (grpo_loss.py)",
-            {
-                "objective": "clip",
-                "epsilon_low": 0.2,
-                "epsilon_high": 0.2,
-                "beta": 0.01,
-                "kl_estimator": "k3",
-                "aggregation": "seq-mean-token-mean",
-                "advantage": "group",
-                "advantage_epsilon": 1e-5,
-            },
-        ),
-        Preset(
-            "trl-grpo",
-            "TRL 1.16 GRPOTrainer, loss_type='grpo': per-sequence token mean, beta 0.",
-            "TRL 1.16.0 GRPOConfig defaults with loss_type='grpo'",
-            {**_TRL, "aggregation": "seq-mean-token-mean"},
-        ),
-        Preset(
-            "trl-dapo",
-            "TRL 1.16 default loss_type='dapo': token mean over the batch, beta 0.",
-            "TRL 1.16.0 GRPOConfig defaults (loss_type='dapo')",
-            {**_TRL, "aggregation": "token-mean"},
-        ),
-        Preset(
-            "trl-dr_grpo",
-            "TRL loss_type='dr_grpo': token sum / (rows x max_completion_length=512).",
-            "TRL 1.16.0 GRPOConfig defaults with loss_type='dr_grpo' (TRL's recipe also sets "
-            "scale_rewards='none', i.e. advantage='none')",
-            {**_TRL, "aggregation": "seq-mean-token-sum-norm"},
-        ),
-        Preset(
-            "trl-gspo",
-            "TRL GSPO: loss_type='grpo' with importance_sampling_level='sequence', eps 3e-4/4e-4.",
-            "TRL 1.16.0 docs (GSPO paper settings)",
-            {
-                **_TRL,
-                "aggregation": "seq-mean-token-mean",
-                "importance_sampling_level": "sequence",
-                "epsilon_low": 3e-4,
-                "epsilon_high": 4e-4,
-            },
-        ),
-        Preset(
-            "trl-cispo",
-            "TRL loss_type='cispo': detached weight min(ratio, 5) times A times logp, token mean.",
-            "TRL 1.16.0 docs (epsilon_high=5.0 recommended)",
-            {
-                **_TRL,
-                "objective": "cispo",
-                "cispo_bounds": "absolute",
-                "epsilon_high": 5.0,
-                "aggregation": "token-mean",
-            },
-        ),
-        Preset(
-            "trl-sapo",
-            "TRL loss_type='sapo': soft sigmoid gate (temperatures 1.0 / 1.05), per-sequence mean.",
-            "TRL 1.16.0 GRPOConfig defaults with loss_type='sapo'",
-            {**_TRL, "objective": "sapo", "aggregation": "seq-mean-token-mean"},
-        ),
-        Preset(
-            "verl-grpo",
-            "verl 0.9.1 GRPO recipe: vanilla clip + dual clip 3, seq-mean-token-mean, low_var_kl 0.001.",
-            "loss-variants-spec.md §2.7 (adv_estimator=grpo, use_kl_loss=True, kl_loss_coef=0.001)",
-            {**_VERL, "aggregation": "seq-mean-token-mean", "beta": 0.001},
-        ),
-        Preset(
-            "verl-dapo",
-            "verl 0.9.1 DAPO recipe: token-mean, clip 0.2 / 0.28, dual clip 3, no KL.",
-            "loss-variants-spec.md §2.7 (clip_ratio_high=0.28, use_kl_loss=False)",
-            {**_VERL, "aggregation": "token-mean", "epsilon_high": 0.28},
-        ),
-        Preset(
-            "verl-gspo",
-            "verl 0.9.1 GSPO: sequence ratio (log clamped at 10), seq-mean-token-mean, 3e-4 / 4e-4.",
-            "loss-variants-spec.md §2.3 gspo and §2.7",
-            {
-                **_VERL,
-                "aggregation": "seq-mean-token-mean",
-                "importance_sampling_level": "sequence",
-                "epsilon_low": 3e-4,
-                "epsilon_high": 4e-4,
-                "dual_clip": None,
-                "log_ratio_clamp": None,
-                "seq_log_ratio_clamp": 10.0,
-            },
-        ),
-    ]
-}
+PRESETS: dict[str, Preset] = {}
+
+
+def register_preset(preset: Preset) -> Preset:
+    """Add a named preset (a plugin's, say): its settings must be valid LossConfig fields."""
+    if preset.name in PRESETS:
+        raise KeyError(f"preset {preset.name!r} is already registered")
+    unknown = sorted(set(preset.settings) - set(FIELD_NAMES))
+    if unknown:
+        raise GrpoInputError(unknown[0], f"a LossConfig field: one of {', '.join(FIELD_NAMES)}")
+    LossConfig(**preset.settings)  # every value checked now, not when the preset is first used
+    PRESETS[preset.name] = preset
+    return preset
+
+
+for _preset in [
+    Preset(
+        "article",
+        "The article's grpo_loss: clip 0.2, beta 0.01, k3, per-sequence token mean, eps 1e-5.",
+        "shared/reference/grpo-loss-analysis.txt (grpo_loss.py)",
+        {
+            "objective": "clip",
+            "epsilon_low": 0.2,
+            "epsilon_high": 0.2,
+            "beta": 0.01,
+            "kl_estimator": "k3",
+            "aggregation": "seq-mean-token-mean",
+            "advantage": "group",
+            "advantage_epsilon": 1e-5,
+        },
+    ),
+    Preset(
+        "trl-grpo",
+        "TRL 1.16 GRPOTrainer, loss_type='grpo': per-sequence token mean, beta 0.",
+        "TRL 1.16.0 GRPOConfig defaults with loss_type='grpo'",
+        {**_TRL, "aggregation": "seq-mean-token-mean"},
+    ),
+    Preset(
+        "trl-dapo",
+        "TRL 1.16 default loss_type='dapo': token mean over the batch, beta 0.",
+        "TRL 1.16.0 GRPOConfig defaults (loss_type='dapo')",
+        {**_TRL, "aggregation": "token-mean"},
+    ),
+    Preset(
+        "trl-dr_grpo",
+        "TRL loss_type='dr_grpo': token sum / (rows x max_completion_length=512).",
+        "TRL 1.16.0 GRPOConfig defaults with loss_type='dr_grpo' (TRL's recipe also sets "
+        "scale_rewards='none', i.e. advantage='none')",
+        {**_TRL, "aggregation": "seq-mean-token-sum-norm"},
+    ),
+    Preset(
+        "trl-gspo",
+        "TRL GSPO: loss_type='grpo' with importance_sampling_level='sequence', eps 3e-4/4e-4.",
+        "TRL 1.16.0 docs (GSPO paper settings)",
+        {
+            **_TRL,
+            "aggregation": "seq-mean-token-mean",
+            "importance_sampling_level": "sequence",
+            "epsilon_low": 3e-4,
+            "epsilon_high": 4e-4,
+        },
+    ),
+    Preset(
+        "trl-cispo",
+        "TRL loss_type='cispo': detached weight min(ratio, 5) times A times logp, token mean.",
+        "TRL 1.16.0 docs (epsilon_high=5.0 recommended)",
+        {
+            **_TRL,
+            "objective": "cispo",
+            "cispo_bounds": "absolute",
+            "epsilon_high": 5.0,
+            "aggregation": "token-mean",
+        },
+    ),
+    Preset(
+        "trl-sapo",
+        "TRL loss_type='sapo': soft sigmoid gate (temperatures 1.0 / 1.05), per-sequence mean.",
+        "TRL 1.16.0 GRPOConfig defaults with loss_type='sapo'",
+        {**_TRL, "objective": "sapo", "aggregation": "seq-mean-token-mean"},
+    ),
+    Preset(
+        "verl-grpo",
+        "verl 0.9.1 GRPO recipe: vanilla clip + dual clip 3, seq-mean-token-mean, low_var_kl 0.001.",
+        "loss-variants-spec.md §2.7 (adv_estimator=grpo, use_kl_loss=True, kl_loss_coef=0.001)",
+        {**_VERL, "aggregation": "seq-mean-token-mean", "beta": 0.001},
+    ),
+    Preset(
+        "verl-dapo",
+        "verl 0.9.1 DAPO recipe: token-mean, clip 0.2 / 0.28, dual clip 3, no KL.",
+        "loss-variants-spec.md §2.7 (clip_ratio_high=0.28, use_kl_loss=False)",
+        {**_VERL, "aggregation": "token-mean", "epsilon_high": 0.28},
+    ),
+    Preset(
+        "verl-gspo",
+        "verl 0.9.1 GSPO: sequence ratio (log clamped at 10), seq-mean-token-mean, 3e-4 / 4e-4.",
+        "loss-variants-spec.md §2.3 gspo and §2.7",
+        {
+            **_VERL,
+            "aggregation": "seq-mean-token-mean",
+            "importance_sampling_level": "sequence",
+            "epsilon_low": 3e-4,
+            "epsilon_high": 4e-4,
+            "dual_clip": None,
+            "log_ratio_clamp": None,
+            "seq_log_ratio_clamp": 10.0,
+        },
+    ),
+]:
+    register_preset(_preset)

@@ -19,7 +19,7 @@ KLEstimator = Callable[[Tensor], Tensor]
 KL_ESTIMATORS: Registry[KLEstimator] = Registry("kl_estimator")
 
 
-@KL_ESTIMATORS.register("k1")
+@KL_ESTIMATORS.register("k1", label="k1: log ratio")
 def k1(x: Tensor) -> Tensor:
     """k1 = log(pi / pi_ref): unbiased but high variance, and negative for half the tokens.
 
@@ -30,7 +30,7 @@ def k1(x: Tensor) -> Tensor:
     return -x
 
 
-@KL_ESTIMATORS.register("k2")
+@KL_ESTIMATORS.register("k2", label="k2: squared log ratio / 2")
 def k2(x: Tensor) -> Tensor:
     """k2 = ½·(log pi - log pi_ref)²: low variance, biased, always >= 0.
 
@@ -40,7 +40,7 @@ def k2(x: Tensor) -> Tensor:
     return 0.5 * x.square()
 
 
-@KL_ESTIMATORS.register("k3")
+@KL_ESTIMATORS.register("k3", label="k3: low variance (GRPO)")
 def k3(x: Tensor) -> Tensor:
     """k3 = pi_ref/pi - log(pi_ref/pi) - 1: unbiased, low variance, always >= 0 (GRPO's choice).
 

@@ -2,7 +2,8 @@
 
 Every objective takes ``ratio`` ((B, T), or (B, 1) at sequence level; differentiable),
 ``logp`` ((B, T), the current log-probs; differentiable), ``advantages`` ((B, 1), constant)
-and the config, and returns ``ObjectiveTerms``. The policy loss of a token is ``-surrogate``.
+and its ``settings`` (the few fields of ObjectiveSettings; a LossConfig is one), and returns
+``ObjectiveTerms``. The policy loss of a token is ``-surrogate``.
 """
 
 from __future__ import annotations
@@ -10,15 +11,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from grpo.registry import Registry
-
-if TYPE_CHECKING:
-    from grpo.config import LossConfig
+from grpo.registry import Reduction, Registry
 
 # Region codes of a token: which branch of the objective is active.
 REGIONS: tuple[str, ...] = ("masked", "trust", "clip_low", "clip_high", "dual_clip")
@@ -39,8 +37,41 @@ class ObjectiveTerms:
     """0.0/1.0 indicators keyed by the trainer's metric name; the caller takes their masked mean."""
 
 
-Objective = Callable[[Tensor, Tensor, Tensor, "LossConfig"], ObjectiveTerms]
+class ObjectiveSettings(Protocol):
+    """The settings objectives read (LossConfig fields)."""
+
+    @property
+    def epsilon_low(self) -> float: ...
+    @property
+    def epsilon_high(self) -> float: ...
+    @property
+    def dual_clip(self) -> float | None: ...
+    @property
+    def delta(self) -> float | None: ...
+    @property
+    def cispo_bounds(self) -> str: ...
+    @property
+    def sapo_temperature_pos(self) -> float: ...
+    @property
+    def sapo_temperature_neg(self) -> float: ...
+
+
+Objective = Callable[[Tensor, Tensor, Tensor, ObjectiveSettings], ObjectiveTerms]
 OBJECTIVES: Registry[Objective] = Registry("objective")
+
+# The axis titles of the clip view's curves (drawn with A = ±1 and logp = 1).
+PER_UNIT_A = "objective / |A|"
+WEIGHT_ON_A_LOGP = "weight on A·logp"
+# TRL's clip metrics reduce as TRL does; verl's actor/* always over the counted tokens.
+CLIP_FAMILY_METRICS: dict[str, Reduction] = {
+    "clip_ratio/low_mean": "trl",
+    "clip_ratio/low_min": "trl",
+    "clip_ratio/high_mean": "trl",
+    "clip_ratio/high_max": "trl",
+    "clip_ratio/region_mean": "trl",
+    "actor/pg_clipfrac": "tokens",
+    "actor/pg_clipfrac_lower": "tokens",
+}
 
 
 def above(x: Tensor, threshold: float | Tensor) -> Tensor:
@@ -68,8 +99,36 @@ def regions(
     return region
 
 
-@OBJECTIVES.register("clip")
-def clip(ratio: Tensor, logp: Tensor, advantages: Tensor, config: LossConfig) -> ObjectiveTerms:
+def clipped_surrogate(ratio: Tensor, advantages: Tensor, config: ObjectiveSettings) -> Tensor:
+    """The clipped surrogate as the papers write it (PPO eq. 7; CleanRL's ppo.py), for autograd.
+
+    The reference form: the ratio, the two candidates, their minimum; then TRL's delta (a cap on
+    the unclipped candidate's ratio) and verl's dual clip (for A < 0, the objective is at least
+    c·A). ``clip`` below is its fast path, with the same value and gradient (tests hold them equal).
+    """
+    ratio_capped = ratio if config.delta is None else ratio.clamp(max=config.delta)
+    ratio_clipped = ratio.clamp(1 - config.epsilon_low, 1 + config.epsilon_high)
+    surrogate = torch.minimum(ratio_capped * advantages, ratio_clipped * advantages)
+    if config.dual_clip is not None:
+        surrogate = torch.where(advantages < 0, torch.maximum(surrogate, config.dual_clip * advantages), surrogate)
+    return surrogate
+
+
+def clip_warnings(config: ObjectiveSettings, longest_row: int) -> list[str]:
+    if config.delta is not None and config.delta < 1 + config.epsilon_high:
+        return ["delta < 1 + epsilon_high: TRL recommends delta > 1 + epsilon_high."]
+    return []
+
+
+@OBJECTIVES.register(
+    "clip",
+    label="PPO clip",
+    axis=PER_UNIT_A,
+    flat="clipped: the chosen candidate is flat in the ratio, so the token gets no policy gradient",
+    metrics=CLIP_FAMILY_METRICS,
+    warnings=clip_warnings,
+)
+def clip(ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings) -> ObjectiveTerms:
     """PPO/GRPO clipped surrogate min(r·A, clip(r, 1-ε_low, 1+ε_high)·A), with dual clip and delta.
 
     ``epsilon_high > epsilon_low`` is DAPO's clip-higher. ``dual_clip`` c (verl ``clip_ratio_c``,
@@ -78,6 +137,9 @@ def clip(ratio: Tensor, logp: Tensor, advantages: Tensor, config: LossConfig) ->
     Tokens in a flat region get no policy gradient.
     Paper: https://arxiv.org/abs/1707.06347
     """
+    # The fast path of clipped_surrogate: the value on the detached ratio, then the gradient
+    # autograd would take, added as float arithmetic (CPU autograd of min/clamp runs slow bool
+    # kernels: 7x the whole rest of the pass). Tests hold value and gradient equal to the reference.
     A, low, high = advantages, 1 - config.epsilon_low, 1 + config.epsilon_high
     r = ratio.detach()
     capped = r if config.delta is None else r.clamp(max=config.delta)  # TRL caps only this one
@@ -102,8 +164,6 @@ def clip(ratio: Tensor, logp: Tensor, advantages: Tensor, config: LossConfig) ->
     flat = clip_low + clip_high + dual  # disjoint
 
     # The gradient autograd takes through min and clamp: A·dr on the trust region, 0 where flat.
-    # Written out because CPU autograd of min/clamp runs slow bool kernels (7x the whole rest);
-    # tests hold it equal to autograd through torch.minimum and clamp.
     step = ratio - r  # 0, carrying d ratio
     if not math.isfinite(float(r.max())):  # an overflowed ratio: inf - inf is NaN, and the value is not
         step = step.nan_to_num(0.0)
@@ -114,6 +174,10 @@ def clip(ratio: Tensor, logp: Tensor, advantages: Tensor, config: LossConfig) ->
     flags = {
         "clip_ratio/low_mean": clip_low,  # TRL: r < 1 - ε_low and A < 0
         "clip_ratio/high_mean": high_flag,  # TRL: min(r, delta) > 1 + ε_high and A > 0
+        # TRL logs the min (max) over processes of each process's fraction: one process, one batch
+        # here, so they equal low_mean (high_mean).
+        "clip_ratio/low_min": clip_low,
+        "clip_ratio/high_max": high_flag,
         "clip_ratio/region_mean": either,
         "actor/pg_clipfrac": either if config.delta is None else clip_low + above(r, high) * positive,
     }
@@ -123,8 +187,23 @@ def clip(ratio: Tensor, logp: Tensor, advantages: Tensor, config: LossConfig) ->
     return ObjectiveTerms(surrogate, clipped, region, flags)
 
 
-@OBJECTIVES.register("cispo")
-def cispo(ratio: Tensor, logp: Tensor, advantages: Tensor, config: LossConfig) -> ObjectiveTerms:
+def cispo_warnings(config: ObjectiveSettings, longest_row: int) -> list[str]:
+    if config.cispo_bounds == "absolute" and config.epsilon_high < 1:
+        return [
+            f"CISPO caps the weight at epsilon_high = {config.epsilon_high} (absolute), scaling every token "
+            "down; TRL's docs recommend 5.0."
+        ]
+    return []
+
+
+@OBJECTIVES.register(
+    "cispo",
+    label="CISPO",
+    axis=WEIGHT_ON_A_LOGP,
+    metrics={"cispo_clip_ratio": "trl", "actor/pg_clipfrac": "tokens"},
+    warnings=cispo_warnings,
+)
+def cispo(ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings) -> ObjectiveTerms:
     """CISPO: a detached, clipped ratio times A times logp, so clipped tokens keep their gradient.
 
     Unlike PPO's clip, the bound only scales the REINFORCE term sg(w)·A·logp; no token is
@@ -148,8 +227,8 @@ def cispo(ratio: Tensor, logp: Tensor, advantages: Tensor, config: LossConfig) -
     return ObjectiveTerms(surrogate, weight, region, flags)
 
 
-@OBJECTIVES.register("sapo")
-def sapo(ratio: Tensor, logp: Tensor, advantages: Tensor, config: LossConfig) -> ObjectiveTerms:
+@OBJECTIVES.register("sapo", label="SAPO", axis=PER_UNIT_A)
+def sapo(ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings) -> ObjectiveTerms:
     """SAPO: a soft sigmoid gate (4/τ)·σ(τ(r - 1)) replaces the hard clip; no token goes flat.
 
     τ is ``sapo_temperature_pos`` for A > 0 and ``sapo_temperature_neg`` otherwise. The gate's
@@ -163,8 +242,8 @@ def sapo(ratio: Tensor, logp: Tensor, advantages: Tensor, config: LossConfig) ->
     return ObjectiveTerms(surrogate, gate.detach(), regions(surrogate.detach()))
 
 
-@OBJECTIVES.register("gpg")
-def gpg(ratio: Tensor, logp: Tensor, advantages: Tensor, config: LossConfig) -> ObjectiveTerms:
+@OBJECTIVES.register("gpg", label="GPG", axis=WEIGHT_ON_A_LOGP)
+def gpg(ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings) -> ObjectiveTerms:
     """GPG: plain REINFORCE A·logp, with no ratio, no clip and no old policy.
 
     verl ``loss_mode="gpg"``. The value depends on logp itself, so only its gradient, -A per

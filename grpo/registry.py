@@ -1,60 +1,146 @@
 """A small registry per independent choice: a dict, a decorator and a getter.
 
 Like verl's ``register_policy_loss``: every member of one registry shares one signature, so no
-caller special-cases a member. The first docstring line of each member is its tooltip; a line
-``Paper: <url>`` in the docstring is its reference.
+caller special-cases a member. An entry carries everything the rest of the code needs to know
+about its variant: its function, a display label, the page's axis text, what its flat regions
+mean, the metrics it reports and how they reduce, and its warnings. Its doc is the first line of
+the function's docstring (the tooltip), its details the rest, its paper the ``Paper: <url>`` line.
+Nothing outside a registry compares a variant's name.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+
+from torch import Tensor
 
 from grpo.errors import GrpoInputError
 
 F = TypeVar("F", bound=Callable[..., object])
 
+Reduction = Literal["trl", "tokens"]
+"""How an objective's 0/1 flags become a metric. ``trl``: TRL's masked_batch_mean (the mean over
+rows when the flags are per row, as at sequence level; else over the counted tokens). ``tokens``:
+verl's masked mean over the counted tokens, always."""
+
+Warnings = Callable[[Any, int], list[str]]
+"""warnings(config, longest_row) -> sentences: what this variant's settings get wrong for a batch
+whose longest counted row has ``longest_row`` tokens."""
+
+
+def no_warnings(config: Any, longest_row: int) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class Entry(Generic[F]):
+    """One registered variant and what the rest of the code knows about it."""
+
+    name: str
+    fn: F
+    label: str
+    """Display label (the page's select, the README table)."""
+    axis: str = ""
+    """The page's axis title for this variant's curves ('' where it draws none)."""
+    flat: str = ""
+    """What a token in a flat region means under this variant ('' when it has none)."""
+    metrics: Mapping[str, Reduction] = field(default_factory=dict)
+    """The trainer metrics this variant reports (keys of its flags), and how each reduces."""
+    warnings: Warnings = no_warnings
+    reward_std: Callable[[Tensor], Tensor] | None = None
+    """Advantages only: the reward spread TRL logs as reward_std under this normalisation, from
+    the rewards grouped (n_groups, G)."""
+
+    @property
+    def doc(self) -> str:
+        """The first line of the function's docstring."""
+        return next(iter(_docstring(self.fn).splitlines()), "")
+
+    @property
+    def details(self) -> str:
+        """The docstring without its first line and its ``Paper:`` line."""
+        lines = _docstring(self.fn).splitlines()[1:]
+        return "\n".join(ln for ln in lines if not ln.startswith("Paper:")).strip()
+
+    @property
+    def paper(self) -> str:
+        """The URL on the ``Paper:`` docstring line ('' when there is none)."""
+        for line in _docstring(self.fn).splitlines():
+            if line.startswith("Paper:"):
+                return line.removeprefix("Paper:").strip()
+        return ""
+
+    def describe(self) -> dict[str, Any]:
+        """What /api/v1/options lists for this entry."""
+        return {
+            "name": self.name,
+            "label": self.label,
+            "doc": self.doc,
+            "details": self.details,
+            "paper": self.paper,
+            "axis": self.axis,
+            "flat": self.flat,
+            "metrics": dict(self.metrics),
+        }
+
+
+def _docstring(fn: object) -> str:
+    return inspect.getdoc(fn) or ""
+
 
 class Registry(Generic[F]):
-    """Named functions of one kind (``objective``, ``kl_estimator``, ...)."""
+    """Named entries of one kind (``objective``, ``kl_estimator``, ...)."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
-        self._entries: dict[str, F] = {}
+        self._entries: dict[str, Entry[F]] = {}
 
-    def register(self, name: str) -> Callable[[F], F]:
+    def register(
+        self,
+        name: str,
+        *,
+        label: str | None = None,
+        axis: str = "",
+        flat: str = "",
+        metrics: Mapping[str, Reduction] | None = None,
+        warnings: Warnings = no_warnings,
+        reward_std: Callable[[Tensor], Tensor] | None = None,
+    ) -> Callable[[F], F]:
+        """Decorator: register ``fn`` under ``name`` with what the rest of the code needs to know."""
+
         def decorate(fn: F) -> F:
             if name in self._entries:
                 raise KeyError(f"{self.kind} {name!r} is already registered")
-            self._entries[name] = fn
+            self._entries[name] = Entry(name, fn, label or name, axis, flat, dict(metrics or {}), warnings, reward_std)
             return fn
 
         return decorate
 
-    def get(self, name: str) -> F:
+    def entry(self, name: str) -> Entry[F]:
         if name not in self._entries:
             raise GrpoInputError(self.kind, f"one of {', '.join(self.names())}", got=repr(name))
         return self._entries[name]
 
+    def get(self, name: str) -> F:
+        return self.entry(name).fn
+
     def names(self) -> tuple[str, ...]:
         return tuple(self._entries)
+
+    def entries(self) -> Iterator[Entry[F]]:
+        return iter(tuple(self._entries.values()))
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
 
     def doc(self, name: str) -> str:
-        """The first line of the member's docstring."""
-        return (inspect.getdoc(self.get(name)) or "").splitlines()[0]
+        return self.entry(name).doc
 
     def details(self, name: str) -> str:
-        """The member's docstring without its first line and its ``Paper:`` line."""
-        lines = (inspect.getdoc(self.get(name)) or "").splitlines()[1:]
-        return "\n".join(ln for ln in lines if not ln.startswith("Paper:")).strip()
+        return self.entry(name).details
 
     def paper(self, name: str) -> str:
-        """The URL on the member's ``Paper:`` docstring line ('' when there is none)."""
-        for line in (inspect.getdoc(self.get(name)) or "").splitlines():
-            if line.startswith("Paper:"):
-                return line.removeprefix("Paper:").strip()
-        return ""
+        return self.entry(name).paper

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,6 +210,8 @@ def trl_loss(
             total = total + row / (B * max_completion_length)
         elif loss_type == "luspo":
             total = total + row / B
+        else:
+            raise ValueError(loss_type)
 
     # §1.10 metrics: token-weighted masked means; at sequence level one value per row, all B rows
     # (an empty row has c1 = exp(0) = 1, so its flags are 0).
@@ -222,6 +224,10 @@ def trl_loss(
     if loss_type in CLIP_LOSS_TYPES:
         for name in ("low", "high", "region"):
             metrics[f"clip_ratio/{name}_mean"] = batch_mean(name)
+        # TRL logs nanmin(gather(low_clip)) and nanmax(gather(high_clip)): over one process's one
+        # value, the mean itself.
+        metrics["clip_ratio/low_min"] = metrics["clip_ratio/low_mean"]
+        metrics["clip_ratio/high_max"] = metrics["clip_ratio/high_mean"]
     if loss_type == "cispo":
         metrics["cispo_clip_ratio"] = batch_mean("cispo")
     if beta != 0:
@@ -255,8 +261,10 @@ def trl_advantages(rewards: Sequence[float], num_generations: int, scale_rewards
                 out.append((r - mean) / (std + 1e-4))
             elif scale_rewards == "batch":
                 out.append((r - mean) / (batch_std + 1e-4))
-            else:
+            elif scale_rewards == "none":
                 out.append(r - mean)
+            else:
+                raise ValueError(scale_rewards)
     return out
 
 
@@ -446,6 +454,52 @@ class LoopResult:
     region: list[list[str]]
 
 
+def _known(table: dict[str, Any], kind: str, name: str) -> Any:
+    """table[name]; a name the loop reference does not know is an error, never a silent default."""
+    if name not in table:
+        raise KeyError(f"the loop reference has no {kind} {name!r}: add it to tests/reference.py")
+    return table[name]
+
+
+# Each objective for one token: (r, A, logp) -> (surrogate, region), as plain scalar code.
+def _loop_clip(c: Any, r: Tensor, a: float, lp: Tensor) -> tuple[Tensor, str]:
+    low, high = 1 - c.epsilon_low, 1 + c.epsilon_high
+    capped = r if c.delta is None else torch.clamp(r, max=c.delta)
+    surrogate = torch.minimum(capped * a, torch.clamp(r, low, high) * a)
+    rv, region = r.item(), "trust"
+    if a > 0 and rv > min(high, c.delta or math.inf):
+        region = "clip_high"
+    elif a < 0 and rv < low:
+        region = "clip_low"
+    elif a < 0 and rv > max(high, c.delta or math.inf):
+        region = "dual_clip"
+    if c.dual_clip is not None and a < 0:
+        if surrogate.item() < c.dual_clip * a:
+            region = "dual_clip"
+        surrogate = torch.maximum(surrogate, torch.tensor(c.dual_clip * a, dtype=r.dtype))
+    return surrogate, region
+
+
+def _loop_cispo(c: Any, r: Tensor, a: float, lp: Tensor) -> tuple[Tensor, str]:
+    absolute = {"absolute": True, "relative": False}[c.cispo_bounds]
+    low, high = (None, c.epsilon_high) if absolute else (1 - c.epsilon_low, 1 + c.epsilon_high)
+    w = torch.clamp(r, low, high).detach()
+    region = "clip_low" if low is not None and r.item() < low else "clip_high" if r.item() > high else "trust"
+    return w * a * lp, region
+
+
+def _loop_sapo(c: Any, r: Tensor, a: float, lp: Tensor) -> tuple[Tensor, str]:
+    tau = c.sapo_temperature_pos if a > 0 else c.sapo_temperature_neg
+    return (4 / tau) * torch.sigmoid(tau * (r - 1)) * a, "trust"
+
+
+def _loop_gpg(c: Any, r: Tensor, a: float, lp: Tensor) -> tuple[Tensor, str]:
+    return a * lp, "trust"
+
+
+LOOP_OBJECTIVES = {"clip": _loop_clip, "cispo": _loop_cispo, "sapo": _loop_sapo, "gpg": _loop_gpg}
+
+
 def loop_evaluate(inputs: Inputs, config: Any, logp: Tensor | None = None) -> LoopResult:
     """What ``evaluate`` should compute for ``config`` (a LossConfig), written as plain loops."""
     c = config
@@ -478,14 +532,14 @@ def loop_evaluate(inputs: Inputs, config: Any, logp: Tensor | None = None) -> Lo
     n_rows = max(n_rows, 1)
     width = T
 
-    def weight(i: int) -> float:
-        if c.aggregation == "seq-mean-token-mean":
-            return 1 / (n_rows * (max(L[i], 1) + c.length_epsilon))
-        if c.aggregation == "token-mean":
-            return 1 / max(sum(L), 1)
-        if c.aggregation == "seq-mean-token-sum":
-            return 1 / n_rows
-        return 1 / (n_rows * (c.max_completion_length or width))
+    weights: dict[str, Callable[[int], float]] = {
+        "seq-mean-token-mean": lambda i: 1 / (n_rows * (max(L[i], 1) + c.length_epsilon)),
+        "token-mean": lambda i: 1 / max(sum(L), 1),
+        "seq-mean-token-sum": lambda i: 1 / n_rows,
+        "seq-mean-token-sum-norm": lambda i: 1 / (n_rows * (c.max_completion_length or width)),
+    }
+    weight = _known(weights, "aggregation", c.aggregation)
+    objective = _known(LOOP_OBJECTIVES, "objective", c.objective)
 
     shape = [[0.0] * T for _ in range(B)]
     out = LoopResult(zero, *([row[:] for row in shape] for _ in range(5)), [["masked"] * T for _ in range(B)])
@@ -495,41 +549,11 @@ def loop_evaluate(inputs: Inputs, config: Any, logp: Tensor | None = None) -> Lo
             if not m[i][t]:
                 continue
             r, a = ratio_of(i, t), A[i]
-            region = "trust"
-            if c.objective == "clip":
-                low, high = 1 - c.epsilon_low, 1 + c.epsilon_high
-                capped = r if c.delta is None else torch.clamp(r, max=c.delta)
-                surrogate = torch.minimum(capped * a, torch.clamp(r, low, high) * a)
-                rv = r.item()
-                if a > 0 and rv > min(high, c.delta or math.inf):
-                    region = "clip_high"
-                elif a < 0 and rv < low:
-                    region = "clip_low"
-                elif a < 0 and rv > max(high, c.delta or math.inf):
-                    region = "dual_clip"
-                if c.dual_clip is not None and a < 0:
-                    if surrogate.item() < c.dual_clip * a:
-                        region = "dual_clip"
-                    surrogate = torch.maximum(surrogate, torch.tensor(c.dual_clip * a, dtype=lp.dtype))
-            elif c.objective == "cispo":
-                bounds = (
-                    (None, c.epsilon_high) if c.cispo_bounds == "absolute" else (1 - c.epsilon_low, 1 + c.epsilon_high)
-                )
-                w = torch.clamp(r, *bounds).detach()
-                surrogate = w * a * lp[i, t]
-                if bounds[0] is not None and r.item() < bounds[0]:
-                    region = "clip_low"
-                elif r.item() > bounds[1]:
-                    region = "clip_high"
-            elif c.objective == "sapo":
-                tau = c.sapo_temperature_pos if a > 0 else c.sapo_temperature_neg
-                surrogate = (4 / tau) * torch.sigmoid(tau * (r - 1)) * a
-            else:  # gpg
-                surrogate = a * lp[i, t]
+            surrogate, region = objective(c, r, a, lp[i, t])
             x = ref[i, t] - lp[i, t]
             if c.kl_log_ratio_clamp is not None:
                 x = torch.clamp(x, -c.kl_log_ratio_clamp, c.kl_log_ratio_clamp)
-            kl = {"k1": -x, "k2": 0.5 * x * x, "k3": torch.exp(x) - x - 1}[c.kl_estimator]
+            kl = _known({"k1": -x, "k2": 0.5 * x * x, "k3": torch.exp(x) - x - 1}, "kl_estimator", c.kl_estimator)
             if c.kl_clamp is not None:
                 kl = torch.clamp(kl, -c.kl_clamp, c.kl_clamp)
             if c.kl_bias_correction:
@@ -581,3 +605,97 @@ def close(actual: Any, expected: Any, rtol: float = 1e-12, atol: float = 1e-14) 
         rtol=rtol,
         atol=atol,
     )
+
+
+# --- tolerances that follow from the computation ---------------------------------------------------
+# Two computations of one formula differ by round-off: a few ulps of each term they add, and the
+# order of the sums, which differs between CPU kernel sets (AVX-512 reduces 8 or 16 lanes at a time,
+# AVX2 4, the default kernels one) and between a vectorised pass and a loop. A sum of n terms t_i
+# agrees to about n·eps·Σ|t_i| in any order, so an absolute tolerance must scale with the size of
+# the terms that cancel, not with the size of the result: at ref - logp = 25, k3's gradient
+# -(e^x - 1)·r + (e^x - x - 1)·r = -x·r is a difference of terms near e^25 ≈ 7e10.
+# ULPS bounds n (at most 6 x 7 tokens in these tests) times the few roundings of each term.
+ULPS = 64
+
+
+def eps(dtype: torch.dtype) -> float:
+    return float(torch.finfo(dtype).eps)
+
+
+def _counted(x: Tensor, mask: Tensor) -> Tensor:
+    return torch.nan_to_num(x.detach().to(torch.float64), nan=0.0) * (mask > 0)
+
+
+def term_scales(inputs: Inputs, weight: Tensor, beta: float, sequence: bool = False) -> dict[str, Tensor]:
+    """Bounds on the terms summed into each counted token's loss and gradient, (B, T) each.
+
+    A token's loss is w·(-A·s + beta·k(x)·c), with r = e^(logp - old), x = ref - logp and c = r
+    (TRL's bias correction) or 1. Its gradient adds w·A·r·s'(r) and beta·w·(k'(x)·c, k(x)·c').
+    Every objective keeps |s| and |r·s'| within r + 4 + |logp| (clip: r; SAPO: 4/τ; CISPO and GPG:
+    |logp|), r being the token's ratio or, at ``sequence`` level, the row's exp(mean log-ratio);
+    every estimator keeps |k|, |k'| within e^x + x² + |x| + 1. The clamps only make terms smaller.
+    ``policy`` and ``kl`` (without w and beta) per token; ``token`` = |w|·(policy + beta·kl).
+    """
+    mask = inputs.mask
+    logp, old, ref = (_counted(t, mask) for t in (inputs.logp, inputs.old, inputs.ref))
+    counted = mask > 0
+    log_ratio = logp - old
+    if sequence:  # (B, T) -> (B, 1), the row's mean log-ratio
+        log_ratio = log_ratio.sum(-1, keepdim=True) / counted.sum(-1, keepdim=True).clamp(min=1)
+    r = log_ratio.exp()
+    x = ref - logp
+    A = inputs.advantages.to(torch.float64).abs()[:, None]
+    policy = A * (r + 4 + logp.abs()) * counted
+    kl = (x.exp() + x.square() + x.abs() + 1) * (1 + r) * counted
+    token = weight.detach().to(torch.float64).abs() * (policy + beta * kl)
+    return {"policy": policy, "kl": kl, "token": token}
+
+
+def close_to_scale(actual: Any, expected: Any, scale: Any, rtol: float, floor: float, dtype: torch.dtype) -> None:
+    """Elementwise |actual - expected| <= rtol·|expected| + floor + ULPS·eps(dtype)·scale.
+
+    ``scale`` (broadcastable) is the size of the terms that cancel in each element; ``floor`` the
+    absolute tolerance of a result of order 1.
+    """
+    a = torch.as_tensor(actual, dtype=torch.float64).detach()
+    e = torch.as_tensor(expected, dtype=torch.float64).detach()
+    assert a.shape == e.shape, (a.shape, e.shape)
+    allowed = rtol * e.abs() + floor + ULPS * eps(dtype) * torch.as_tensor(scale, dtype=torch.float64)
+    bad = ~((a - e).abs() <= allowed)  # NaN on either side fails
+    if bad.any():
+        i = tuple(int(k) for k in bad.nonzero()[0]) if bad.dim() else ()
+        raise AssertionError(
+            f"{int(bad.sum())} of {bad.numel()} elements differ; first at {i}: actual {float(a[i])!r}, "
+            f"expected {float(e[i])!r}, difference {float((a - e).abs()[i]):.3g} > allowed {float(allowed[i]):.3g}"
+        )
+
+
+def metric_scale(name: str, scales: dict[str, Tensor], inputs: Inputs) -> float:
+    """The size of the per-token terms a metric sums or averages (1 for fractions and counts)."""
+    if name == "kl":
+        return float(scales["kl"].max())
+    if name == "actor/ppo_kl":
+        return float(_counted(inputs.logp - inputs.old, inputs.mask).abs().max())
+    if name in ("actor/pg_loss", "actor/kl_loss"):
+        return float(scales["token"].sum() + scales["kl"].sum())
+    return 1.0
+
+
+def close_breakdown(
+    bd: grpo.Breakdown,
+    inputs: Inputs,
+    loss: Any,
+    grad: Any,
+    metrics: dict[str, float],
+    rtol: float,
+    floor: float,
+) -> None:
+    """A Breakdown against a reference's loss, gradient and metrics, each to the round-off of the
+    terms it is made of (see term_scales)."""
+    dtype = bd.loss.dtype
+    sequence = bd.config.importance_sampling_level == "sequence"
+    scales = term_scales(inputs, bd.tokens.weight, bd.config.beta, sequence)
+    close_to_scale(bd.loss, loss, scales["token"].sum(), rtol, floor, dtype)
+    close_to_scale(bd.tokens.grad, grad, scales["token"], rtol, floor, dtype)
+    for name, value in metrics.items():
+        close_to_scale(bd.metrics[name], value, metric_scale(name, scales, inputs), rtol, floor, dtype)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -170,3 +171,19 @@ def test_error_is_a_value_error_with_fields() -> None:
     assert isinstance(err, ValueError)
     assert str(err) == "beta: expected a number >= 0, got -1"
     assert str(grpo.GrpoInputError("x", "y", row=3)) == "x[3]: expected y"
+
+
+def test_fields_are_tensors_after_construction_and_rebuild_the_same_batch() -> None:
+    """The constructor converts lists, arrays and tensors alike; the fields it stores are tensors
+    (the counted mask as bool, prompt lengths as int64), and a Batch rebuilt from them is equal."""
+    batch = grpo.Batch(**fields(prompt_lengths=[1, 0], old_per_token_logps=np.array(LOGP), ref_per_token_logps=LOGP))
+    for name in ("per_token_logps", "old_per_token_logps", "ref_per_token_logps", "advantages"):
+        assert isinstance(getattr(batch, name), torch.Tensor), name
+    assert batch.completion_mask.dtype == torch.bool and batch.prompt_lengths.dtype == torch.int64
+    again = grpo.Batch(**{f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)})
+    for f in dataclasses.fields(batch):
+        a, b = getattr(batch, f.name), getattr(again, f.name)
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a, b), f.name
+        else:
+            assert a == b, f.name

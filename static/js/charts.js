@@ -168,8 +168,9 @@ export function gradientTokens(data, ks) {
   };
 }
 
-// The objective against the ratio for A > 0 (left) and A < 0 (right), one figure of two panels.
-export function clipCurves(data) {
+// The objective against the ratio for A > 0 (left) and A < 0 (right), one figure of two panels;
+// `options` is /api/v1/options (the objective's axis title comes from its registry entry).
+export function clipCurves(data, options) {
   const c = data.curves;
   const p = c.points;
   const cfg = data.config;
@@ -210,7 +211,7 @@ export function clipCurves(data) {
   const settings = `${cfg.objective} · ε_low ${fmt(cfg.epsilon_low)} · ε_high ${fmt(cfg.epsilon_high)}` +
     (cfg.dual_clip ? ` · dual clip ${fmt(cfg.dual_clip)}` : "") + (cfg.delta ? ` · delta ${fmt(cfg.delta)}` : "") +
     (c.truncated ? " · the first 500 tokens shown" : "");
-  const yTitle = cfg.objective === "clip" || cfg.objective === "sapo" ? "objective / |A|" : "weight on A·logp";
+  const yTitle = options.registries.objective.find((o) => o.name === cfg.objective)?.axis || "objective"; // from the registry
   const xaxis = (domain) => ({ type: "log", domain, title: { text: "ratio π/π_old (log scale)" } });
   return {
     data: traces,

@@ -124,7 +124,7 @@ function renderViews(data) {
   const ks = tokenRowsShown(data);
   plot("contrib-tokens", charts.contributionTokens(data, ks));
   plot("grad-tokens", charts.gradientTokens(data, ks));
-  plot("clip-curves", charts.clipCurves(data));
+  plot("clip-curves", charts.clipCurves(data, options));
 }
 
 // Positions in data.token_rows whose tokens the per-token charts show: every row of a small
@@ -506,7 +506,7 @@ function renderCompare(data) {
   const rows = [
     ["loss", (r) => r.loss], ["policy part", (r) => r.policy_loss], ["KL part", (r) => r.kl_loss],
     ["clip_ratio/region_mean", (r) => r.metrics["clip_ratio/region_mean"]], ["kl", (r) => r.metrics.kl],
-    ["grad_norm", (r) => r.metrics.grad_norm], ["aggregation", (r) => r.config.aggregation], ["objective", (r) => r.config.objective],
+    ["lens/grad_norm_logps", (r) => r.metrics["lens/grad_norm_logps"]], ["aggregation", (r) => r.config.aggregation], ["objective", (r) => r.config.objective],
   ];
   const table = clear($("#compare-table"));
   table.append(el("thead", {}, el("tr", {}, el("th", { text: "" }), ...names.map((n) => el("th", { scope: "col", text: n })))));
