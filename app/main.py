@@ -24,8 +24,10 @@ from app.settings import Settings, get_settings
 ROUTERS = [api.router, pages.router]  # a new router: one line here
 
 
-def create_app(settings: Settings) -> FastAPI:
-    """The app for ``settings``: its lanes (threads, and worker processes started with it), routes and guards."""
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The app for ``settings`` (default: the environment's): its lanes (threads, and worker processes
+    started with it), routes and guards."""
+    settings = settings or get_settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
