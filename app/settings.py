@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     process_queue: int = Field(2, ge=0, description="Large requests that may wait for a worker (503 beyond).")
     retry_after: int = Field(5, ge=1, description="Seconds a 503 for a full large-request lane asks to wait.")
     worker_nice: int = Field(
-        0, ge=0, le=19, description="How much lower the workers' CPU priority is than the server's (5: small first)."
+        10, ge=0, le=19, description="How much lower the workers' CPU priority is than the server's: small first."
     )
     worker_recycle_bytes: int = Field(
         256 * 1024 * 1024, ge=0, description="Idle workers holding this much more than at start are replaced."
