@@ -40,7 +40,7 @@ lock:
 	$(UV_COMPILE) $(LOCK_UPGRADE) --extra dev --constraint $(LOCK) -o $(DEV_LOCK)
 
 run: $(STAMP)
-	$(PY) -m uvicorn app.main:app --host $(HOST) --port $(PORT)
+	$(PY) -m uvicorn app.main:app --host $(HOST) --port $(PORT) --http app.server:HeaderTimeoutH11
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

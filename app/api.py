@@ -1,32 +1,34 @@
-"""The HTTP API under /api/v1: thin routes, parse -> grpo -> serialise."""
+"""The HTTP API under /api/v1: thin routes. The batch routes read the body's bytes and hand them to
+``app.work`` in the lane their size calls for (``app.lanes``): nothing is parsed on the event loop."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import time
 from functools import lru_cache
-from typing import Annotated, Any
+from typing import Any
 
 import anyio
 import torch
-from fastapi import APIRouter, Depends, File, Form, HTTPException, Request, UploadFile
-from fastapi.exceptions import RequestValidationError
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
+from pydantic.json_schema import models_json_schema
 
-from app.errors import LimitError
+from app import work
+from app.errors import error_item
 from app.options import options_json
-from app.schemas import BatchRequest, CompareRequest, ErrorResponse, LossRequest, UploadForm
-from app.serialize import compare_json, dumps, loss_json, resolve_config
-from app.settings import Settings, get_settings
+from app.responses import dumps
+from app.schemas import CompareRequest, ErrorResponse, LossRequest
 from grpo.experiments import EXPERIMENTS, Experiment
-from grpo.io import load_file
 
 router = APIRouter()
-TOO_LARGE: dict[int | str, dict[str, Any]] = {
-    413: {"model": ErrorResponse, "description": "Past a size limit (a setting): body, file, tokens or configs"}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorResponse, "description": "The instance asks for its token (GRPO_LENS_AUTH_TOKEN)"},
+    413: {"model": ErrorResponse, "description": "Past a size limit (a setting): body, file, padded positions, memory"},
+    422: {"model": ErrorResponse, "description": "Invalid input: the field, row and position, and what was expected"},
+    503: {"model": ErrorResponse, "description": "The large-request lane is full: retry after Retry-After seconds"},
 }
-SettingsDep = Annotated[Settings, Depends(get_settings)]
+BODY_MODELS = (LossRequest, CompareRequest)
 
 
 class JSONBytes(JSONResponse):
@@ -35,91 +37,88 @@ class JSONBytes(JSONResponse):
     media_type = "application/json"
 
     def render(self, content: Any) -> bytes:
-        return dumps(content)
+        return content if isinstance(content, bytes) else dumps(content)
 
 
-async def run_sync(request: Request, fn: Any, *args: Any) -> Any:
-    """Run CPU-bound work off the event loop, at most ``settings.threads`` at a time."""
-    return await anyio.to_thread.run_sync(lambda: fn(*args), limiter=request.app.state.limiter)
+def json_body(model: type) -> dict[str, Any]:
+    """The OpenAPI request body of a route that reads its bytes itself (the schema is ``model``'s)."""
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+UPLOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "JSON, JSONL, safetensors, NPZ or .pt (weights_only)",
+                        },
+                        "config": {"type": "string", "description": "A JSON object: preset and overrides"},
+                        "token_rows": {"type": "string", "description": "A JSON list of rows to return in full"},
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+def body_schemas() -> dict[str, Any]:
+    """The request models' JSON schemas, for the OpenAPI document's components."""
+    _, top = models_json_schema([(m, "validation") for m in BODY_MODELS], ref_template="#/components/schemas/{model}")
+    return dict(top.get("$defs", {}))
+
+
+async def answer(request: Request, fn: Any, *args: Any) -> Response:
+    """Read the body, run ``fn(body, *args, settings)`` in its lane, and answer what it replied."""
+    started = time.perf_counter()
+    body = await request.body()
+    received = time.perf_counter()
+    lanes = request.app.state.lanes
+    reply = await lanes.run(len(body), fn, body, *args, request.app.state.settings)
+    timing = f"receive;dur={(received - started) * 1e3:.1f}, work;dur={(time.perf_counter() - received) * 1e3:.1f}"
+    headers = {**reply.headers, "server-timing": timing}  # where the time went: for bench/api.py and browsers
+    return Response(reply.body, reply.status, headers=headers, media_type="application/json")
 
 
 @router.post(
     "/api/v1/loss",
-    responses=TOO_LARGE,
+    responses=ERRORS,
     response_class=JSONBytes,
+    openapi_extra=json_body(LossRequest),
     summary="Evaluate a batch: the loss and its breakdown",
 )
-async def loss(body: LossRequest, request: Request, settings: SettingsDep) -> JSONBytes:
-    config = resolve_config(body.config, settings)
-    data = await run_sync(request, loss_json, body.batch_fields(), config, settings, body.tokens, body.token_rows)
-    return JSONBytes(data)
+async def loss(request: Request) -> Response:
+    return await answer(request, work.loss)
 
 
 @router.post(
     "/api/v1/compare",
-    responses=TOO_LARGE,
+    responses=ERRORS,
     response_class=JSONBytes,
+    openapi_extra=json_body(CompareRequest),
     summary="One batch under several configs, side by side",
 )
-async def compare(body: CompareRequest, request: Request, settings: SettingsDep) -> JSONBytes:
-    if len(body.configs) > settings.max_compare_configs:
-        raise LimitError(["body", "configs"], f"{len(body.configs)} configs; at most {settings.max_compare_configs}")
-    configs = [resolve_config(c, settings, ("body", "configs", i)) for i, c in enumerate(body.configs)]
-    return JSONBytes(await run_sync(request, compare_json, body, configs, settings))
+async def compare(request: Request) -> Response:
+    return await answer(request, work.compare)
 
 
-@router.post("/api/v1/upload", responses=TOO_LARGE, response_class=JSONBytes, summary="Evaluate an uploaded batch file")
-async def upload(
-    request: Request,
-    settings: SettingsDep,
-    file: Annotated[UploadFile, File(description="JSON, JSONL, safetensors, NPZ or .pt (weights_only)")],
-    config: Annotated[str | None, Form(description="A JSON object: preset and overrides")] = None,
-    token_rows: Annotated[str | None, Form(description="A JSON list of rows to return in full")] = None,
-) -> JSONBytes:
-    data = await file.read(settings.max_upload_bytes + 1)
-    if len(data) > settings.max_upload_bytes:
-        raise LimitError(["body", "file"], f"file larger than {settings.max_upload_bytes} bytes (a setting)")
-    fields = await run_sync(request, load_file, file.filename or "", data, settings.max_unpacked_bytes)
-    given = _overlaid(fields.pop("config", None), _json_form("config", config))
-    form = _validated(UploadForm, {"config": given, "token_rows": _json_form("token_rows", token_rows)}, ["body"])
-    tokens = fields.pop("tokens", None)
-    fields.pop("full_kl", None)
-    ignored: list[str] = []
-    if isinstance(fields.get("per_token_logps", []), list):  # JSON-like uploads get /loss's checks
-        checked = _validated(LossRequest, {**fields, "tokens": tokens}, ["body", "file"])
-        fields, tokens = checked.batch_fields(), checked.tokens
-    else:  # named tensors: the ones that are no batch field are reported, not silently dropped
-        ignored = sorted(set(fields) - set(BatchRequest.model_fields))
-    config_obj = resolve_config(form.config, settings)
-    result = await run_sync(request, loss_json, fields, config_obj, settings, tokens, form.token_rows)
-    result["warnings"] += [f"Ignored {name!r} in the file: not a batch field." for name in ignored]
-    return JSONBytes(result)
-
-
-def _overlaid(base: Any, over: Any) -> Any:
-    """``over``'s keys over ``base``'s when both are objects, else whichever was given (validation judges it)."""
-    if isinstance(base, dict) and isinstance(over, dict):
-        return {**base, **over}
-    return base if over is None else over
-
-
-def _json_form(name: str, text: str | None) -> Any:
-    if text is None or text == "":
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RequestValidationError(
-            [{"loc": ["body", name], "msg": f"expected JSON text: {exc}", "type": "json_invalid"}]
-        ) from exc
-
-
-def _validated(model: Any, data: dict[str, Any], root: list[str]) -> Any:
-    """``model`` from ``data``, or a 422 whose locs start with ``root`` (where the data came from)."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise RequestValidationError([{**e, "loc": [*root, *e["loc"]]} for e in exc.errors()]) from exc
+@router.post(
+    "/api/v1/upload",
+    responses=ERRORS,
+    response_class=JSONBytes,
+    openapi_extra=UPLOAD_BODY,
+    summary="Evaluate an uploaded batch file",
+)
+async def upload(request: Request) -> Response:
+    return await answer(request, work.upload, request.headers.get("content-type", ""))
 
 
 @router.get("/api/v1/options", summary="Registries, presets, config fields and scenarios (the UI's controls)")
@@ -147,12 +146,15 @@ def experiments() -> list[dict[str, str]]:
 async def experiment(name: str, request: Request) -> Response:
     if name not in EXPERIMENTS:
         msg = f"no experiment {name!r}; expected one of {', '.join(EXPERIMENTS)}"
-        raise HTTPException(404, [{"loc": ["path", "name"], "msg": msg, "type": "not_found"}])
-    return JSONBytes(dataclasses.asdict((await run_sync(request, _experiments))[name]))
+        raise HTTPException(404, [error_item(["path", "name"], msg, "not_found")])
+    found = await anyio.to_thread.run_sync(_experiments, limiter=request.app.state.lanes.threads)
+    return JSONBytes(dataclasses.asdict(found[name]))
 
 
 @router.get("/healthz", summary="Liveness, torch version and device")
-def healthz(settings: SettingsDep) -> dict[str, Any]:
+async def healthz(request: Request) -> dict[str, Any]:
+    """Answered on the event loop: it waits for no thread and no worker."""
+    settings = request.app.state.settings
     return {
         "status": "ok",
         "torch": torch.__version__,

@@ -1,46 +1,69 @@
 """One error shape for the whole API: FastAPI's ``{"detail": [{"loc", "msg", "type"}]}``.
 
-Library errors (``GrpoInputError``) become 422s whose ``loc`` names the field and row; limits
-become 413s; nothing becomes a 500 with a traceback.
+``error_item`` builds every entry. Library errors (``GrpoInputError``) become 422s whose ``loc``
+names the field and row; limits become 413s; a full large-request lane a 503 with Retry-After.
+A bug is a 500 that says nothing internal: an error id, whose traceback goes to the log.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import grpo
 
 log = logging.getLogger("grpo_lens")
 CONFIG_FIELDS = set(grpo.FIELD_NAMES)
+Loc = list[str | int]
 
 
-class LimitError(Exception):
+def error_item(loc: Loc, msg: str, kind: str) -> dict[str, Any]:
+    """One entry of the API's error list: where, what was expected and given, and its kind."""
+    return {"loc": loc, "msg": msg, "type": kind}
+
+
+def detail(loc: Loc, msg: str, kind: str) -> dict[str, Any]:
+    return {"detail": [error_item(loc, msg, kind)]}
+
+
+class ApiError(Exception):
+    """An answer other than 200, raised anywhere in a request's handling (threads and worker processes too)."""
+
+    def __init__(self, status: int, items: list[dict[str, Any]], headers: dict[str, str] | None = None):
+        super().__init__(items[0]["msg"] if items else str(status))
+        self.status, self.items, self.headers = status, items, headers or {}
+
+
+class LimitError(ApiError):
     """A request past a size limit (413)."""
 
-    def __init__(self, loc: list[str | int], msg: str):
+    def __init__(self, loc: Loc, msg: str):
+        super().__init__(413, [error_item(loc, msg, "too_large")])
         self.loc, self.msg = loc, msg
 
 
-def detail(loc: list[str | int], msg: str, kind: str) -> dict[str, Any]:
-    return {"detail": [{"loc": loc, "msg": msg, "type": kind}]}
+def invalid(items: list[dict[str, Any]]) -> ApiError:
+    """A 422 from pydantic-style error entries (capped and explained)."""
+    return ApiError(422, explain_validation(items))
 
 
-def config_error(loc: list[str | int], exc: grpo.GrpoInputError) -> RequestValidationError:
+def config_error(loc: Loc, exc: grpo.GrpoInputError) -> ApiError:
     """A library error about a config (its preset, an unknown or invalid field), placed at ``loc``:
     ``body.config`` for /loss and /upload, ``body.configs[i]`` for /compare."""
-    return RequestValidationError([{"loc": [*loc, exc.field], "msg": str(exc), "type": "value_error"}])
+    return ApiError(422, [error_item([*loc, exc.field], str(exc), "value_error")])
 
 
-def grpo_loc(exc: grpo.GrpoInputError, root: str = "body") -> list[str | int]:
+def grpo_loc(exc: grpo.GrpoInputError, root: str = "body") -> Loc:
     """Where a library error points: a config field, or a batch field and its row."""
-    loc: list[str | int] = [root]
+    loc: Loc = [root]
     if exc.field in CONFIG_FIELDS:
         loc.append("config")
     loc.append(exc.field)
@@ -54,7 +77,7 @@ BODY_EXPECTED = "expected a JSON object in UTF-8 (multipart form data for /api/v
 LOGPROB_FIELDS = {"per_token_logps", "old_per_token_logps", "ref_per_token_logps"}
 
 
-def _explain_validation(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def explain_validation(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """pydantic's errors, JSON-safe, with a hint where a positive log-prob was refused.
 
     At most ``MAX_ERRORS`` are listed (a flat list of a million numbers is a million errors),
@@ -62,8 +85,8 @@ def _explain_validation(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """
     out = []
     for err in errors[:MAX_ERRORS]:
-        entry: dict[str, Any] = {k: err[k] for k in ("loc", "msg", "type") if k in err}
-        loc = entry.get("loc", ())
+        entry = error_item(list(err.get("loc", ())), str(err.get("msg", "")), str(err.get("type", "value_error")))
+        loc = entry["loc"]
         if err.get("type") == "json_invalid" and "ctx" in err:  # FastAPI's bare "JSON decode error"
             entry["msg"] += f" ({err['ctx'].get('error')}): {BODY_EXPECTED}"
         if err.get("type") == "less_than_equal" and len(loc) > 1 and loc[1] in LOGPROB_FIELDS:
@@ -74,11 +97,46 @@ def _explain_validation(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append(entry)
     if len(errors) > MAX_ERRORS:
         more = f"{len(errors) - MAX_ERRORS} more errors not listed; the first {MAX_ERRORS} are above"
-        out.append({"loc": ["body"], "msg": more, "type": "too_many_errors"})
+        out.append(error_item(["body"], more, "too_many_errors"))
     return out
 
 
-ERROR_TEXT = {404: "There is no page here.", 405: "This address does not take that kind of request."}
+def error_json(items: list[dict[str, Any]]) -> bytes:
+    """The error body. ASCII-escaped JSON: any string a client sent (a lone surrogate too) encodes."""
+    return json.dumps({"detail": items}, ensure_ascii=True, allow_nan=False, default=str).encode()
+
+
+def internal_error(exc: BaseException, where: str) -> ApiError:
+    """A bug: its traceback goes to the log under a fresh error id; the answer says only the id."""
+    error_id = uuid.uuid4().hex[:12]
+    log.error("internal error %s on %s", error_id, where, exc_info=exc)
+    msg = f"internal error {error_id}: the server could not compute this; the id finds it in the server's log"
+    return ApiError(500, [error_item([], msg, "internal")])
+
+
+def as_api_error(exc: BaseException, where: str) -> ApiError:
+    """Any exception a request's handling raised, as the answer it gets."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, grpo.GrpoInputError):
+        return ApiError(422, [error_item(grpo_loc(exc), str(exc), "value_error")])
+    if isinstance(exc, RequestValidationError):
+        return invalid(list(exc.errors()))
+    if isinstance(exc, MemoryError):
+        msg = "the server ran out of memory for this request; send a smaller batch"
+        return ApiError(503, [error_item(["body"], msg, "out_of_memory")], {"retry-after": "10"})
+    return internal_error(exc, where)
+
+
+def error_response(error: ApiError) -> Response:
+    return Response(error_json(error.items), error.status, headers=error.headers, media_type="application/json")
+
+
+ERROR_TEXT = {
+    401: "Sign in first.",
+    404: "There is no page here.",
+    405: "This address does not take that kind of request.",
+}
 
 
 def wants_html(request: Request) -> bool:
@@ -96,31 +154,34 @@ def error_page(request: Request, status: int) -> Response:
 
 def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
-    async def validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"detail": _explain_validation(list(exc.errors()))}, status_code=422)
+    async def validation(_: Request, exc: RequestValidationError) -> Response:
+        return error_response(invalid(list(exc.errors())))
 
     @app.exception_handler(grpo.GrpoInputError)
-    async def library(_: Request, exc: grpo.GrpoInputError) -> JSONResponse:
-        return JSONResponse(detail(grpo_loc(exc), str(exc), "value_error"), status_code=422)
+    async def library(request: Request, exc: grpo.GrpoInputError) -> Response:
+        return error_response(as_api_error(exc, request.url.path))
 
-    @app.exception_handler(LimitError)
-    async def limit(_: Request, exc: LimitError) -> JSONResponse:
-        return JSONResponse(detail(exc.loc, exc.msg, "too_large"), status_code=413)
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> Response:
+        return error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def http(request: Request, exc: StarletteHTTPException) -> Response:
         if wants_html(request):  # a person at a browser: the one error page, not JSON
             return error_page(request, exc.status_code)
         if exc.status_code == 400 and isinstance(exc.detail, str):  # FastAPI could not decode the body
-            return JSONResponse(detail(["body"], f"{exc.detail}: {BODY_EXPECTED}", "body_invalid"), status_code=422)
-        body = (
-            exc.detail if isinstance(exc.detail, list) else [{"loc": [], "msg": str(exc.detail), "type": "http_error"}]
-        )
-        return JSONResponse({"detail": body}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+            return error_response(
+                ApiError(422, [error_item(["body"], f"{exc.detail}: {BODY_EXPECTED}", "body_invalid")])
+            )
+        body = exc.detail if isinstance(exc.detail, list) else [error_item([], str(exc.detail), "http_error")]
+        return error_response(ApiError(exc.status_code, body, dict(getattr(exc, "headers", None) or {})))
 
     @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:  # a bug: log it, leak nothing
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return JSONResponse(
-            detail([], "internal error: the server could not compute this", "internal"), status_code=500
-        )
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        # Starlette answers this from its outermost middleware, outside SecurityHeaders: add them here.
+        from app.middleware import SECURITY_HEADERS  # (app.middleware builds its answers with error_json)
+
+        response = error_response(as_api_error(exc, f"{request.method} {request.url.path}"))
+        for name, value in SECURITY_HEADERS:
+            response.headers[name.decode()] = value.decode()
+        return response

@@ -2,48 +2,85 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
-import anyio
 import torch
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi.openapi.utils import get_openapi
 from fastapi.staticfiles import StaticFiles
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from app import api, errors, pages
+from app.auth import RequireToken
+from app.lanes import Lanes
 from app.middleware import BodyLimit, SecurityHeaders
-from app.settings import get_settings
+from app.settings import Settings, get_settings
 
-settings = get_settings()
-
-
-@asynccontextmanager
-async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    app.state.limiter = anyio.CapacityLimiter(settings.threads)
-    if settings.torch_threads:
-        torch.set_num_threads(settings.torch_threads)
-    yield
+ROUTERS = [api.router, pages.router]  # a new router: one line here
 
 
-app = FastAPI(
-    title="GRPO Lens",
-    version="0.1.0",
-    summary="The GRPO loss of your own batch, computed as TRL, verl or the article would, and explained.",
-    docs_url=None,
-    redoc_url=None,
-    lifespan=lifespan,
-)
-app.state.limiter = anyio.CapacityLimiter(settings.threads)
-errors.install(app)
-app.include_router(api.router)
-app.include_router(pages.router)
-app.mount("/static", StaticFiles(directory=pages.ROOT / "static"), name="static")
-app.mount("/vendor/swagger-ui", StaticFiles(directory=pages.ROOT / "vendor" / "swagger-ui"), name="swagger-ui")
-if settings.cors_origins:
-    app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"])
-app.add_middleware(
-    BodyLimit,
-    limit=lambda path: settings.max_upload_bytes + 65536 if path == "/api/v1/upload" else settings.max_body_bytes,
-)
-app.add_middleware(SecurityHeaders)
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The app for ``settings`` (default: the environment's): its lanes (threads, and worker processes
+    started with it), routes and guards."""
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        logging.getLogger("grpo_lens").setLevel(logging.INFO)
+        if settings.torch_threads:
+            torch.set_num_threads(settings.torch_threads)
+        app.state.lanes.start()
+        try:
+            yield
+        finally:
+            app.state.lanes.stop()
+
+    app = FastAPI(
+        title="GRPO Lens",
+        version="0.1.0",
+        summary="The GRPO loss of your own batch, computed as TRL, verl or the article would, and explained.",
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.lanes = Lanes(settings)
+    errors.install(app)
+    for router in ROUTERS:
+        app.include_router(router)
+    app.mount("/static", StaticFiles(directory=pages.ROOT / "static"), name="static")
+    app.mount("/vendor/swagger-ui", StaticFiles(directory=pages.ROOT / "vendor" / "swagger-ui"), name="swagger-ui")
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    # Middleware, innermost first: the last added sees the request first.
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"])
+    app.add_middleware(
+        BodyLimit,
+        limit=lambda path: settings.max_upload_bytes + 65536 if path == "/api/v1/upload" else settings.max_body_bytes,
+        timeout=settings.request_timeout,
+    )
+    if settings.auth_token:
+        app.add_middleware(RequireToken, token=settings.auth_token)
+    if settings.allowed_hosts != ["*"]:
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.allowed_hosts, www_redirect=False)
+    app.add_middleware(SecurityHeaders)
+    if settings.forwarded_allow_ips:  # X-Forwarded-Proto/-For only from these proxies (https -> Secure cookie)
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.forwarded_allow_ips)
+    return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document plus the request models of the routes that read their own bodies."""
+    if not app.openapi_schema:
+        schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(api.body_schemas())
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
+app = create_app(get_settings())

@@ -1,12 +1,16 @@
-"""Pure ASGI middleware: a body-size limit that answers 413 before the app reads a byte, and
-security headers on every response."""
+"""Pure ASGI middleware: a body-size limit that answers 413 before the app reads a byte (and 408
+for a body sent too slowly), and security headers on every response, whose redirects never name a
+host the client sent."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
+import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.errors import error_item, error_json
 
 # The pages load only their own scripts and styles (plotly.js and Swagger UI are served locally);
 # Plotly and Swagger UI set inline styles and draw icons from data: URIs.
@@ -36,13 +40,21 @@ class SecurityHeaders:
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                names = {name for name, _ in message.get("headers", [])}
-                message["headers"] = list(message.get("headers", [])) + [
-                    (n, v) for n, v in SECURITY_HEADERS if n not in names
-                ]
+                headers = [(n, _local(v) if n == b"location" else v) for n, v in message.get("headers", [])]
+                names = {name for name, _ in headers}
+                message["headers"] = headers + [(n, v) for n, v in SECURITY_HEADERS if n not in names]
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+def _local(location: bytes) -> bytes:
+    """A redirect's target as a path: ``http://evil.example/static/`` (built from the Host header) -> ``/static/``."""
+    parts = urlsplit(location.decode("latin-1"))
+    if not parts.scheme and not parts.netloc:
+        return location
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return path.encode("latin-1")
 
 
 class BodyLimit:
@@ -52,9 +64,10 @@ class BodyLimit:
     refused as soon as it passes the limit. The server keeps answering other requests.
     """
 
-    def __init__(self, app: ASGIApp, limit: Callable[[str], int]) -> None:
+    def __init__(self, app: ASGIApp, limit: Callable[[str], int], timeout: float = 60.0) -> None:
         self.app = app
         self.limit = limit
+        self.timeout = timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
@@ -67,15 +80,20 @@ class BodyLimit:
             return
         body = bytearray()
         more = True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > limit:
-                await _too_large(send, len(body), limit)
-                return
+        with anyio.move_on_after(self.timeout) as deadline:  # a client that sends too slowly is dropped
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                body += message.get("body", b"")
+                more = message.get("more_body", False)
+                if len(body) > limit:
+                    await _too_large(send, len(body), limit)
+                    return
+        if deadline.cancelled_caught:
+            msg = f"the body did not arrive within {self.timeout:g} s (a setting); {len(body)} bytes came"
+            await _refuse(send, 408, msg, "timeout")
+            return
         replayed = False
 
         async def replay() -> Message:
@@ -89,12 +107,16 @@ class BodyLimit:
 
 
 async def _too_large(send: Send, size: int, limit: int) -> None:
-    msg = f"request body of {size}+ bytes; at most {limit} bytes (a setting)"
-    payload = json.dumps({"detail": [{"loc": ["body"], "msg": msg, "type": "too_large"}]}).encode()
+    await _refuse(send, 413, f"request body of {size}+ bytes; at most {limit} bytes (a setting)", "too_large")
+
+
+async def _refuse(send: Send, status: int, msg: str, kind: str) -> None:
+    """An error answer, and the connection closed (the rest of the body is not read)."""
+    payload = error_json([error_item(["body"], msg, kind)])
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(payload)).encode()),
         (b"connection", b"close"),
     ]
-    await send({"type": "http.response.start", "status": 413, "headers": headers})
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})

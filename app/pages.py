@@ -1,13 +1,16 @@
-"""HTML routes: the dashboard, the offline API docs, and plotly.js from the installed package."""
+"""HTML routes: the dashboard, the offline API docs, plotly.js from the installed package, sign-in and sign-out."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import plotly
-from fastapi import APIRouter, Request
-from fastapi.responses import FileResponse, HTMLResponse
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+
+from app.auth import COOKIE, safe_next, session_value, token_matches
 
 ROOT = Path(__file__).resolve().parent.parent
 templates = Jinja2Templates(directory=ROOT / "templates")
@@ -30,3 +33,30 @@ def docs(request: Request) -> HTMLResponse:
 @router.get("/vendor/plotly.min.js")
 def plotly_js() -> FileResponse:
     return FileResponse(PLOTLY_JS, media_type="text/javascript", headers={"cache-control": "public, max-age=86400"})
+
+
+@router.get("/signin", response_class=HTMLResponse)
+def signin_page(request: Request, next: str = "/") -> HTMLResponse:
+    return templates.TemplateResponse(request, "signin.html", {"next": safe_next(next), "error": None})
+
+
+@router.post("/signin", response_model=None)
+def signin(request: Request, token: Annotated[str, Form()] = "", next: Annotated[str, Form()] = "/") -> Response:
+    """The team's token -> a session cookie (HttpOnly, SameSite=Strict, Secure over HTTPS), then where you were."""
+    expected = request.app.state.settings.auth_token
+    if expected is None:
+        return RedirectResponse(safe_next(next), status_code=303)
+    if not token_matches(token, expected):
+        context = {"next": safe_next(next), "error": "That token is not this instance's."}
+        return templates.TemplateResponse(request, "signin.html", context, status_code=401)
+    response = RedirectResponse(safe_next(next), status_code=303)
+    secure = request.url.scheme == "https"
+    response.set_cookie(COOKIE, session_value(expected), httponly=True, samesite="strict", secure=secure, path="/")
+    return response
+
+
+@router.post("/signout", response_model=None)
+def signout(request: Request) -> Response:
+    response = RedirectResponse("/signin", status_code=303)
+    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict", secure=request.url.scheme == "https")
+    return response

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class Settings(BaseSettings):
@@ -16,20 +16,71 @@ class Settings(BaseSettings):
 
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="Largest request body (413 beyond).")
     max_upload_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="Largest uploaded file (413 beyond).")
-    max_tokens: int = Field(4_194_304, ge=1, description="Most token positions in one request (413 beyond).")
+    max_tokens: int = Field(
+        4_194_304,
+        ge=1,
+        description="Most padded positions in one request: rows x the longest row (x configs for compare); 413 beyond.",
+    )
+    max_request_bytes: int = Field(
+        1536 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="Most memory one request may take to compute, as estimated before allocating (413 beyond).",
+    )
     full_token_limit: int = Field(
         65_536, ge=0, description="Per-token arrays are returned for batches up to this many positions."
     )
     max_compare_configs: int = Field(8, ge=1, description="Most configs in one /api/v1/compare request.")
-    cors_origins: list[str] = Field(default_factory=list, description="Origins allowed by CORS (none by default).")
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Origins allowed by CORS (none by default)."
+    )
     max_unpacked_bytes: int = Field(
         256 * 1024 * 1024, ge=1024, description="Largest size a zipped upload (NPZ, .pt) may unpack to (422 beyond)."
     )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Device when a request does not name one; auto: a GPU when there is one, else the CPU."
     )
-    threads: int = Field(4, ge=1, description="Worker threads for the loss computations.")
+    threads: int = Field(4, ge=1, description="Threads for small requests (parse, check, compute), in the server.")
+    large_request_bytes: int = Field(
+        1024 * 1024, ge=0, description="Bodies of this size and larger are handled in a worker process."
+    )
+    process_workers: int = Field(
+        1, ge=0, description="Worker processes for large requests (0: large requests run in threads too)."
+    )
+    process_queue: int = Field(2, ge=0, description="Large requests that may wait for a worker (503 beyond).")
+    retry_after: int = Field(5, ge=1, description="Seconds a 503 for a full large-request lane asks to wait.")
+    worker_nice: int = Field(
+        10, ge=0, le=19, description="How much lower the workers' CPU priority is than the server's: small first."
+    )
+    worker_recycle_bytes: int = Field(
+        256 * 1024 * 1024, ge=0, description="Idle workers holding this much more than at start are replaced."
+    )
+    worker_torch_threads: int = Field(1, ge=0, description="torch threads per worker process (0: torch's default).")
+    auth_token: str | None = Field(
+        None, description="Shared secret: when set, every route but /healthz asks for it (bearer or sign-in cookie)."
+    )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["*"], description="Host headers served (comma-separated; * for any)."
+    )
+    forwarded_allow_ips: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Proxies whose X-Forwarded-Proto/-For are trusted (comma-separated IPs; none by default).",
+    )
+    request_timeout: float = Field(
+        30.0, gt=0, description="Seconds a client has to send a request's headers, and its body (dropped after)."
+    )
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads per computation (0: torch's default).")
+
+    @field_validator("allowed_hosts", "forwarded_allow_ips", "cors_origins", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        """``a,b`` in the environment; a JSON list works too."""
+        if isinstance(value, str) and not value.strip().startswith("["):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, str):
+            import json
+
+            return json.loads(value)
+        return value
 
 
 @lru_cache

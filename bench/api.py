@@ -1,17 +1,28 @@
-"""Benchmark: the HTTP API over loopback, against a real uvicorn (a script that prints figures, not a test).
+"""Benchmark: the HTTP API over loopback against a real uvicorn (a script that prints figures, not a test).
 
-1. latency: p50 and p99 of POST /api/v1/loss with the article's example against a bare GET /healthz,
-   interleaved on one keep-alive connection. Target: /loss p50 <= 3x /healthz p50.
-2. round trip of a 64 x 1024 batch: client JSON encoding, POST, evaluation and serialisation, the
-   client parsing the response (every per-token array: 65,536 positions is within the full-token
-   limit). Target: median <= 1 s.
-3. load: 32 concurrent clients posting the article's example for 20 s: throughput, p50, p99 and
-   errors (target: 0 errors).
+Each figure of issue 8 beside its floor or its alone-case, in one run:
 
-Starts ``uvicorn app.main:app`` on a free loopback port (or uses --url) and stops it after. The
-clients run in this process, on the same machine: their CPU time competes with the server's.
+1. latency: p50/p99 of POST /api/v1/loss (the article's example) against GET /healthz, interleaved on one
+   keep-alive connection (target: /loss p50 <= 3x /healthz p50).
+2. JSON ingest: a 256 x 4096 batch (three log-prob fields, floats written as Python writes them) round trip
+   against the floor of ``orjson.loads`` plus the array conversion, in this process (target <= 2x).
+3. safetensors upload: the same batch as a file to /api/v1/upload against its in-process floor
+   (safetensors load + ``evaluate``) (target <= 3x).
+4. the largest accepted request (1024 x 4096, two log-prob fields, 4,194,304 positions as JSON): its time,
+   ``/healthz`` p99 while it is handled (target <= 100 ms) against /healthz alone, the peak RSS of the
+   server's processes above idle (target <= 1.5 GB) and the RSS 10 s after (target: within 400 MB of start).
+5. fairness: 40 clients sending small batches about once a second, alone and then beside a stream of
+   1M-token (256 x 4096) JSON uploads: their median (target <= 1.5x alone) and p99 (target <= 0.3 s).
+6. hostile bodies: a 66 KB body padded to 4,001 x 4,000 and a 1.6 MB body padded to 100,001 x 2,000:
+   status, time to answer, RSS growth (target: 413, at once, no growth).
+7. load: 32 concurrent clients posting the article's example for a few seconds (target: 0 errors).
 
-    .venv/bin/python bench/api.py [--url URL] [--requests 1000] [--clients 32] [--seconds 20]
+Starts ``uvicorn app.main:app`` on a free loopback port under a memory cap (``--cap-gb``, RLIMIT_AS, so
+a server that would allocate without bound fails its request instead of the machine), or uses --url
+(then RSS figures are left out). The clients run in this process on the same machine: their CPU time
+competes with the server's; on a shared machine, compare the ratios, not the absolute times.
+
+    .venv/bin/python bench/api.py [--url URL] [--quick]
 """
 
 from __future__ import annotations
@@ -20,44 +31,63 @@ import argparse
 import asyncio
 import json
 import os
+import random
+import resource
 import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
+import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import grpo  # noqa: E402
 from grpo.examples import ARTICLE_EXAMPLE  # noqa: E402
 
+JSON = {"content-type": "application/json"}
+GB = 1024**3
+MB = 1024**2
+STATE: dict[str, Any] = {"pid": None, "auth": {}}
 
+
+# --- the server and its memory ------------------------------------------------------------------------
 @contextmanager
-def server(url: str | None) -> Iterator[str]:
-    """``url`` as given, or a fresh uvicorn on a free loopback port (stopped afterwards)."""
+def server(url: str | None, cap_gb: float, port: int) -> Iterator[str]:
+    """``url`` as given, or a fresh uvicorn on loopback (``port``, or a free one) stopped afterwards."""
     if url:
         yield url.rstrip("/")
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    if not port:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+
+    def cap() -> None:
+        limit = int(cap_gb * GB)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],
         cwd=ROOT,
         env=os.environ.copy(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=cap if cap_gb else None,
     )
+    STATE["pid"] = proc.pid
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while True:
             try:
                 if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
@@ -65,95 +95,346 @@ def server(url: str | None) -> Iterator[str]:
             except httpx.TransportError:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("uvicorn did not start") from None
-                time.sleep(0.1)
+                time.sleep(0.2)
         yield base
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
-def percentile(times: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(times), q))
+def _tree(pid: int) -> list[int]:
+    out = [pid]
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                for child in f.read().split():
+                    out += _tree(int(child))
+    except OSError:
+        pass
+    return out
+
+
+def _statm(pid: int) -> float:
+    with open(f"/proc/{pid}/statm") as f:
+        return float(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+
+
+def rss() -> float | None:
+    """Resident memory of the server and all its processes, bytes (None when the server is not ours)."""
+    if STATE["pid"] is None:
+        return None
+    total = 0
+    for pid in _tree(STATE["pid"]):
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except OSError:
+            pass
+    return float(total)
+
+
+def mb(value: float | None) -> str:
+    return "   n/a" if value is None else f"{value / MB:6.0f} MB"
+
+
+class Sampler:
+    """Samples the server's RSS every 20 ms in a thread; ``peak`` is the largest seen."""
+
+    def __init__(self) -> None:
+        self.peak = rss() or 0.0
+        self.per_process: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, rss() or 0.0)
+            for pid in _tree(STATE["pid"]) if STATE["pid"] else []:
+                with suppress(OSError):
+                    self.per_process[pid] = max(self.per_process.get(pid, 0.0), _statm(pid))
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# --- figures ------------------------------------------------------------------------------------------
+def pct(times: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(times), q)) if times else float("nan")
 
 
 def ms(seconds: float) -> str:
-    return f"{seconds * 1e3:8.2f} ms"
+    return f"{seconds * 1e3:8.1f} ms"
 
 
-def latency(base: str, requests: int) -> None:
-    body = json.dumps(ARTICLE_EXAMPLE).encode()
-    headers = {"content-type": "application/json"}
-    health: list[float] = []
-    loss: list[float] = []
-    with httpx.Client(base_url=base, timeout=30) as client:
-        for _ in range(20):  # warm-up: first-call costs, connection set-up
-            client.get("/healthz")
-            client.post("/api/v1/loss", content=body, headers=headers)
-        for _ in range(requests):
-            start = time.perf_counter()
-            client.get("/healthz").raise_for_status()
-            health.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            client.post("/api/v1/loss", content=body, headers=headers).raise_for_status()
-            loss.append(time.perf_counter() - start)
-    h50, h99, l50, l99 = (percentile(t, q) for t in (health, loss) for q in (50, 99))
-    print(f"1. latency over loopback, {requests} interleaved requests each, one keep-alive connection")
-    print(f"   GET  /healthz                    p50 {ms(h50)}   p99 {ms(h99)}")
-    print(f"   POST /api/v1/loss (article)      p50 {ms(l50)}   p99 {ms(l99)}")
-    print(f"   ratio loss / healthz             p50 {l50 / h50:8.2f}x     p99 {l99 / h99:8.2f}x   (target <= 3x)")
-
-
-def big_batch(rows: int, tokens: int, seed: int = 0) -> dict[str, Any]:
+def batch(rows: int, tokens: int, fields: int = 3, seed: int = 0, digits: int | None = None) -> dict[str, Any]:
+    """A random batch; ``digits=None`` writes floats as Python writes them (17 significant digits)."""
     g = np.random.default_rng(seed)
     old = -(g.random((rows, tokens)) * 3 + 0.05)
     logp = np.minimum(old + 0.3 * g.standard_normal((rows, tokens)), -1e-3)
     ref = np.minimum(logp + 0.1 * g.standard_normal((rows, tokens)), -1e-3)
+    arrays = [logp, old, ref][:fields]
+    if digits is not None:
+        arrays = [a.round(digits) for a in arrays]
+    names = ["per_token_logps", "old_per_token_logps", "ref_per_token_logps"][:fields]
     return {
-        "per_token_logps": logp.round(5).tolist(),
-        "old_per_token_logps": old.round(5).tolist(),
-        "ref_per_token_logps": ref.round(5).tolist(),
+        **{n: a.tolist() for n, a in zip(names, arrays, strict=True)},
         "rewards": g.integers(0, 2, rows).astype(float).tolist(),
         "group_size": 8,
         "config": {"preset": "verl-grpo", "beta": 0.01},
     }
 
 
-def round_trip(base: str, rows: int, tokens: int, repeats: int) -> None:
-    batch = big_batch(rows, tokens)
-    times: list[float] = []
-    encode: list[float] = []
-    sizes = (0, 0)
-    with httpx.Client(base_url=base, timeout=120) as client:
-        for i in range(repeats + 1):  # the first is a warm-up
+def timed(fn: Callable[[], Any], repeats: int) -> tuple[list[float], Any]:
+    times, result = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return times, result
+
+
+def latency(base: str, requests: int) -> None:
+    body = json.dumps(ARTICLE_EXAMPLE).encode()
+    health: list[float] = []
+    loss: list[float] = []
+    with httpx.Client(base_url=base, timeout=30, headers=STATE["auth"]) as client:
+        for _ in range(20):  # warm-up: first-call costs, connection set-up
+            client.get("/healthz")
+            client.post("/api/v1/loss", content=body, headers=JSON)
+        for _ in range(requests):
             start = time.perf_counter()
-            body = json.dumps(batch).encode()
-            encoded = time.perf_counter()
-            response = client.post("/api/v1/loss", content=body, headers={"content-type": "application/json"})
-            response.raise_for_status()
-            data = response.json()
-            done = time.perf_counter()
-            assert data["tokens_complete"] and data["num_positions"] == rows * tokens
-            if i:
-                times.append(done - start)
-                encode.append(encoded - start)
-            sizes = (len(body), len(response.content))
-    print(f"2. round trip of a {rows} x {tokens} batch ({rows * tokens} positions, every per-token array back)")
-    print(f"   request {sizes[0] / 2**20:.1f} MiB, response {sizes[1] / 2**20:.1f} MiB")
-    print(f"   client JSON encoding             median {ms(statistics.median(encode))}")
+            client.get("/healthz").raise_for_status()
+            health.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            client.post("/api/v1/loss", content=body, headers=JSON).raise_for_status()
+            loss.append(time.perf_counter() - start)
+    h50, h99, l50, l99 = (pct(t, q) for t in (health, loss) for q in (50, 99))
+    print(f"1. latency over loopback, {requests} interleaved requests each, one keep-alive connection")
+    print(f"   GET  /healthz                    p50 {ms(h50)}   p99 {ms(h99)}")
+    print(f"   POST /api/v1/loss (article)      p50 {ms(l50)}   p99 {ms(l99)}")
+    print(f"   ratio loss / healthz             p50 {l50 / h50:8.2f}x     p99 {l99 / h99:8.2f}x   (target <= 3x)")
+
+
+def json_ingest(base: str, repeats: int) -> None:
+    data = batch(256, 4096, fields=3)
+    body = json.dumps(data).encode()
+    names = ("per_token_logps", "old_per_token_logps", "ref_per_token_logps")
+
+    def floor() -> None:
+        parsed = orjson.loads(body)
+        for name in names:
+            np.asarray(parsed[name], dtype=np.float64)
+
+    floor_times, _ = timed(floor, repeats)
+    with httpx.Client(base_url=base, timeout=300, headers=STATE["auth"]) as client:
+
+        def trip() -> httpx.Response:
+            response = client.post("/api/v1/loss", content=body, headers=JSON)
+            response.json()
+            return response
+
+        trip()  # warm-up
+        times, response = timed(trip, repeats)
+    f, t = statistics.median(floor_times), statistics.median(times)
+    print(f"2. JSON ingest: 256 x 4096, three log-prob fields, {len(body) / MB:.0f} MB, floats as Python writes them")
+    print(f"   floor: orjson.loads + arrays     median {ms(f)}")
+    print(f"   POST /api/v1/loss round trip     median {ms(t)}   status {response.status_code}")
+    print(f"   the server's share (Server-Timing of the last): {response.headers.get('server-timing')}")
+    print(f"   ratio                            {t / f:8.2f}x   (target <= 2x)")
+
+
+def safetensors_ingest(base: str, repeats: int) -> None:
+    import torch
+    from safetensors.torch import load, save
+
+    data = batch(256, 4096, fields=3)
+    tensors = {k: torch.tensor(v) for k, v in data.items() if k.endswith("logps") or k == "rewards"}
+    tensors["group_size"] = torch.tensor(8)
+    blob = save(tensors)
+    config = grpo.LossConfig.from_preset("verl-grpo", beta=0.01)
+
+    def floor() -> None:
+        loaded = load(blob)
+        loaded["group_size"] = int(loaded["group_size"])
+        grpo.evaluate(grpo.Batch(**loaded), config)
+
+    floor()
+    floor_times, _ = timed(floor, repeats)
+    form = {"config": json.dumps({"preset": "verl-grpo", "beta": 0.01})}
+    with httpx.Client(base_url=base, timeout=300, headers=STATE["auth"]) as client:
+
+        def trip() -> httpx.Response:
+            response = client.post("/api/v1/upload", files={"file": ("b.safetensors", blob)}, data=form)
+            response.json()
+            return response
+
+        trip()
+        times, response = timed(trip, repeats)
+    f, t = statistics.median(floor_times), statistics.median(times)
+    print(f"3. safetensors upload: 256 x 4096, three fields, {len(blob) / MB:.0f} MB")
+    print(f"   floor: load + evaluate           median {ms(f)}")
+    print(f"   POST /api/v1/upload round trip   median {ms(t)}   status {response.status_code}")
+    print(f"   ratio                            {t / f:8.2f}x   (target <= 3x)")
+
+
+def poll_health(base: str, stop: threading.Event, out: list[float]) -> None:
+    with httpx.Client(base_url=base, timeout=60) as client:
+        while not stop.is_set():
+            start = time.perf_counter()
+            with suppress(httpx.HTTPError):
+                client.get("/healthz")
+            out.append(time.perf_counter() - start)
+            stop.wait(0.05)
+
+
+def largest(base: str) -> None:
+    body = json.dumps(batch(1024, 4096, fields=2, digits=4), separators=(",", ":")).encode()
+    alone: list[float] = []
+    stop = threading.Event()
+    poller = threading.Thread(target=poll_health, args=(base, stop, alone))
+    poller.start()
+    time.sleep(3)
+    stop.set()
+    poller.join()
+    time.sleep(1)
+    idle = rss()
+    during: list[float] = []
+    stop = threading.Event()
+    with Sampler() as sampler, httpx.Client(base_url=base, timeout=600, headers=STATE["auth"]) as client:
+        poller = threading.Thread(target=poll_health, args=(base, stop, during))
+        poller.start()
+        start = time.perf_counter()
+        response = client.post("/api/v1/loss", content=body, headers=JSON)
+        elapsed = time.perf_counter() - start
+        stop.set()
+        poller.join()
+    time.sleep(10)
+    after = rss()
+    peak = sampler.peak
+    print(f"4. the largest accepted request: 1024 x 4096, two log-prob fields, {len(body) / MB:.0f} MB of JSON")
+    print(f"   POST /api/v1/loss                {elapsed:8.2f} s    status {response.status_code}")
     print(
-        f"   whole round trip                 median {ms(statistics.median(times))}   "
-        f"min {ms(min(times))}   (of {repeats}; target <= 1 s)"
+        f"   GET /healthz meanwhile           p50 {ms(pct(during, 50))}   p99 {ms(pct(during, 99))}   "
+        f"max {ms(max(during, default=float('nan')))}   (target p99 <= 100 ms)"
     )
+    print(f"   GET /healthz alone               p50 {ms(pct(alone, 50))}   p99 {ms(pct(alone, 99))}")
+    if idle is not None:
+        print(
+            f"   RSS (all processes): idle {mb(idle)}, peak {mb(peak)} (+{mb(peak - idle)}, target <= +1536 MB), "
+            f"10 s after {mb(after)} ({(after or 0) - idle:+.0f} B = {((after or 0) - idle) / MB:+.0f} MB, "
+            "target within 400 MB)"
+        )
+        parts = ", ".join(f"{pid}: {mb(v).strip()}" for pid, v in sampler.per_process.items() if v > 50 * MB)
+        print(f"   peak per process (the first is the server's main process): {parts}")
+
+
+async def small_clients(base: str, clients: int, seconds: float, body: bytes) -> tuple[list[float], list[str]]:
+    times: list[float] = []
+    errors: list[str] = []
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits, headers=STATE["auth"]) as client:
+        stop = time.perf_counter() + seconds
+        rng = random.Random(0)
+
+        async def one() -> None:
+            await asyncio.sleep(rng.random())
+            while time.perf_counter() < stop:
+                start = time.perf_counter()
+                try:
+                    response = await client.post("/api/v1/loss", content=body, headers=JSON)
+                    if response.status_code != 200:
+                        errors.append(str(response.status_code))
+                except httpx.HTTPError as exc:
+                    errors.append(type(exc).__name__)
+                took = time.perf_counter() - start
+                times.append(took)
+                await asyncio.sleep(max(0.0, 0.7 + 0.6 * rng.random() - took))
+
+        await asyncio.gather(*(one() for _ in range(clients)))
+    return times, errors
+
+
+def upload_stream(base: str, blob: bytes, stop: threading.Event, statuses: list[int]) -> None:
+    with httpx.Client(base_url=base, timeout=600, headers=STATE["auth"]) as client:
+        while not stop.is_set():
+            response = client.post("/api/v1/upload", files={"file": ("batch.json", blob)})
+            statuses.append(response.status_code)
+            if response.status_code == 503:
+                stop.wait(float(response.headers.get("retry-after", "1")))
+
+
+def fairness(base: str, clients: int, seconds: float) -> None:
+    small = json.dumps(batch(8, 64, fields=3, seed=1, digits=4)).encode()
+    upload = json.dumps(batch(256, 4096, fields=3, seed=2, digits=4), separators=(",", ":")).encode()
+    asyncio.run(small_clients(base, clients, 2, small))  # warm-up: connections, first calls
+    alone, errors_alone = asyncio.run(small_clients(base, clients, seconds, small))
+    stop = threading.Event()
+    statuses: list[int] = []
+    uploader = threading.Thread(target=upload_stream, args=(base, upload, stop, statuses))
+    uploader.start()
+    time.sleep(1)
+    beside, errors_beside = asyncio.run(small_clients(base, clients, seconds, small))
+    stop.set()
+    uploader.join()
+    a50, b50 = pct(alone, 50), pct(beside, 50)
+    print(f"5. fairness: {clients} clients, an 8 x 64 batch each about once a second, {seconds:.0f} s")
+    print(f"   alone                            p50 {ms(a50)}   p99 {ms(pct(alone, 99))}   errors {len(errors_alone)}")
+    print(
+        f"   beside 1M-token JSON uploads     p50 {ms(b50)}   p99 {ms(pct(beside, 99))}   "
+        f"errors {len(errors_beside)} {sorted(set(errors_beside))}"
+    )
+    done = {s: statuses.count(s) for s in sorted(set(statuses))}
+    print(f"   ratio beside / alone             p50 {b50 / a50:8.2f}x   (target <= 1.5x; p99 target <= 300 ms)")
+    print(f"   uploads ({len(upload) / MB:.0f} MB each) answered: {done}")
+
+
+def hostile(base: str) -> None:
+    cases = {
+        "66 KB: 4,000 tokens + 4,000 one-token rows": {
+            "per_token_logps": [[-1.0] * 4000] + [[-1.0]] * 4000,
+            "advantages": [1.0] * 4001,
+        },
+        "1.6 MB: 2,000 tokens + 100,000 one-token rows": {
+            "per_token_logps": [[-1.0] * 2000] + [[-1.0]] * 100_000,
+            "advantages": [1.0] * 100_001,
+        },
+    }
+    print("6. hostile bodies (padded far past what they send)")
+    with httpx.Client(base_url=base, timeout=120, headers=STATE["auth"]) as client:
+        for name, data in cases.items():
+            body = json.dumps(data).encode()
+            before = rss()
+            with Sampler() as sampler:
+                start = time.perf_counter()
+                try:
+                    status = str(client.post("/api/v1/loss", content=body, headers=JSON).status_code)
+                except httpx.HTTPError as exc:
+                    status = type(exc).__name__
+                elapsed = time.perf_counter() - start
+            growth = None if before is None else sampler.peak - before
+            print(f"   {name:46} {status:>14} in {elapsed:6.2f} s, peak RSS {'+' + mb(growth).strip():>9}")
+            try:
+                client.get("/healthz", timeout=30)
+            except httpx.HTTPError as exc:
+                print(f"   the server no longer answers: {type(exc).__name__}")
+                return
 
 
 async def load(base: str, clients: int, seconds: float) -> None:
     body = json.dumps(ARTICLE_EXAMPLE).encode()
-    headers = {"content-type": "application/json"}
     times: list[float] = []
     errors: list[str] = []
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=base, timeout=30, limits=limits) as client:
-        for _ in range(clients):  # open the connections
+    async with httpx.AsyncClient(base_url=base, timeout=30, limits=limits, headers=STATE["auth"]) as client:
+        for _ in range(clients):
             await client.get("/healthz")
         stop = time.perf_counter() + seconds
 
@@ -161,7 +442,7 @@ async def load(base: str, clients: int, seconds: float) -> None:
             while time.perf_counter() < stop:
                 start = time.perf_counter()
                 try:
-                    response = await client.post("/api/v1/loss", content=body, headers=headers)
+                    response = await client.post("/api/v1/loss", content=body, headers=JSON)
                     if response.status_code != 200:
                         errors.append(str(response.status_code))
                 except httpx.HTTPError as exc:
@@ -171,28 +452,46 @@ async def load(base: str, clients: int, seconds: float) -> None:
         began = time.perf_counter()
         await asyncio.gather(*(one_client() for _ in range(clients)))
         elapsed = time.perf_counter() - began
-    print(f"3. load: {clients} concurrent clients, POST /api/v1/loss (article) for {seconds:.0f} s")
+    print(f"7. load: {clients} concurrent clients, POST /api/v1/loss (article) for {seconds:.0f} s")
     print(f"   requests {len(times)}   throughput {len(times) / elapsed:8.1f} req/s")
-    print(f"   latency                          p50 {ms(percentile(times, 50))}   p99 {ms(percentile(times, 99))}")
+    print(f"   latency                          p50 {ms(pct(times, 50))}   p99 {ms(pct(times, 99))}")
     print(f"   errors {len(errors)}{' ' + str(sorted(set(errors))) if errors else ''}   (target 0)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=None, help="a running server (default: start one on loopback)")
-    parser.add_argument("--requests", type=int, default=1000, help="latency requests per endpoint")
-    parser.add_argument("--rows", type=int, default=64)
-    parser.add_argument("--tokens", type=int, default=1024)
-    parser.add_argument("--repeats", type=int, default=5, help="round trips of the big batch")
-    parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--port", type=int, default=0, help="port of the server started here (default: a free one)")
+    parser.add_argument("--cap-gb", type=float, default=8.0, help="RLIMIT_AS of the server started here (0: none)")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats and shorter phases")
+    parser.add_argument("--only", default="1234567", help="which figures to print, e.g. 245")
+    parser.add_argument("--token", default=os.environ.get("GRPO_LENS_AUTH_TOKEN"), help="bearer token, if set")
     args = parser.parse_args()
-    with server(args.url) as base:
+    if args.token:
+        STATE["auth"] = {"authorization": f"Bearer {args.token}"}
+    repeats = 2 if args.quick else 3
+    seconds = 8.0 if args.quick else 15.0
+    with server(args.url, args.cap_gb, args.port) as base:
         health = httpx.get(f"{base}/healthz").json()
-        print(f"server {base}: torch {health['torch']}, device {health['device']}, {os.cpu_count()} CPUs here")
-        latency(base, args.requests)
-        round_trip(base, args.rows, args.tokens, args.repeats)
-        asyncio.run(load(base, args.clients, args.seconds))
+        time.sleep(2)
+        print(
+            f"server {base}: torch {health['torch']}, device {health['device']}, {os.cpu_count()} CPUs here; "
+            f"RSS at start {mb(rss())}"
+        )
+        steps: dict[str, Callable[[], Any]] = {
+            "1": lambda: latency(base, 200 if args.quick else 500),
+            "2": lambda: json_ingest(base, repeats),
+            "3": lambda: safetensors_ingest(base, repeats),
+            "4": lambda: largest(base),
+            "5": lambda: fairness(base, 40, seconds),
+            "6": lambda: hostile(base),
+            "7": lambda: asyncio.run(load(base, 32, seconds / 2)),
+        }
+        for key in args.only:
+            steps[key]()
+            sys.stdout.flush()
+        main_rss = rss() if STATE["pid"] is None else _statm(STATE["pid"])
+        print(f"RSS at the end {mb(rss())} (the server's main process {mb(main_rss)}, the rest its workers)")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from grpo.config import PRESETS, LossConfig
 from grpo.errors import GrpoInputError
 from grpo.examples import ARTICLE_EXAMPLE
 from grpo.explain import summary_table
-from grpo.io import breakdown_to_json, dumps, load_file
+from grpo.io import load_file
 from grpo.loss import evaluate
 from grpo.requests import batch_from_request, row_lengths
 
@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if getattr(args, "json", False):
+        from app.responses import breakdown_to_json, dumps  # the API's answer: assembled where the API's is
+
         print(dumps(breakdown_to_json(bd, lengths=lengths, tokens=tokens)).decode())
     else:
         print(summary_table(bd))

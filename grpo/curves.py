@@ -60,7 +60,9 @@ def objective_curves(bd: Breakdown, points: int = 241, max_points: int = 500) ->
         value, region = unit_objective(grid, torch.full_like(grid, sign), bd.config)
         curves[name] = {"y": value.tolist(), "flat": _flat_spans(grid, region)}
     keep = slice(0, max_points)
-    value, region = unit_objective(ratios[keep], signs[keep], bd.config)
+    value = torch.zeros(0, dtype=torch.float64)
+    if ratios.numel():  # no token counts (all masked): no points, and the objectives never see an empty batch
+        value, _ = unit_objective(ratios[keep], signs[keep], bd.config)
     rows, positions = mask.nonzero(as_tuple=True)
     return {
         "x": grid.tolist(),

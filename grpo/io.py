@@ -1,4 +1,4 @@
-"""Batches in and breakdowns out: the file formats, the field aliases, and the JSON shape.
+"""Batches in: the file formats and the field aliases (the JSON answers are assembled by the app).
 
 Files: JSON (the ``/api/v1/loss`` body), JSONL (one row per line), safetensors, NPZ (read with
 ``allow_pickle=False``) and ``.pt`` (``torch.load(weights_only=True)``). Nothing is unpickled
@@ -18,12 +18,8 @@ import orjson
 import torch
 from torch import Tensor
 
-from grpo.curves import objective_curves
 from grpo.errors import GrpoInputError
-from grpo.explain import explain
 from grpo.logits import token_logprobs
-from grpo.loss import Breakdown
-from grpo.objectives import REGIONS
 
 # verl's and the article's names for the request's (TRL's) fields.
 ALIASES: dict[str, str] = {
@@ -36,31 +32,6 @@ ALIASES: dict[str, str] = {
     "response_mask": "completion_mask",
     "input_len": "prompt_lengths",
 }
-TOKEN_FIELDS = (
-    "ratio",
-    "clipped_ratio",
-    "surrogate",
-    "kl",
-    "weight",
-    "loss",
-    "grad",
-    "grad_policy",
-    "grad_kl",
-    "log_ratio",
-    "policy_loss",
-    "kl_loss",
-)
-ROW_FIELDS = (
-    "advantage",
-    "reward",
-    "length",
-    "loss",
-    "policy_loss",
-    "kl_loss",
-    "sequence_ratio",
-    "clip_fraction",
-    "group",
-)
 LOGITS_FIELDS = ("logits", "token_ids", "ref_logits", "old_logits", "prompt_length", "temperature")
 
 
@@ -82,23 +53,107 @@ MAX_UNPACKED_BYTES = 256 * 1024 * 1024
 def load_file(filename: str, data: bytes, max_unpacked_bytes: int = MAX_UNPACKED_BYTES) -> dict[str, Any]:
     """A request dict from an uploaded file; per-token values as ragged lists or 2-D arrays.
 
+    The name's suffix says which format is expected, and the content must be that format (its
+    first bytes are sniffed): a ``.pt`` under an ``.npz`` name is refused, not handed to numpy.
     Zipped formats (NPZ, torch's .pt) are refused when they would unpack past
     ``max_unpacked_bytes``, before anything is decompressed.
     """
     suffix = filename.lower().rsplit(".", 1)[-1] if "." in filename else ""
+    readers = {"json": _read_json, "jsonl": _read_jsonl, "safetensors": _read_safetensors}
+    if suffix not in (*readers, "npz", "pt", "pth"):
+        raise GrpoInputError("file", "a .json, .jsonl, .safetensors, .npz or .pt file", got=repr(filename))
+    expected = {"jsonl": "json", "pth": "pt"}.get(suffix, suffix)
+    found = sniff(data)
+    if found is not None and found != expected:
+        raise GrpoInputError("file", f"{FORMATS[expected]} (the name says .{suffix})", got=FORMATS[found])
     if suffix in ("npz", "pt", "pth"):
         reader = _read_npz if suffix == "npz" else _read_pt
         return reader(data, max_unpacked_bytes)
-    readers = {"json": _read_json, "jsonl": _read_jsonl, "safetensors": _read_safetensors}
-    if suffix not in readers:
-        raise GrpoInputError("file", "a .json, .jsonl, .safetensors, .npz or .pt file", got=repr(filename))
     return readers[suffix](data)
+
+
+FORMATS = {
+    "json": "JSON text",
+    "safetensors": "a safetensors file",
+    "npz": "an NPZ archive (a zip of .npy arrays)",
+    "pt": "a torch .pt file (a zip holding data.pkl)",
+}
+
+
+def sniff(data: bytes) -> str | None:
+    """The format of ``data`` from its first bytes: json, safetensors, npz, pt, or None when unknown."""
+    if data[:4] == b"PK\x03\x04":
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as archive:
+                names = archive.namelist()
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+            return None
+        if any(name == "data.pkl" or name.endswith("/data.pkl") for name in names):
+            return "pt"
+        return "npz" if names and all(name.endswith(".npy") for name in names) else None
+    if len(data) >= 9 and data[8:9] == b"{" and int.from_bytes(data[:8], "little") <= len(data) - 8:
+        return "safetensors"
+    start = data[:64].lstrip(b" \t\r\n\xef\xbb\xbf")
+    if start[:1] in (b"{", b"["):
+        return "json"
+    return None
+
+
+def parse_json(data: bytes | str) -> Any:
+    """JSON text -> Python values, with orjson (no Python recursion; nesting deeper than 1024 refused).
+
+    Text orjson refuses is read again by Python's json, which accepts NaN and Infinity (the request
+    checks then name them as non-finite) and lone UTF-16 surrogates (``"\\ud800"``), which are
+    replaced by U+FFFD so the answer can be encoded. Raises ValueError with orjson's message.
+    """
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        try:
+            value = json.loads(data)
+        except (ValueError, RecursionError):  # bad JSON or UTF-8, too deep, an int of 4300+ digits
+            raise ValueError(str(exc)) from None
+        return _replace_surrogates(value)
+
+
+def _fix(text: str) -> str:
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace") if _has_surrogate(text) else text
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _replace_surrogates(value: Any) -> Any:
+    """``value`` with every lone surrogate in its strings (keys too) replaced by U+FFFD (in place, no recursion)."""
+    if isinstance(value, str):
+        return _fix(value)
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            for i, v in enumerate(item):
+                if isinstance(v, str):
+                    item[i] = _fix(v)
+                elif isinstance(v, list | dict):
+                    stack.append(v)
+        elif isinstance(item, dict):
+            for key in list(item):
+                v = item.pop(key)
+                item[_fix(key) if isinstance(key, str) else key] = _fix(v) if isinstance(v, str) else v
+                if isinstance(v, list | dict):
+                    stack.append(v)
+    return value
 
 
 def _read_json(data: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(data)
-    except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8, too deep, an int of 4300+ digits
+        body = parse_json(data)
+    except ValueError as exc:
         raise GrpoInputError("file", "valid JSON", got=str(exc)[:200]) from exc
     if not isinstance(body, dict):
         raise GrpoInputError("file", "a JSON object with the /api/v1/loss fields", got=type(body).__name__)
@@ -117,8 +172,8 @@ def _read_jsonl(data: bytes) -> dict[str, Any]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except (ValueError, RecursionError) as exc:
+            row = parse_json(line)
+        except ValueError as exc:
             raise GrpoInputError("file", "one JSON object per line", row=number, got=str(exc)[:200]) from exc
         if not isinstance(row, dict):
             raise GrpoInputError("file", "one JSON object per line", row=number, got=type(row).__name__)
@@ -158,11 +213,46 @@ def _check_unzipped_size(data: bytes, max_bytes: int) -> None:
         raise GrpoInputError("file", f"at most {max_bytes} bytes once unpacked", got=f"{total} bytes")
 
 
+NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
+def _check_npy_headers(data: bytes) -> None:
+    """Refuse an NPZ member whose .npy header claims more (or fewer) bytes than the member holds.
+
+    numpy allocates what the header says before reading: a 328-byte file claiming 10^10 elements
+    would ask for 80 GB. The header's shape x itemsize must equal the member's size after its header.
+    """
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        for info in archive.infolist():
+            with archive.open(info) as member:
+                try:
+                    version = np.lib.format.read_magic(member)
+                    if version not in NPY_HEADERS:
+                        raise ValueError(f"unknown .npy version {version}")
+                    shape, _, dtype = NPY_HEADERS[version](member, max_header_size=10_000)
+                except ValueError as exc:
+                    raise GrpoInputError("file", f"a valid .npy header in {info.filename}", got=str(exc)[:200]) from exc
+                if dtype.hasobject:
+                    raise GrpoInputError("file", "an NPZ of numeric arrays (object arrays need pickle and are refused)")
+                claimed = int(np.prod(shape, dtype=object)) * dtype.itemsize
+                if claimed != info.file_size - member.tell():
+                    name = info.filename.removesuffix(".npy")
+                    raise GrpoInputError(
+                        name,
+                        f"a .npy header that matches its data ({info.file_size - member.tell()} bytes)",
+                        got=f"shape {shape} of {dtype} ({claimed} bytes)",
+                    )
+
+
 def _read_npz(data: bytes, max_bytes: int) -> dict[str, Any]:
     try:
         _check_unzipped_size(data, max_bytes)
+        if zipfile.is_zipfile(io.BytesIO(data)):
+            _check_npy_headers(data)
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}
+    except GrpoInputError:
+        raise
     except ValueError as exc:  # object arrays need pickle: refused
         raise GrpoInputError(
             "file", "an NPZ of numeric arrays (object arrays need pickle and are refused)", got=str(exc)[:200]
@@ -245,62 +335,3 @@ def _from_logits(tensors: dict[str, Tensor]) -> dict[str, Any]:
     if out.old_logps is not None:
         request["old_per_token_logps"] = out.old_logps.double().numpy()
     return request
-
-
-# --- writing breakdowns ------------------------------------------------------------------------------
-def _rows_of(t: Tensor, lengths: list[int], rows: list[int]) -> list[np.ndarray]:
-    array = t.detach().cpu().numpy()
-    return [array[i, : lengths[i]] for i in rows]
-
-
-def breakdown_to_json(
-    bd: Breakdown,
-    lengths: list[int] | None = None,
-    tokens: list[list[str]] | None = None,
-    rows: list[int] | None = None,
-    max_tokens: int | None = None,
-) -> dict[str, Any]:
-    """The breakdown as JSON-ready data (NumPy arrays inside: dump with ``dumps``).
-
-    Per-token arrays are ragged: row i keeps its first ``lengths[i]`` positions (default: all).
-    They cover every row when the batch has at most ``max_tokens`` positions, else only
-    ``rows`` (none by default): the summary and per-row data always come whole.
-    """
-    B, T = bd.tokens.mask.shape
-    lengths = lengths or [T] * B
-    total = sum(lengths)
-    if rows is None:
-        rows = list(range(B)) if max_tokens is None or total <= max_tokens else []
-    token_data: dict[str, Any] = {name: _rows_of(getattr(bd.tokens, name), lengths, rows) for name in TOKEN_FIELDS}
-    token_data["mask"] = [m.astype(np.int8) for m in _rows_of(bd.tokens.mask, lengths, rows)]
-    region = bd.tokens.region.cpu().numpy()
-    token_data["region"] = [[REGIONS[c] for c in region[i, : lengths[i]]] for i in rows]
-    if tokens is not None:
-        token_data["text"] = [tokens[i] for i in rows]
-    row_data = {name: getattr(bd.rows, name) for name in ROW_FIELDS}
-    return {
-        "loss": float(bd.loss),
-        "objective": float(bd.objective),
-        "policy_loss": float(bd.policy_loss),
-        "kl_loss": float(bd.kl_loss),
-        "metrics": bd.metrics,
-        "explanation": explain(bd),
-        "advantages": bd.advantages.cpu().numpy(),
-        "rows": {k: (v.cpu().numpy() if isinstance(v, Tensor) else v) for k, v in row_data.items()},
-        "tokens": token_data,
-        "token_rows": rows,
-        "tokens_complete": len(rows) == B,
-        "num_positions": total,
-        "curves": objective_curves(bd),
-        "clamp_counts": bd.clamp_counts,
-        "zero_std_groups": list(bd.zero_std_groups),
-        "config": bd.config.to_dict(),
-        "device": bd.device,
-        "dtype": bd.dtype,
-        "warnings": list(bd.warnings),
-    }
-
-
-def dumps(data: Any) -> bytes:
-    """JSON bytes: NumPy arrays inline, float32 in its shortest form, NaN and inf as null."""
-    return orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -28,8 +29,8 @@ from fastapi.testclient import TestClient
 
 import grpo
 from app.main import app
+from app.responses import ROW_FIELDS, TOKEN_FIELDS
 from grpo.examples import ARTICLE_EXAMPLE
-from grpo.io import ROW_FIELDS, TOKEN_FIELDS
 from grpo.requests import batch_from_request
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,15 +140,27 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve(env: dict[str, str] | None = None, timeout: float = 60.0) -> Iterator[str]:
-    """``uvicorn app.main:app`` on a free loopback port; yields its base URL, stops it after."""
+def serve(
+    env: dict[str, str] | None = None, timeout: float = 120.0, memory_cap: int | None = None, http: str = "auto"
+) -> Iterator[str]:
+    """``uvicorn app.main:app`` on a free loopback port; yields its base URL, stops it after.
+
+    ``memory_cap`` (bytes) is the server's RLIMIT_AS, its worker processes' too: a request that would
+    allocate without bound fails (MemoryError) instead of pushing the machine into the OOM killer.
+    """
     port = free_port()
+
+    def cap() -> None:
+        if memory_cap is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_cap, memory_cap))
+
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port), "--http", http],
         cwd=ROOT,
         env={**os.environ, **(env or {})},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        preexec_fn=cap,
     )
     url = f"http://127.0.0.1:{port}"
     try:

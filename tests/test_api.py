@@ -27,10 +27,10 @@ from fastapi.testclient import TestClient
 
 import grpo
 from app.middleware import SECURITY_HEADERS
+from app.responses import TOKEN_FIELDS, dumps
 from app.settings import get_settings
 from grpo.examples import ARTICLE_EXAMPLE
 from grpo.experiments import EXPERIMENTS
-from grpo.io import TOKEN_FIELDS, dumps
 
 
 @pytest.fixture(scope="module")

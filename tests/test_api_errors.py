@@ -178,7 +178,8 @@ CATALOGUE = [
     case("group-size-zero", body(group_size=0), 422, ["body", "group_size"], ["greater than or equal to 1"]),
     case("group-size-negative", body(group_size=-2), 422, ["body", "group_size"], ["greater than or equal to 1"]),
     case("group-size-fraction", body(group_size=1.5), 422, ["body", "group_size"], ["integer"]),
-    case("group-size-huge", body(group_size=10**30), 422, ["body", "group_size"], ["divisor"]),
+    # orjson reads an integer past 64 bits as a float: refused as no integer, before the library sees it
+    case("group-size-huge", body(group_size=10**30), 422, ["body", "group_size"], ["integer"]),
     # mask values
     case(
         "mask-two",
@@ -214,11 +215,11 @@ CATALOGUE = [
         ["less than or equal"],
     ),
     case(
-        "max-completion-length-huge",
+        "max-completion-length-huge",  # past 64 bits: orjson reads a float, refused as no integer
         body(config={"max_completion_length": 10**30}),
         422,
         ["body", "config", "max_completion_length"],
-        ["less than or equal"],
+        ["integer"],
     ),
     case(
         "max-completion-length-zero",
@@ -387,15 +388,30 @@ def test_a_chunked_body_past_the_limit_gets_413(api: TestClient, monkeypatch: py
     assert "at most 2048 bytes" in detail[0]["msg"]
 
 
-def test_too_many_tokens_gets_413(api: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(get_settings(), "max_tokens", 2)
+def test_the_limit_counts_padded_positions(api: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows of 2 and 1 tokens send 3 numbers but cost a 2 x 2 grid: the limit counts the 4 padded positions."""
+    monkeypatch.setattr(get_settings(), "max_tokens", 3)
     detail = error_detail(api.post("/api/v1/loss", json=BASE), 413)
     assert detail[0]["loc"] == ["body", "per_token_logps"]
-    assert "3 token positions; at most 2" in detail[0]["msg"]
+    assert "2 rows padded to the longest (2 positions): 4 positions; at most 3 padded positions" in detail[0]["msg"]
     detail = error_detail(api.post("/api/v1/compare", json={**BASE, "configs": [{}]}), 413)
     assert detail[0]["loc"] == ["body", "per_token_logps"]
-    monkeypatch.setattr(get_settings(), "max_tokens", 3)
+    monkeypatch.setattr(get_settings(), "max_tokens", 4)
     assert api.post("/api/v1/loss", json=BASE).status_code == 200
+    detail = error_detail(api.post("/api/v1/compare", json={**BASE, "configs": [{}, {}]}), 413)
+    assert "4 positions x 2 configs; at most 4" in detail[0]["msg"]
+
+
+def test_the_memory_estimate_is_checked_before_allocating(api: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One row of 4,000 tokens and 4,000 one-token rows: a 66 KB body that would pad to 16 M positions."""
+    hostile = {"per_token_logps": [[-1.0] * 4000] + [[-1.0]] * 4000, "advantages": [1.0] * 4001}
+    detail = error_detail(api.post("/api/v1/loss", json=hostile), 413)
+    assert "4001 rows padded to the longest (4000 positions): 16004000 positions" in detail[0]["msg"]
+    monkeypatch.setattr(get_settings(), "max_request_bytes", 1024 * 1024)  # 1 MB: the article's 15 positions fit
+    assert api.post("/api/v1/loss", json=ARTICLE).status_code == 200
+    wide = {"per_token_logps": [[-1.0] * 8000], "advantages": [1.0]}  # 8,000 positions x ~180 bytes > 1 MB
+    detail = error_detail(api.post("/api/v1/loss", json=wide), 413)
+    assert "would take about 1 MB to compute; at most 1 MB per request" in detail[0]["msg"]
 
 
 def test_too_many_compare_configs_gets_413(api: TestClient) -> None:

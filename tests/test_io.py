@@ -17,8 +17,9 @@ import torch
 from reference import close
 
 import grpo
+from app.responses import breakdown_to_json, dumps
 from grpo.examples import ARTICLE_EXAMPLE
-from grpo.io import ALIASES, breakdown_to_json, dumps, load_file
+from grpo.io import ALIASES, load_file
 from grpo.requests import batch_from_request, row_lengths
 
 ROWS = {

@@ -1,0 +1,188 @@
+"""Request bodies -> checked batch fields, fast: orjson, NumPy, and pydantic for the small fields.
+
+A 256 x 4096 batch is a million numbers per field: a pydantic object per row and a check per
+number cost seconds. Here the per-token fields are converted with NumPy (one flat array per field)
+and checked with vectorised comparisons; the other fields (rewards, config, tokens, ...) go
+through the pydantic model with the per-token fields swapped for tiny placeholders, so their
+errors are pydantic's own. When a vectorised check fails, the whole body goes through the model,
+whose error names the field, the row and the position, exactly as before.
+
+Before any (B, T) array is allocated, the request's cost is checked: B x T_max padded positions
+(a ragged batch is padded to its longest row) and an estimate of the bytes it will take.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import chain
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ValidationError
+
+import grpo
+from app.errors import BODY_EXPECTED, LimitError, Loc, error_item, invalid
+from app.settings import Settings
+from grpo.io import ALIASES, parse_json
+
+# The per-token fields and what their values must be: (lower bound, upper bound, whole 0/1).
+PER_TOKEN: dict[str, tuple[float, float]] = {
+    "per_token_logps": (-np.inf, 0.0),
+    "old_per_token_logps": (-np.inf, 0.0),
+    "ref_per_token_logps": (-np.inf, 0.0),
+    "completion_mask": (0.0, 1.0),
+    "entropies": (0.0, np.inf),
+}
+PLACEHOLDER = {"completion_mask": [[1]]}
+NAMES = {name: [name, *(alias for alias, target in ALIASES.items() if target == name)] for name in PER_TOKEN}
+
+# Bytes one padded position costs: each given per-token field as a float64 (B, T) array, the mask,
+# and evaluate's working set (about 40 (B, T) tensors with autograd's, measured with bench/api.py's
+# largest request), in the dtype it computes in.
+INPUT_BYTES = 8
+EVALUATE_BYTES = {"float32": 160, "float64": 320}
+MB = 1024 * 1024
+
+
+@dataclass
+class Prepared:
+    """A checked request: batch fields (2-D arrays or request lists), row lengths, the model's other fields."""
+
+    fields: dict[str, Any]
+    lengths: list[int]
+    model: Any
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def read_json(data: bytes | str, loc: Loc) -> Any:
+    """JSON text -> values, or a 422 at ``loc`` saying what was expected."""
+    try:
+        return parse_json(data)
+    except ValueError as exc:
+        msg = f"JSON decode error ({str(exc)[:200]}): {BODY_EXPECTED}"
+        raise invalid([error_item(loc, msg, "json_invalid")]) from exc
+
+
+def validated(model: type[BaseModel], data: Any, root: Loc) -> Any:
+    """``model`` from ``data``, or a 422 whose locs start with ``root`` (where the data came from)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise invalid([{**e, "loc": [*root, *e["loc"]]} for e in exc.errors()]) from exc
+    except RecursionError as exc:  # orjson keeps nesting under 1024; a Python caller may not
+        raise invalid([error_item(root, "nesting too deep", "json_invalid")]) from exc
+
+
+class _Slow(Exception):
+    """The fast path cannot decide: the model validates the whole body (and names the error)."""
+
+
+def _flat(rows: Any, low: float, high: float, whole: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged rows -> (flat float64 values, row lengths), checked; ``_Slow`` when anything is off."""
+    if type(rows) is not list or not rows or any(type(r) is not list for r in rows):
+        raise _Slow
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    try:
+        flat = np.fromiter(chain.from_iterable(rows), dtype=np.float64, count=int(lengths.sum()))
+    except (TypeError, ValueError, OverflowError):
+        raise _Slow from None
+    ok = np.isfinite(flat).all() and (flat.min(initial=low) >= low) and (flat.max(initial=high) <= high)
+    if not ok or (whole and not np.isin(flat, (0.0, 1.0)).all()):
+        raise _Slow
+    return flat, lengths
+
+
+def check_cost(lengths: list[int] | np.ndarray, fields: int, dtype: str, settings: Settings, copies: int = 1) -> None:
+    """413 when the padded grid (B x T_max positions) or its estimated memory is past the settings."""
+    B, T = len(lengths), int(max(lengths, default=0))
+    padded = B * T * copies
+    estimate = B * T * (INPUT_BYTES * (fields + 1) + EVALUATE_BYTES.get(dtype, 320) * copies)
+    what = f"{B} rows padded to the longest ({T} positions): {B * T} positions"
+    if copies > 1:
+        what += f" x {copies} configs"
+    if padded > settings.max_tokens:
+        raise LimitError(
+            ["body", "per_token_logps"],
+            f"{what}; at most {settings.max_tokens} padded positions per request (a setting)",
+        )
+    if estimate > settings.max_request_bytes:
+        raise LimitError(
+            ["body", "per_token_logps"],
+            f"{what} would take about {estimate // MB} MB to compute; at most "
+            f"{settings.max_request_bytes // MB} MB per request (a setting)",
+        )
+
+
+def prepare(
+    body: Any, model: type[BaseModel], settings: Settings, root: Loc | None = None, copies: int = 1, dtype: str = ""
+) -> Prepared:
+    """A request body (parsed JSON) -> checked batch fields, its per-token fields as padded (B, T) arrays."""
+    root = list(root or ["body"])
+    if not isinstance(body, dict):
+        msg = f"Input should be a valid dictionary or object to extract fields from, got {type(body).__name__}"
+        raise invalid([error_item(root, msg, "model_attributes_type")])
+    given = {name: [k for k in keys if body.get(k) is not None] for name, keys in NAMES.items()}
+    if any(len(keys) > 1 for keys in given.values()):
+        return _slow(body, model, settings, root, copies)
+    keys = {name: keys[0] for name, keys in given.items() if keys}
+    rest = {**body, **{key: PLACEHOLDER.get(name, [[0.0]]) for name, key in keys.items()}}
+    checked = validated(model, rest, root)  # rewards, config, tokens, ...: pydantic's checks and errors
+    try:
+        flats = {
+            name: _flat(body[key], *PER_TOKEN[name], whole=name == "completion_mask") for name, key in keys.items()
+        }
+    except _Slow:
+        return _slow(body, model, settings, root, copies)
+    if "per_token_logps" not in flats:
+        return _slow(body, model, settings, root, copies)
+    lengths = flats["per_token_logps"][1]
+    if lengths.min() == 0:
+        return _slow(body, model, settings, root, copies)
+    config = getattr(checked, "config", None)
+    check_cost(lengths, len(flats), dtype or _dtype(config), settings, copies)
+    fields = checked.batch_fields()
+    for name, (flat, row_lengths) in flats.items():
+        _same_rows(name, row_lengths, lengths)
+        fields[name] = flat
+    return Prepared(_padded(fields, lengths, list(flats)), [int(n) for n in lengths], checked)
+
+
+def _dtype(config: Any) -> str:
+    """The compute dtype a request asks for (the presets compute in float32)."""
+    dtype = getattr(config, "dtype", None) if config is not None else None
+    return str(dtype) if dtype else "float32"
+
+
+def _same_rows(name: str, row_lengths: np.ndarray, lengths: np.ndarray) -> None:
+    """The library's errors for rows that do not match per_token_logps (as ``grpo.from_rows`` words them)."""
+    if len(row_lengths) != len(lengths):
+        raise grpo.GrpoInputError(name, f"{len(lengths)} rows like per_token_logps", got=f"{len(row_lengths)} rows")
+    bad = np.flatnonzero(row_lengths != lengths)
+    if bad.size:
+        i = int(bad[0])
+        raise grpo.GrpoInputError(
+            name, f"{lengths[i]} values like per_token_logps[{i}]", row=i, got=f"{row_lengths[i]}"
+        )
+
+
+def _padded(fields: dict[str, Any], lengths: np.ndarray, names: list[str]) -> dict[str, Any]:
+    """Flat per-token values -> (B, T) arrays padded with 0; the completion mask masks the padding."""
+    B, T = len(lengths), int(lengths.max())
+    present = np.arange(T)[None, :] < lengths[:, None]  # (B, T): row-major, the flat arrays' order
+    for name in names:
+        grid = np.zeros((B, T), dtype=np.float64)
+        grid[present] = fields[name]
+        fields[name] = grid
+    mask = fields.get("completion_mask")
+    fields["completion_mask"] = present.astype(np.float64) if mask is None else mask
+    return fields
+
+
+def _slow(body: dict[str, Any], model: type[BaseModel], settings: Settings, root: Loc, copies: int) -> Prepared:
+    """The whole body through the model: its errors name the field, row and position; ragged lists out."""
+    checked = validated(model, body, root)
+    fields = checked.batch_fields()
+    lengths = [len(r) for r in fields["per_token_logps"]]
+    present = [n for n in PER_TOKEN if fields.get(n) is not None]
+    check_cost(lengths, len(present), _dtype(getattr(checked, "config", None)), settings, copies)
+    return Prepared(fields, lengths, checked)

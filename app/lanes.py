@@ -1,0 +1,205 @@
+"""Two lanes for the work of a request, so that small requests never wait behind large ones.
+
+- small requests (a body under ``large_request_bytes``) run in a thread of this process, at most
+  ``threads`` at a time: quick, and the event loop stays free;
+- large ones run in a pool of ``process_workers`` worker processes (spawned, started with the app):
+  parsing JSON, pydantic and multipart hold the GIL, so in a thread they would stall every other
+  request. At most ``process_queue`` more wait for a worker; past that the answer is a 503 with
+  Retry-After (capacity, not a fault). A worker gives its memory back to the OS after each job.
+
+With no pool (``process_workers = 0``, or an app whose lifespan did not run, as in the ASGI test
+client) large requests run in the thread lane too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import logging
+import multiprocessing
+import os
+import sys
+import tempfile
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import suppress
+from functools import partial
+from typing import Any
+
+import anyio
+
+from app.errors import error_item, error_json
+from app.settings import Settings
+from app.work import Reply, replying
+
+log = logging.getLogger("grpo_lens")
+
+
+def release_memory() -> None:
+    """Hand the heap's free pages back to the OS (glibc's malloc_trim; a no-op elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    with suppress(OSError, AttributeError):  # not glibc: nothing to trim
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+
+
+def _worker_start(settings: Settings) -> None:
+    """A worker process: below the server's priority, its own torch threads, glibc tuned for (B, T) buffers."""
+    import torch
+
+    from grpo._allocator import keep_freed_memory
+
+    if settings.worker_nice:
+        os.nice(settings.worker_nice)
+    torch.set_num_threads(settings.worker_torch_threads or torch.get_num_threads())
+    keep_freed_memory()  # evaluate re-allocates dozens of (B, T) tensors: keep them mapped during a job
+
+
+def _ready() -> int:
+    return os.getpid()
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of process ``pid`` (0 when it is gone or /proc is not there)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class Spooled:
+    """A large body handed to a worker as a file (tmpfs where there is one), not through the pool's pipe:
+    pickled through the pipe it would be copied twice in the server, and one copy outlives the request."""
+
+    def __init__(self, data: bytes) -> None:
+        for directory in (SPOOL_DIR, None):  # tmpfs, else the temp dir (Docker's /dev/shm holds 64 MB)
+            fd, self.path = tempfile.mkstemp(prefix="grpo-lens-", dir=directory)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                return
+            except OSError:
+                self.discard()
+                if directory is None:
+                    raise
+
+    def read(self) -> bytes:
+        try:
+            with open(self.path, "rb") as f:
+                return f.read()
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        with suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+SPOOL_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+def _spool(args: tuple[Any, ...]) -> list[Any]:
+    return [Spooled(a) if isinstance(a, bytes) and len(a) >= 65536 else a for a in args]
+
+
+def _in_worker(fn: Any, *args: Any) -> Reply:
+    try:
+        args = tuple(a.read() if isinstance(a, Spooled) else a for a in args)
+        return replying(getattr(fn, "__name__", "request"), fn, *args)
+    finally:
+        del args
+        release_memory()  # the job's buffers go back to the OS, not kept for the next one
+
+
+class Lanes:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.threads = anyio.CapacityLimiter(settings.threads)
+        self.pool: ProcessPoolExecutor | None = None
+        self.waiting = 0  # large jobs running or queued
+        self.started_rss: dict[int, int] = {}
+        self.recycling = threading.Lock()  # each worker's RSS once it had imported everything
+
+    def start(self) -> None:
+        """Start the worker processes; they import the app in the background (seconds, once) while the
+        server already answers."""
+        if self.settings.process_workers < 1:
+            return
+        context = multiprocessing.get_context("spawn")
+        self.pool = ProcessPoolExecutor(
+            self.settings.process_workers, mp_context=context, initializer=_worker_start, initargs=(self.settings,)
+        )
+        self.started_rss = {}
+        for _ in range(self.settings.process_workers):
+            self.pool.submit(_ready).add_done_callback(self._note_started)
+
+    def _note_started(self, future: Any) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self.started_rss[future.result()] = rss_bytes(future.result())
+
+    def _recycle_if_grown(self) -> None:
+        """Replace the workers when, idle, they hold ``worker_recycle_bytes`` more than when they started:
+        what malloc_trim cannot return (fragmented heaps, caches) goes with the process."""
+        if self.pool is None or self.waiting or not self.started_rss:
+            return
+        grown = sum(rss_bytes(pid) - rss for pid, rss in self.started_rss.items())
+        if grown > self.settings.worker_recycle_bytes:
+            log.info("worker processes hold %d MB more than at start: replacing them", grown // 2**20)
+            old, self.pool = self.pool, None  # meanwhile (a moment: the workers are idle) large requests use threads
+            old.shutdown(wait=True)  # the old workers are gone before new ones start: never both in memory
+            self.start()
+
+    def stop(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None
+
+    async def run(self, size: int, fn: Any, *args: Any) -> Reply:
+        """``fn(*args)`` off the event loop, in the lane for a request of ``size`` bytes."""
+        if size < self.settings.large_request_bytes or self.pool is None:
+            return await self._in_thread(size, fn, *args)
+        limit = self.settings.process_workers + self.settings.process_queue
+        if self.waiting >= limit:
+            return self._busy(limit)
+        self.waiting += 1
+        spooled = await anyio.to_thread.run_sync(_spool, args)  # writing 64 MB would stall the event loop
+        pool = self.pool
+        try:
+            if pool is None:  # the workers are being replaced (a moment): this one runs in a thread
+                return await self._in_thread(size, fn, *args)
+            reply = await asyncio.wrap_future(pool.submit(_in_worker, fn, *spooled))
+        except BrokenProcessPool:  # a worker died (killed from outside): start fresh ones
+            log.error("a worker process died; restarting the pool")
+            self.stop()
+            await anyio.to_thread.run_sync(self.start)
+            msg = "a worker process stopped while computing this; please retry"
+            return Reply(503, error_json([error_item(["body"], msg, "worker_lost")]), {"retry-after": "5"})
+        finally:
+            self.waiting -= 1
+            for item in spooled:
+                if isinstance(item, Spooled):
+                    item.discard()  # already gone unless the worker never ran
+        await anyio.to_thread.run_sync(self._after_large_job)
+        return reply
+
+    def _after_large_job(self) -> None:
+        release_memory()  # the body's copies in this process
+        with self.recycling:  # one replacement at a time
+            self._recycle_if_grown()
+
+    async def _in_thread(self, size: int, fn: Any, *args: Any) -> Reply:
+        reply: Reply = await anyio.to_thread.run_sync(partial(replying, fn.__name__, fn, *args), limiter=self.threads)
+        if size >= self.settings.large_request_bytes:
+            await anyio.to_thread.run_sync(release_memory)
+        return reply
+
+    def _busy(self, limit: int) -> Reply:
+        seconds = str(self.settings.retry_after)
+        msg = (
+            f"the large-request lane is full ({limit} large requests running or waiting); retry after {seconds} s "
+            f"(requests under {self.settings.large_request_bytes} bytes are not queued)"
+        )
+        return Reply(503, error_json([error_item(["body"], msg, "busy")]), {"retry-after": seconds})

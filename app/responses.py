@@ -1,0 +1,102 @@
+"""Breakdowns to JSON: which fields and per-token arrays an answer carries, in one place.
+
+Used by the API's routes and by ``python -m grpo eval --json`` (whose output is the API's answer).
+No web framework here: grpo, NumPy and orjson only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+from torch import Tensor
+
+from grpo.curves import objective_curves
+from grpo.explain import explain
+from grpo.loss import Breakdown
+from grpo.objectives import REGIONS
+
+TOKEN_FIELDS = (
+    "ratio",
+    "clipped_ratio",
+    "surrogate",
+    "kl",
+    "weight",
+    "loss",
+    "grad",
+    "grad_policy",
+    "grad_kl",
+    "log_ratio",
+    "policy_loss",
+    "kl_loss",
+)
+ROW_FIELDS = (
+    "advantage",
+    "reward",
+    "length",
+    "loss",
+    "policy_loss",
+    "kl_loss",
+    "sequence_ratio",
+    "clip_fraction",
+    "group",
+)
+
+
+def _rows_of(t: Tensor, lengths: list[int], rows: list[int]) -> list[np.ndarray]:
+    array = t.detach().cpu().numpy()
+    return [array[i, : lengths[i]] for i in rows]
+
+
+def breakdown_to_json(
+    bd: Breakdown,
+    lengths: list[int] | None = None,
+    tokens: list[list[str]] | None = None,
+    rows: list[int] | None = None,
+    max_tokens: int | None = None,
+) -> dict[str, Any]:
+    """The breakdown as JSON-ready data (NumPy arrays inside: dump with ``dumps``).
+
+    Per-token arrays are ragged: row i keeps its first ``lengths[i]`` positions (default: all).
+    They cover every row when the batch has at most ``max_tokens`` positions, else only
+    ``rows`` (none by default): the summary and per-row data always come whole.
+    """
+    B, T = bd.tokens.mask.shape
+    lengths = lengths or [T] * B
+    total = sum(lengths)
+    if rows is None:
+        rows = list(range(B)) if max_tokens is None or total <= max_tokens else []
+    token_data: dict[str, Any] = {name: _rows_of(getattr(bd.tokens, name), lengths, rows) for name in TOKEN_FIELDS}
+    token_data["mask"] = [m.astype(np.int8) for m in _rows_of(bd.tokens.mask, lengths, rows)]
+    region = bd.tokens.region.cpu().numpy()
+    token_data["region"] = [[REGIONS[c] for c in region[i, : lengths[i]]] for i in rows]
+    if tokens is not None:
+        token_data["text"] = [tokens[i] for i in rows]
+    row_data = {name: getattr(bd.rows, name) for name in ROW_FIELDS}
+    return {
+        "loss": float(bd.loss),
+        "objective": float(bd.objective),
+        "policy_loss": float(bd.policy_loss),
+        "kl_loss": float(bd.kl_loss),
+        "metrics": bd.metrics,
+        "explanation": explain(bd),
+        "advantages": bd.advantages.cpu().numpy(),
+        "rows": {k: (v.cpu().numpy() if isinstance(v, Tensor) else v) for k, v in row_data.items()},
+        "tokens": token_data,
+        "token_rows": rows,
+        "tokens_complete": len(rows) == B,
+        "num_positions": total,
+        "curves": objective_curves(bd),
+        "clamp_counts": bd.clamp_counts,
+        "zero_std_groups": list(bd.zero_std_groups),
+        "config": bd.config.to_dict(),
+        "device": bd.device,
+        "dtype": bd.dtype,
+        "warnings": list(bd.warnings),
+    }
+
+
+def dumps(data: Any) -> bytes:
+    """JSON bytes: NumPy arrays inline, float32 in its shortest form, NaN and inf as null."""
+    return orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)

@@ -1,0 +1,218 @@
+"""A request's whole handling, from the body's bytes to the answer's bytes: parse, check, evaluate, serialise.
+
+These functions run off the event loop: in a thread of the server for small requests, in a worker
+process for large ones (see ``app.lanes``), so they take and return plain picklable values and
+never raise: every outcome, errors included, is a ``Reply``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import BaseModel
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException
+from starlette.requests import Request
+
+import grpo
+from app.errors import CONFIG_FIELDS, ApiError, LimitError, as_api_error, config_error, error_item, error_json
+from app.ingest import PER_TOKEN, Prepared, check_cost, prepare, read_json, validated
+from app.responses import breakdown_to_json, dumps
+from app.schemas import BatchRequest, CompareRequest, LossRequest, UploadForm
+from app.settings import Settings
+from grpo.io import load_file
+from grpo.requests import batch_from_request
+
+
+@dataclass
+class Reply:
+    """An answer: status, JSON bytes and extra headers."""
+
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def replying(where: str, fn: Any, *args: Any) -> Reply:
+    """``fn(*args)`` as a 200 Reply, or the error it raised as its Reply (a bug: a 500 with an error id)."""
+    try:
+        return Reply(200, dumps(fn(*args)))
+    except Exception as exc:
+        error = as_api_error(exc, where)
+        return Reply(error.status, error_json(error.items), error.headers)
+
+
+def resolve_config(
+    request: BaseModel | None, settings: Settings, loc: tuple[str | int, ...] = ("body", "config")
+) -> grpo.LossConfig:
+    """A LossConfig from a preset and the fields the request set (null included); errors name
+    the field under ``loc``, where the request holds this config."""
+    fields: dict[str, Any] = {}
+    if request is not None:
+        fields = request.model_dump(exclude_unset=True) | dict(request.model_extra or {})
+    preset = fields.pop("preset", None) or "article"
+    if fields.get("device", "auto") == "auto":  # the server's batches arrive on the CPU: auto picks the GPU
+        fields["device"] = "cuda" if settings.device == "auto" and torch.cuda.is_available() else settings.device
+    try:
+        return grpo.LossConfig.from_preset(preset, **fields)
+    except grpo.GrpoInputError as exc:
+        raise config_error([*loc], exc) from exc
+
+
+def _check_tokens(tokens: list[list[str]] | None, lengths: list[int]) -> None:
+    if tokens is None:
+        return
+    if len(tokens) != len(lengths):
+        raise grpo.GrpoInputError("tokens", f"{len(lengths)} rows like per_token_logps", got=f"{len(tokens)}")
+    for i, (row, n) in enumerate(zip(tokens, lengths, strict=True)):
+        if len(row) != n:
+            raise grpo.GrpoInputError("tokens", f"{n} strings like per_token_logps[{i}]", row=i, got=f"{len(row)}")
+
+
+def loss_json(
+    prepared: Prepared,
+    config: grpo.LossConfig,
+    settings: Settings,
+    tokens: list[list[str]] | None = None,
+    token_rows: list[int] | None = None,
+) -> dict[str, Any]:
+    """Evaluate a checked request under ``config``: the /api/v1/loss answer."""
+    lengths = prepared.lengths
+    _check_tokens(tokens, lengths)
+    if token_rows is not None and any(r >= len(lengths) for r in token_rows):
+        bad = next(i for i, r in enumerate(token_rows) if r >= len(lengths))
+        raise grpo.GrpoInputError("token_rows", f"row numbers below {len(lengths)}", row=bad)
+    batch = batch_from_request(prepared.fields)
+    prepared.fields.clear()  # the batch holds its own tensors: the request's arrays can go
+    bd = grpo.evaluate(batch, config)
+    del batch
+    return breakdown_to_json(bd, lengths, tokens, rows=token_rows, max_tokens=settings.full_token_limit)
+
+
+def loss(body: bytes, settings: Settings) -> dict[str, Any]:
+    """POST /api/v1/loss."""
+    parsed = read_json(body, ["body"]) if body else _empty()
+    prepared = prepare(parsed, LossRequest, settings)
+    del parsed
+    request: LossRequest = prepared.model
+    config = resolve_config(request.config, settings)
+    return loss_json(prepared, config, settings, request.tokens, request.token_rows)
+
+
+def compare(body: bytes, settings: Settings) -> dict[str, Any]:
+    """POST /api/v1/compare: one batch under several configs, side by side."""
+    parsed = read_json(body, ["body"]) if body else _empty()
+    prepared = prepare(parsed, CompareRequest, settings)
+    del parsed
+    request: CompareRequest = prepared.model
+    if len(request.configs) > settings.max_compare_configs:
+        msg = f"{len(request.configs)} configs; at most {settings.max_compare_configs}"
+        raise LimitError(["body", "configs"], msg)
+    given = sum(isinstance(prepared.fields.get(name), np.ndarray | list) for name in PER_TOKEN)
+    check_cost(prepared.lengths, given, "float32", settings, copies=len(request.configs))
+    configs = [resolve_config(c, settings, ("body", "configs", i)) for i, c in enumerate(request.configs)]
+    lengths = prepared.lengths
+    _check_tokens(request.tokens, lengths)
+    batch = batch_from_request(prepared.fields)
+    results = []
+    for i, config in enumerate(configs):
+        try:
+            bd = grpo.evaluate(batch, config)
+        except grpo.GrpoInputError as exc:  # a config this machine cannot run (device): name which one
+            if exc.field not in CONFIG_FIELDS:
+                raise
+            raise config_error(["body", "configs", i], exc) from exc
+        full = breakdown_to_json(bd, lengths, None, max_tokens=settings.full_token_limit)
+        tokens = full["tokens"]
+        full["tokens"] = {k: tokens[k] for k in ("weight", "grad", "grad_policy", "grad_kl", "loss", "region")}
+        results.append(full)
+    return {"results": results, "lengths": lengths, "text": request.tokens}
+
+
+def _empty() -> Any:
+    raise ApiError(422, [error_item(["body"], "Field required: expected a JSON object in the body", "missing")])
+
+
+# --- uploads ------------------------------------------------------------------------------------------
+def read_form(body: bytes, content_type: str, settings: Settings) -> dict[str, Any]:
+    """Multipart form data -> {name: str or (filename, bytes)}, parsed here, off the event loop."""
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def parse() -> dict[str, Any]:
+        scope = {"type": "http", "method": "POST", "headers": [(b"content-type", content_type.encode("latin-1"))]}
+        form = await Request(scope, receive).form(max_files=2, max_fields=8)
+        out: dict[str, Any] = {}
+        for key, value in form.multi_items():
+            out[key] = (value.filename or "", await value.read()) if isinstance(value, UploadFile) else value
+        await form.close()
+        return out
+
+    try:
+        return asyncio.run(parse())
+    except (MultiPartException, ValueError, KeyError, AssertionError) as exc:
+        raise ApiError(422, [error_item(["body"], f"expected multipart form data: {exc}", "form_invalid")]) from exc
+
+
+def upload(body: bytes, content_type: str, settings: Settings) -> dict[str, Any]:
+    """POST /api/v1/upload: a batch file (JSON, JSONL, safetensors, NPZ, .pt) and optional form fields."""
+    form = read_form(body, content_type, settings)
+    del body
+    file = form.get("file")
+    if not isinstance(file, tuple):
+        raise ApiError(422, [error_item(["body", "file"], "Field required: a batch file", "missing")])
+    filename, data = file
+    if len(data) > settings.max_upload_bytes:
+        raise LimitError(["body", "file"], f"file larger than {settings.max_upload_bytes} bytes (a setting)")
+    fields = load_file(filename, data, settings.max_unpacked_bytes)
+    del data, file
+    texts = {name: form.get(name) for name in ("config", "token_rows")}
+    for name, text in texts.items():
+        if text is not None and not isinstance(text, str):
+            raise ApiError(422, [error_item(["body", name], "expected JSON text, not a file", "form_invalid")])
+    given = _overlaid(fields.pop("config", None), _json_form("config", texts["config"]))
+    form_model = validated(
+        UploadForm, {"config": given, "token_rows": _json_form("token_rows", texts["token_rows"])}, ["body"]
+    )
+    fields.pop("full_kl", None)
+    ignored: list[str] = []
+    if isinstance(fields.get("per_token_logps", []), list):  # JSON-like uploads get /loss's checks
+        prepared = prepare(fields, LossRequest, settings, ["body", "file"], dtype=_dtype(form_model.config))
+        tokens = prepared.model.tokens
+    else:  # named tensors: the ones that are no batch field are reported, not silently dropped
+        ignored = sorted(set(fields) - set(BatchRequest.model_fields))
+        tokens = fields.pop("tokens", None)
+        logp = np.asarray(fields["per_token_logps"])
+        if logp.ndim != 2:
+            raise grpo.GrpoInputError("per_token_logps", "a 2-D array (B rows, T tokens)", got=f"{logp.ndim} dims")
+        lengths = [int(logp.shape[1])] * int(logp.shape[0])
+        check_cost(
+            lengths, sum(isinstance(v, np.ndarray) for v in fields.values()), _dtype(form_model.config), settings
+        )
+        prepared = Prepared(fields, lengths, None)
+    config = resolve_config(form_model.config, settings)
+    result = loss_json(prepared, config, settings, tokens, form_model.token_rows)
+    result["warnings"] += [f"Ignored {name!r} in the file: not a batch field." for name in ignored]
+    return result
+
+
+def _dtype(config: Any) -> str:
+    return str(getattr(config, "dtype", None) or "float32")
+
+
+def _overlaid(base: Any, over: Any) -> Any:
+    """``over``'s keys over ``base``'s when both are objects, else whichever was given (validation judges it)."""
+    if isinstance(base, dict) and isinstance(over, dict):
+        return {**base, **over}
+    return base if over is None else over
+
+
+def _json_form(name: str, text: str | None) -> Any:
+    if text is None or text == "":
+        return None
+    return read_json(text, ["body", name])

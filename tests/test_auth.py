@@ -1,0 +1,121 @@
+"""Only the team gets in: the shared token (bearer for the API, a sign-in cookie for the browser),
+trusted hosts, and forwarded headers trusted only from the configured proxies. In process (ASGI),
+each test on an app built by ``create_app`` with its own settings."""
+
+from __future__ import annotations
+
+import pytest
+from api_fixtures import ARTICLE
+from fastapi.testclient import TestClient
+
+from app.auth import COOKIE, session_value
+from app.main import create_app
+from app.settings import Settings
+
+TOKEN = "team-secret-4f2a"
+BEARER = {"authorization": f"Bearer {TOKEN}"}
+HTML = {"accept": "text/html"}
+
+
+def guarded(**settings: object) -> TestClient:
+    return TestClient(create_app(Settings(auth_token=TOKEN, **settings)), follow_redirects=False)
+
+
+@pytest.fixture(scope="module")
+def api() -> TestClient:
+    return guarded()
+
+
+def test_healthz_is_open(api: TestClient) -> None:
+    assert api.get("/healthz").json()["status"] == "ok"
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/api/v1/loss"),
+        ("POST", "/api/v1/compare"),
+        ("POST", "/api/v1/upload"),
+        ("GET", "/api/v1/options"),
+        ("GET", "/api/v1/experiments"),
+        ("GET", "/openapi.json"),
+        ("GET", "/docs"),
+        ("GET", "/"),
+        ("GET", "/static/js/main.js"),
+    ],
+)
+@pytest.mark.parametrize("auth", [None, "Bearer wrong", f"Basic {TOKEN}", f"Bearer {TOKEN}x"])
+def test_every_route_but_healthz_asks_for_the_token(api: TestClient, method: str, path: str, auth: str | None) -> None:
+    headers = {"authorization": auth} if auth else {}
+    response = api.request(method, path, headers=headers)
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"].startswith("Bearer")
+    detail = response.json()["detail"]
+    assert detail[0]["loc"] == ["header", "authorization"] and detail[0]["type"] == "unauthorized"
+    assert "content-security-policy" in response.headers  # the security headers, on a 401 too
+
+
+def test_the_bearer_token_lets_the_api_in(api: TestClient) -> None:
+    response = api.post("/api/v1/loss", json=ARTICLE, headers=BEARER)
+    assert response.status_code == 200 and response.json()["num_positions"] == 15
+    assert api.get("/openapi.json", headers=BEARER).status_code == 200
+
+
+def test_a_browser_is_sent_to_the_sign_in_page_and_back(api: TestClient) -> None:
+    response = api.get("/docs?x=1", headers=HTML)
+    assert response.status_code == 303 and response.headers["location"] == "/signin?next=/docs%3Fx%3D1"
+    page = api.get("/signin", params={"next": "/docs"})
+    assert page.status_code == 200 and 'name="token"' in page.text and 'value="/docs"' in page.text
+
+
+def test_signing_in_sets_an_httponly_strict_cookie_that_opens_every_route() -> None:
+    api = guarded()
+    wrong = api.post("/signin", data={"token": "nope", "next": "/"})
+    assert wrong.status_code == 401 and "not this instance" in wrong.text and "set-cookie" not in wrong.headers
+    response = api.post("/signin", data={"token": TOKEN, "next": "/docs"})
+    assert response.status_code == 303 and response.headers["location"] == "/docs"
+    cookie = response.headers["set-cookie"]
+    assert cookie.startswith(f"{COOKIE}={session_value(TOKEN)};")
+    assert TOKEN not in cookie  # the cookie holds an HMAC of the token, not the token
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/" in cookie
+    assert "Secure" not in cookie  # plain http here: a Secure cookie would never come back
+    assert api.get("/", headers=HTML).status_code == 200
+    assert api.post("/api/v1/loss", json=ARTICLE).status_code == 200
+    out = api.post("/signout")
+    assert out.status_code == 303 and out.headers["location"] == "/signin"
+    assert "Max-Age=0" in out.headers["set-cookie"] or "expires" in out.headers["set-cookie"].lower()
+    api.cookies.clear()
+    assert api.get("/", headers=HTML).status_code == 303
+
+
+@pytest.mark.parametrize("target", ["//evil.example/", "https://evil.example/", "/\\evil.example", ""])
+def test_after_signing_in_the_redirect_never_leaves_the_site(target: str) -> None:
+    response = guarded().post("/signin", data={"token": TOKEN, "next": target})
+    assert response.headers["location"] == "/"
+
+
+def test_behind_a_trusted_proxy_over_https_the_cookie_is_secure() -> None:
+    forwarded = {"x-forwarded-proto": "https", "x-forwarded-for": "203.0.113.7"}
+    trusted = guarded(forwarded_allow_ips=["*"]).post("/signin", data={"token": TOKEN}, headers=forwarded)
+    assert "Secure" in trusted.headers["set-cookie"]
+    untrusted = guarded().post("/signin", data={"token": TOKEN}, headers=forwarded)  # no proxy configured
+    assert "Secure" not in untrusted.headers["set-cookie"]
+
+
+def test_only_the_allowed_hosts_are_served() -> None:
+    api = TestClient(create_app(Settings(allowed_hosts=["lens.example.org"])), follow_redirects=False)
+    assert api.get("/healthz", headers={"host": "lens.example.org"}).status_code == 200
+    refused = api.get("/healthz", headers={"host": "evil.example"})
+    assert refused.status_code == 400 and "content-security-policy" in refused.headers
+
+
+def test_redirects_are_paths_whatever_the_host_header() -> None:
+    api = TestClient(create_app(Settings()), follow_redirects=False)
+    response = api.get("/static", headers={"host": "evil.example"})
+    assert response.status_code in (301, 307) and response.headers["location"] == "/static/"
+
+
+def test_no_token_set_means_no_sign_in() -> None:
+    api = TestClient(create_app(Settings()), follow_redirects=False)
+    assert api.get("/", headers=HTML).status_code == 200
+    assert api.post("/api/v1/loss", json=ARTICLE).status_code == 200
