@@ -23,7 +23,9 @@ AGGREGATIONS: Registry[Aggregation] = Registry("aggregation")
 
 
 def n_rows(mask: Tensor, config: LossConfig) -> Tensor:
-    """Rows a sequence mean divides by (at least 1). (B, T) -> ()"""
+    """Rows a sequence mean divides by (at least 1): the trainer's global count when given. (B, T) -> ()"""
+    if config.sequence_normalizer is not None:
+        return mask.new_tensor(config.sequence_normalizer)
     if config.skip_empty_rows:
         return (mask.sum(-1) > 0).sum().clamp(min=1).to(mask.dtype)
     return mask.new_tensor(mask.shape[0])
@@ -47,9 +49,12 @@ def token_mean(mask: Tensor, config: LossConfig, width: int) -> Tensor:
     """Mean over every token of the batch: each token weighs the same (DAPO, BNPO).
 
     TRL ``dapo`` (default), ``bnpo``, ``cispo`` on one process; verl ``token-mean``.
-    Weight 1 / (total tokens).
+    Weight 1 / (total tokens), or 1 / token_normalizer: the trainer's count over the whole
+    generation or mini-batch, so that micro-batch losses add up to one global token mean.
     Paper: https://arxiv.org/abs/2503.14476
     """
+    if config.token_normalizer is not None:
+        return mask / config.token_normalizer
     return mask / mask.sum().clamp(min=1)
 
 

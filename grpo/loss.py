@@ -250,6 +250,8 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         terms = OBJECTIVES.get(config.objective)(ratio, logp_policy, A, config)
         kl = kl_penalty(logp_kl, ref, old, mask, config, touched)
         weight = AGGREGATIONS.get(config.aggregation)(mask, config, width)
+        if config.gradient_accumulation_steps != 1:  # the trainer's scaling of one micro-batch's loss
+            weight = weight / config.gradient_accumulation_steps
         policy_tokens = weight * -terms.surrogate
         # beta = 0 leaves the KL out of the loss entirely, as TRL does (so an overflowed KL cannot
         # turn the loss into NaN through 0 · inf); the KL is still reported.
