@@ -581,3 +581,97 @@ def close(actual: Any, expected: Any, rtol: float = 1e-12, atol: float = 1e-14) 
         rtol=rtol,
         atol=atol,
     )
+
+
+# --- tolerances that follow from the computation ---------------------------------------------------
+# Two computations of one formula differ by round-off: a few ulps of each term they add, and the
+# order of the sums, which differs between CPU kernel sets (AVX-512 reduces 8 or 16 lanes at a time,
+# AVX2 4, the default kernels one) and between a vectorised pass and a loop. A sum of n terms t_i
+# agrees to about n·eps·Σ|t_i| in any order, so an absolute tolerance must scale with the size of
+# the terms that cancel, not with the size of the result: at ref - logp = 25, k3's gradient
+# -(e^x - 1)·r + (e^x - x - 1)·r = -x·r is a difference of terms near e^25 ≈ 7e10.
+# ULPS bounds n (at most 6 x 7 tokens in these tests) times the few roundings of each term.
+ULPS = 64
+
+
+def eps(dtype: torch.dtype) -> float:
+    return float(torch.finfo(dtype).eps)
+
+
+def _counted(x: Tensor, mask: Tensor) -> Tensor:
+    return torch.nan_to_num(x.detach().to(torch.float64), nan=0.0) * (mask > 0)
+
+
+def term_scales(inputs: Inputs, weight: Tensor, beta: float, sequence: bool = False) -> dict[str, Tensor]:
+    """Bounds on the terms summed into each counted token's loss and gradient, (B, T) each.
+
+    A token's loss is w·(-A·s + beta·k(x)·c), with r = e^(logp - old), x = ref - logp and c = r
+    (TRL's bias correction) or 1. Its gradient adds w·A·r·s'(r) and beta·w·(k'(x)·c, k(x)·c').
+    Every objective keeps |s| and |r·s'| within r + 4 + |logp| (clip: r; SAPO: 4/τ; CISPO and GPG:
+    |logp|), r being the token's ratio or, at ``sequence`` level, the row's exp(mean log-ratio);
+    every estimator keeps |k|, |k'| within e^x + x² + |x| + 1. The clamps only make terms smaller.
+    ``policy`` and ``kl`` (without w and beta) per token; ``token`` = |w|·(policy + beta·kl).
+    """
+    mask = inputs.mask
+    logp, old, ref = (_counted(t, mask) for t in (inputs.logp, inputs.old, inputs.ref))
+    counted = mask > 0
+    log_ratio = logp - old
+    if sequence:  # (B, T) -> (B, 1), the row's mean log-ratio
+        log_ratio = log_ratio.sum(-1, keepdim=True) / counted.sum(-1, keepdim=True).clamp(min=1)
+    r = log_ratio.exp()
+    x = ref - logp
+    A = inputs.advantages.to(torch.float64).abs()[:, None]
+    policy = A * (r + 4 + logp.abs()) * counted
+    kl = (x.exp() + x.square() + x.abs() + 1) * (1 + r) * counted
+    token = weight.detach().to(torch.float64).abs() * (policy + beta * kl)
+    return {"policy": policy, "kl": kl, "token": token}
+
+
+def close_to_scale(actual: Any, expected: Any, scale: Any, rtol: float, floor: float, dtype: torch.dtype) -> None:
+    """Elementwise |actual - expected| <= rtol·|expected| + floor + ULPS·eps(dtype)·scale.
+
+    ``scale`` (broadcastable) is the size of the terms that cancel in each element; ``floor`` the
+    absolute tolerance of a result of order 1.
+    """
+    a = torch.as_tensor(actual, dtype=torch.float64).detach()
+    e = torch.as_tensor(expected, dtype=torch.float64).detach()
+    assert a.shape == e.shape, (a.shape, e.shape)
+    allowed = rtol * e.abs() + floor + ULPS * eps(dtype) * torch.as_tensor(scale, dtype=torch.float64)
+    bad = ~((a - e).abs() <= allowed)  # NaN on either side fails
+    if bad.any():
+        i = tuple(int(k) for k in bad.nonzero()[0]) if bad.dim() else ()
+        raise AssertionError(
+            f"{int(bad.sum())} of {bad.numel()} elements differ; first at {i}: actual {float(a[i])!r}, "
+            f"expected {float(e[i])!r}, difference {float((a - e).abs()[i]):.3g} > allowed {float(allowed[i]):.3g}"
+        )
+
+
+def metric_scale(name: str, scales: dict[str, Tensor], inputs: Inputs) -> float:
+    """The size of the per-token terms a metric sums or averages (1 for fractions and counts)."""
+    if name == "kl":
+        return float(scales["kl"].max())
+    if name == "actor/ppo_kl":
+        return float(_counted(inputs.logp - inputs.old, inputs.mask).abs().max())
+    if name in ("actor/pg_loss", "actor/kl_loss"):
+        return float(scales["token"].sum() + scales["kl"].sum())
+    return 1.0
+
+
+def close_breakdown(
+    bd: grpo.Breakdown,
+    inputs: Inputs,
+    loss: Any,
+    grad: Any,
+    metrics: dict[str, float],
+    rtol: float,
+    floor: float,
+) -> None:
+    """A Breakdown against a reference's loss, gradient and metrics, each to the round-off of the
+    terms it is made of (see term_scales)."""
+    dtype = bd.loss.dtype
+    sequence = bd.config.importance_sampling_level == "sequence"
+    scales = term_scales(inputs, bd.tokens.weight, bd.config.beta, sequence)
+    close_to_scale(bd.loss, loss, scales["token"].sum(), rtol, floor, dtype)
+    close_to_scale(bd.tokens.grad, grad, scales["token"], rtol, floor, dtype)
+    for name, value in metrics.items():
+        close_to_scale(bd.metrics[name], value, metric_scale(name, scales, inputs), rtol, floor, dtype)

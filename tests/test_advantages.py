@@ -14,6 +14,8 @@ from reference import close
 import grpo
 from grpo.advantages import ADVANTAGES
 
+pytestmark = pytest.mark.numerical  # run again under ATEN_CPU_CAPABILITY=default by make test
+
 # Rewards [1, 0, 3, 3] in two groups of two.
 #   group 0: mean 0.5, unbiased std √((0.5² + 0.5²)/1) = √0.5; group 1: mean 3, std 0.
 #   batch: mean 1.75, deviations -0.75 -1.75 1.25 1.25, Σd² = 6.75, unbiased std √(6.75/3) = 1.5.

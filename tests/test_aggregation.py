@@ -10,6 +10,8 @@ from reference import close
 import grpo
 from grpo.aggregation import AGGREGATIONS
 
+pytestmark = pytest.mark.numerical  # run again under ATEN_CPU_CAPABILITY=default by make test
+
 # Three rows: lengths 2, 3 and 0 (fully masked), padded width 3.
 MASK = torch.tensor([[1, 1, 0], [1, 1, 1], [0, 0, 0]], dtype=torch.float64)
 

@@ -13,11 +13,26 @@ from typing import Any
 
 import pytest
 import torch
-from reference import K3_ROW0, K3_ROW1, LN, Inputs, close, evaluate64, leaf, loop_evaluate, random_inputs
+from reference import (
+    K3_ROW0,
+    K3_ROW1,
+    LN,
+    ULPS,
+    Inputs,
+    close,
+    close_breakdown,
+    eps,
+    evaluate64,
+    leaf,
+    loop_evaluate,
+    random_inputs,
+)
 
 import grpo
 from grpo.explain import explain
 from grpo.objectives import REGIONS
+
+pytestmark = pytest.mark.numerical  # run again under ATEN_CPU_CAPABILITY=default by make test
 
 M, T_, LO, HI, DC = (REGIONS.index(n) for n in ("masked", "trust", "clip_low", "clip_high", "dual_clip"))
 E8 = 1e-8  # verl's length epsilon
@@ -171,12 +186,12 @@ def test_article_parts_by_hand(hand_batch: grpo.Batch) -> None:
     close(bd.rows.clip_fraction, [1 / 2, 1 / 3])
     assert bd.tokens.region_names()[1] == ["clip_low", "trust", "trust"]
     close(bd.metrics["kl"], (K3_ROW0 + K3_ROW1) / 5)  # = 0.5 / 5: the two k3 values sum to 1/2
-    close(bd.metrics["ratio/min"], 0.5)
-    close(bd.metrics["ratio/max"], 4.0)
-    close(bd.metrics["ratio/mean"], (1.5 + 0.9 + 0.5 + 1.1 + 4.0) / 5)
-    close(bd.metrics["grad_norm"], torch.linalg.vector_norm(bd.tokens.grad))
+    close(bd.metrics["lens/ratio/min"], 0.5)
+    close(bd.metrics["lens/ratio/max"], 4.0)
+    close(bd.metrics["lens/ratio/mean"], (1.5 + 0.9 + 0.5 + 1.1 + 4.0) / 5)
+    close(bd.metrics["lens/grad_norm_logps"], torch.linalg.vector_norm(bd.tokens.grad))
     close(bd.metrics["completions/mean_length"], 2.5)
-    assert bd.metrics["num_tokens"] == 5
+    assert bd.metrics["lens/num_tokens"] == 5
 
 
 # --- invariants of the Breakdown on random batches, every preset --------------------------------
@@ -212,7 +227,10 @@ def test_grad_matches_finite_differences(inputs: Inputs) -> None:
         shifted.append(
             float(evaluate64(grpo.Batch(**{**batch_fields, "per_token_logps": lp}), "verl-grpo", beta=0.05).loss)
         )
-    close((shifted[0] - shifted[1]) / (2 * h), bd.tokens.grad[i, t], rtol=1e-6, atol=1e-9)
+    # Central differences: truncation error h²·|f⁽³⁾|/6 (f⁽³⁾ is O(1) here, so h²), and each loss is
+    # exact to the round-off of its terms, ULPS·eps·Σ|token loss|, divided by 2h twice over.
+    round_off = ULPS * eps(torch.float64) * float(bd.tokens.loss.abs().sum()) / h
+    close((shifted[0] - shifted[1]) / (2 * h), bd.tokens.grad[i, t], rtol=1e-6, atol=round_off + h**2)
 
 
 # --- the vectorised pass against a per-token loop, over the registries' combinations -----------------
@@ -357,6 +375,54 @@ def test_warnings(hand_batch: grpo.Batch) -> None:
     )
 
 
+def test_warns_when_the_reference_is_dropped_or_the_constant_is_off(hand_batch: grpo.Batch) -> None:
+    dropped = "ref_per_token_logps given but beta = 0"
+    assert any(dropped in w for w in evaluate64(hand_batch, "trl-grpo").warnings)
+    assert not any(dropped in w for w in evaluate64(hand_batch, "trl-grpo", beta=0.04).warnings)
+    # Dr. GRPO divides by max_completion_length: the hand batch's longest row has 3 tokens, so 512
+    # (TRL's default) is far off; 2..6 (within 2x) is not.
+    far = "max_completion_length = 512 is far from the longest counted row (3 tokens)"
+    assert any(far in w for w in evaluate64(hand_batch, "trl-dr_grpo").warnings)
+    for constant in (2, 6):
+        warnings = evaluate64(hand_batch, "trl-dr_grpo", max_completion_length=constant).warnings
+        assert not any("max_completion_length" in w for w in warnings)
+    # a constant that no aggregation reads warns about nothing
+    assert not any("max_completion_length" in w for w in evaluate64(hand_batch, "trl-grpo").warnings)
+
+
+@pytest.mark.parametrize("preset", list(grpo.PRESETS))
+def test_compute_loss_backpropagates_into_the_model(preset: str, inputs: Inputs) -> None:
+    """compute_loss is evaluate's loss, and its gradient reaches what produced the log-probs.
+
+    The "model" is logp = scale · base with a parameter ``scale`` (1 here): by the chain rule
+    d loss / d scale = sum(d loss / d logp · base), d loss / d logp being evaluate's tokens.grad.
+    """
+    fields = inputs.batch_fields()
+    base = leaf(inputs.logp).detach()
+    scale = torch.ones((), dtype=torch.float64, requires_grad=True)
+    config = grpo.LossConfig.from_preset(preset, dtype="float64", beta=0.05)
+    batch = grpo.Batch(**{**fields, "per_token_logps": scale * base})
+    loss = grpo.compute_loss(batch, config)
+    loss.backward()
+    bd = grpo.evaluate(batch, config)
+    close(loss.detach(), bd.loss)
+    assert scale.grad is not None
+    close(scale.grad, (bd.tokens.grad * base).sum())
+    assert loss.requires_grad and not bd.loss.requires_grad
+
+
+def test_compute_loss_gradient_per_token_and_without_grad(hand_batch: grpo.Batch) -> None:
+    logp = leaf(torch.tensor(hand_batch.logp.tolist(), dtype=torch.float64))
+    fields = {k: v for k, v in vars(hand_batch).items() if not k.startswith("_")}
+    batch = grpo.Batch(**{**fields, "per_token_logps": logp})
+    config = grpo.LossConfig.from_preset("article", dtype="float64")
+    grpo.compute_loss(batch, config).backward()
+    assert logp.grad is not None
+    close(logp.grad, HAND_PRESETS["article"]["grad"])  # 0 at the masked position, too
+    # log-probs that need no gradient give a plain scalar with the same value
+    close(grpo.compute_loss(hand_batch, config), HAND_PRESETS["article"]["loss"])
+
+
 def test_prompt_lengths_exclude_leading_positions(hand_batch: grpo.Batch) -> None:
     """A prompt of 1 token per row drops the first position: the same as masking it."""
     with_prompt = evaluate64(grpo.Batch(**{**_hand_fields(), "prompt_lengths": 1}), "verl-grpo")
@@ -437,8 +503,8 @@ def test_cuda_matches_cpu(inputs: Inputs) -> None:
     for name in ("ratio", "loss", "grad", "weight", "region", "mask"):
         assert getattr(gpu.tokens, name).device.type == "cuda", name
     assert gpu.rows.loss.device.type == "cuda" and gpu.advantages.device.type == "cuda"
-    close(gpu.loss.cpu(), cpu.loss, 1e-10, 1e-12)
-    close(gpu.tokens.grad.cpu(), cpu.tokens.grad, 1e-10, 1e-12)
+    # two kernel sets computing one formula: round-off of the terms that cancel (reference.term_scales)
+    close_breakdown(gpu, inputs, cpu.loss, cpu.tokens.grad, {}, rtol=1e-10, floor=1e-12)
     # inputs already on the GPU stay there under "auto"
     on_gpu = grpo.Batch(**{k: v.cuda() for k, v in inputs.batch_fields().items()})
     assert evaluate64(on_gpu, "verl-grpo").loss.device.type == "cuda"

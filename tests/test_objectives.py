@@ -14,6 +14,8 @@ from reference import Inputs, close, evaluate64, random_inputs
 import grpo
 from grpo.objectives import OBJECTIVES, REGIONS
 
+pytestmark = pytest.mark.numerical  # run again under ATEN_CPU_CAPABILITY=default by make test
+
 T_, LO, HI, DC = (REGIONS.index(n) for n in ("trust", "clip_low", "clip_high", "dual_clip"))
 # The hand ratios (row 0: A = +1, row 1: A = -1); the third of row 0 is 1.0 here (no padding).
 RATIO = [[1.5, 0.9, 1.0], [0.5, 1.1, 4.0]]
