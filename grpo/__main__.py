@@ -2,6 +2,7 @@
 
 python -m grpo                          the article's example, as a table
 python -m grpo eval FILE [--preset NAME] [--json] [--set field=value ...]
+python -m grpo check-run RUN_DIR [--rtol R] [--metric-atol A] [--json]
 
 A run's step file (``steps/000001-000.safetensors``) carries its config: ``eval`` uses it, ``--preset``
 replaces it and ``--set`` overrides its fields.
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from grpo.check import DEFAULT_METRIC_ATOL, DEFAULT_RTOL, check_run, format_check
 from grpo.config import PRESETS, LossConfig
 from grpo.errors import GrpoInputError
 from grpo.examples import ARTICLE_EXAMPLE
@@ -22,7 +24,7 @@ from grpo.explain import summary_table
 from grpo.io import breakdown_to_json, dumps, load_file
 from grpo.loss import evaluate
 from grpo.requests import batch_from_request, row_lengths
-from grpo.runs import is_step_metadata, load_step, read_metadata, with_overrides
+from grpo.runs import is_step_metadata, load_run, load_step, read_metadata, with_overrides
 
 
 def _value(text: str) -> Any:
@@ -40,7 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--preset", default=None, help=f"one of {', '.join(PRESETS)} (default: the file's, else article)")
     ev.add_argument("--json", action="store_true", help="print the whole breakdown as JSON")
     ev.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a config field")
+    check = sub.add_parser("check-run", help="recompute every micro-batch of a run and compare with the trainer")
+    check.add_argument("run_dir", type=Path)
+    check.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help="relative tolerance on each loss")
+    check.add_argument("--metric-atol", type=float, default=DEFAULT_METRIC_ATOL, help="absolute tolerance on metrics")
+    check.add_argument("--json", action="store_true", help="print the check as JSON")
     args = parser.parse_args(argv)
+    if args.command == "check-run":
+        return _check_run(args)
     try:
         if args.command == "eval" and _is_step_file(args.file):
             return _eval_step_file(args)
@@ -66,6 +75,17 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(summary_table(bd))
     return 0
+
+
+def _check_run(args: argparse.Namespace) -> int:
+    """Exit 0 when every micro-batch and step is within tolerance, 1 when one is not, 2 on bad input."""
+    try:
+        result = check_run(load_run(args.run_dir), rtol=args.rtol, metric_atol=args.metric_atol)
+    except (GrpoInputError, OSError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result.to_dict(), indent=1) if args.json else format_check(result))
+    return 0 if result.ok else 1
 
 
 def _sets(items: list[str]) -> dict[str, Any]:

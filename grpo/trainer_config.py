@@ -300,7 +300,8 @@ def map_verl(actor_config: Any, algorithm: Any = None) -> TrainerMapping:
         "clip_ratio_c": "dual_clip (vanilla only)",
         "loss_agg_mode": "aggregation",
         "loss_scale_factor": "max_completion_length (seq-mean-token-sum-norm's constant)",
-        "policy_loss": "objective and its clamps (policy_loss.loss_mode)",
+        "policy_loss": "objective and its clamps (loss_mode); rollout_correction weights reach the loss as "
+        "rollout_is_weights, which grpo.capture.verl reports as unsupported when a call passes them",
         "use_kl_loss": "beta (0 when off)",
         "kl_loss_coef": "beta",
         "tau_pos": "sapo_temperature_pos",
@@ -318,8 +319,6 @@ def map_verl(actor_config: Any, algorithm: Any = None) -> TrainerMapping:
         unsupported["entropy_coeff"] = "the entropy term is not part of GRPO Lens's loss"
     elif "entropy_coeff" in a:
         mapped["entropy_coeff"] = "nothing: 0 leaves the loss unchanged"
-    if isinstance(policy, dict) and policy.get("rollout_correction"):
-        unsupported["policy_loss.rollout_correction"] = "rollout importance weights are not applied"
     if algorithm is not None:
         alg = _fields(algorithm)
         if not alg.get("norm_adv_by_std_in_grpo", True):

@@ -108,7 +108,10 @@ class _TrlHooks:
     def _hook_log(self, original: Callable[..., Any], logs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         out = original(logs, *args, **kwargs)  # TRL adds its averaged metrics to logs in place
         if self.trainer.model.training and not any(k.startswith("eval_") for k in logs):
-            self.logged[str(self.trainer.state.global_step)] = {k: _number(v) for k, v in logs.items()}
+            # the end-of-training summary is logged at the last step too: merge, never overwrite
+            self.logged.setdefault(str(self.trainer.state.global_step), {}).update(
+                {k: _number(v) for k, v in logs.items()}
+            )
             self.writer.update(logged=self.logged)
         return out
 

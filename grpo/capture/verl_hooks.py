@@ -63,7 +63,20 @@ class VerlCapture:
                 pg_loss, pg_metrics = fn(*args, **kwargs)
             finally:
                 self.in_policy -= 1
-            self.pending = {"call": call, "pg_loss": pg_loss, "pg_metrics": dict(pg_metrics)}
+            # read the values now: ppo_loss adds the KL and entropy terms to pg_loss in place
+            metrics = {k: _float(v) for k, v in pg_metrics.items()}
+            # and the config now: ppo_loss rewrites global_batch_info for every micro-batch
+            actor = call["config"]
+            mapping = map_verl(actor)
+            self.unsupported |= mapping.unsupported
+            info = dict(getattr(actor, "global_batch_info", None) or {})
+            self.pending = {
+                "call": call,
+                "pg_loss": _float(pg_loss),
+                "pg_metrics": metrics,
+                "config": _with_batch_info(mapping.config, info),
+                "scaling": {k: (None if v is None else _float(v)) for k, v in info.items() if k != "loss_scale_factor"},
+            }
             return pg_loss, pg_metrics
 
         return wrapped
@@ -82,7 +95,7 @@ class VerlCapture:
             out: Tensor = fn(loss_mat, *args, **kwargs)
             if self.pending is not None and not self.in_policy:
                 key = "kl_loss" if loss_mat is self.pending.get("kld") else "entropy_loss"
-                self.pending[key] = out
+                self.pending[key] = _float(out)
             return out
 
         return wrapped
@@ -95,9 +108,6 @@ class VerlCapture:
             return
         call = record["call"]
         actor = call["config"]
-        mapping = map_verl(actor)
-        self.unsupported |= mapping.unsupported
-        config = _with_batch_info(mapping.config, getattr(actor, "global_batch_info", None) or {})
         mask = call["response_mask"].bool()
         tensors = {
             "per_token_logps": call["log_prob"].detach(),
@@ -107,27 +117,22 @@ class VerlCapture:
         }
         if call.get("rollout_is_weights") is not None:
             self.unsupported["rollout_is_weights"] = "rollout importance weights are not applied"
-        pg_loss = _float(record["pg_loss"])
+        pg_loss = record["pg_loss"]
         loss = pg_loss
-        metrics = {k: _float(v) for k, v in record["pg_metrics"].items()} | {"actor/pg_loss": pg_loss}
+        metrics = record["pg_metrics"] | {"actor/pg_loss": pg_loss}
         if "kl_loss" in record and "ref_log_prob" in record:
             tensors["ref_per_token_logps"] = record["ref_log_prob"].detach()
-            kl_loss = _float(record["kl_loss"])
+            kl_loss = record["kl_loss"]
             loss += float(actor.kl_loss_coef) * kl_loss
             metrics |= {"actor/kl_loss": kl_loss, "actor/kl_coef": float(actor.kl_loss_coef)}
         if "entropy_loss" in record:
-            loss -= float(actor.entropy_coeff) * _float(record["entropy_loss"])
-        meta = {"loss": loss, "metrics": metrics, "scaling": _batch_info(actor)}
-        self.writer.write_step(self.step, self.micro, tensors, meta, config=config)
+            loss -= float(actor.entropy_coeff) * record["entropy_loss"]
+        meta = {"loss": loss, "metrics": metrics, "scaling": record["scaling"]}
+        self.writer.write_step(self.step, self.micro, tensors, meta, config=record["config"])
         self.micro += 1
         if self.micro_batches_per_step and self.micro >= self.micro_batches_per_step:
             self.step += 1
             self.micro = 0
-
-
-def _batch_info(actor: Any) -> dict[str, Any]:
-    info = getattr(actor, "global_batch_info", None) or {}
-    return {k: (None if v is None else _float(v)) for k, v in info.items() if k != "loss_scale_factor"}
 
 
 def _with_batch_info(config: LossConfig, info: Any) -> LossConfig:
@@ -195,6 +200,11 @@ def verl(
         registry.update(saved_registry)
         for module, name, original in patched:
             setattr(module, name, original)
+        # modules first imported inside the block bound the hooks by name: give them the originals
+        for module in [m for n, m in list(sys.modules.items()) if n.startswith("verl") and m is not None]:
+            for name, hook in hooks.items():
+                if getattr(module, name, None) is hook:
+                    setattr(module, name, originals[name])
 
 
 def load_last_config(writer: RunWriter) -> dict[str, Any] | None:
