@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 
-from app import api, errors, pages
+from app import api, errors, pages, runs
 from app.middleware import BodyLimit, SecurityHeaders
 from app.settings import get_settings
 
@@ -37,6 +37,7 @@ app = FastAPI(
 app.state.limiter = anyio.CapacityLimiter(settings.threads)
 errors.install(app)
 app.include_router(api.router)
+app.include_router(runs.router)
 app.include_router(pages.router)
 app.mount("/static", StaticFiles(directory=pages.ROOT / "static"), name="static")
 app.mount("/vendor/swagger-ui", StaticFiles(directory=pages.ROOT / "vendor" / "swagger-ui"), name="swagger-ui")
@@ -44,6 +45,8 @@ if settings.cors_origins:
     app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"])
 app.add_middleware(
     BodyLimit,
-    limit=lambda path: settings.max_upload_bytes + 65536 if path == "/api/v1/upload" else settings.max_body_bytes,
+    limit=lambda path: (
+        settings.max_upload_bytes + 65536 if path in ("/api/v1/upload", "/api/v1/runs") else settings.max_body_bytes
+    ),
 )
 app.add_middleware(SecurityHeaders)

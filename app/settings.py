@@ -28,6 +28,7 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Device when a request does not name one; auto: a GPU when there is one, else the CPU."
     )
+    runs_dir: str = Field("./runs", description="Where runs live (captured, lab, uploaded): one directory each.")
     threads: int = Field(4, ge=1, description="Worker threads for the loss computations.")
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads per computation (0: torch's default).")
 

@@ -254,7 +254,7 @@ def list_runs(root: str | os.PathLike[str]) -> list[Run]:
     root = Path(root)
     runs = []
     for child in sorted(root.iterdir()) if root.is_dir() else []:
-        if (child / "run.json").is_file():
+        if not child.name.startswith(".") and (child / "run.json").is_file():  # dot: being written or deleted
             try:
                 runs.append(load_run(child))
             except GrpoInputError:

@@ -1,0 +1,81 @@
+"""Capture overhead: a real TRL 1.16 GRPOTrainer step on the tiny model, with and without grpo.capture.trl.
+
+Prints the overhead as a ratio (target <= 5% of a step), two ways:
+- the time spent writing step files (the capture's cost beyond a few dict look-ups) / the training time;
+- the median step time with capture / without, from runs alternated so load drifts hit both.
+Run: .venv/bin/python bench/capture.py [--steps N] [--repeats R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+import grpo.capture  # noqa: E402
+from grpo import runs as runs_module  # noqa: E402
+
+
+def step_times(trainer: object) -> list[float]:
+    logged = [entry.get("step_time") for entry in trainer.state.log_history]  # type: ignore[attr-defined]
+    return [t for t in logged if isinstance(t, float)]
+
+
+def one_run(root: Path, capture: bool, steps: int) -> tuple[list[float], float, float]:
+    from trainers import grpo_trainer
+
+    trainer = grpo_trainer(root / f"out-{time.perf_counter_ns()}", "dapo", steps=steps)
+    spent = [0.0]
+    original = runs_module.RunWriter.write_step
+
+    def timed(self: runs_module.RunWriter, *args: object, **kwargs: object) -> Path:
+        start = time.perf_counter()
+        try:
+            return original(self, *args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            spent[0] += time.perf_counter() - start
+
+    start = time.perf_counter()
+    if capture:
+        runs_module.RunWriter.write_step = timed  # type: ignore[method-assign]
+        try:
+            with grpo.capture.trl(trainer, root / f"run-{time.perf_counter_ns()}"):
+                trainer.train()
+        finally:
+            runs_module.RunWriter.write_step = original  # type: ignore[method-assign]
+    else:
+        trainer.train()
+    total = time.perf_counter() - start
+    # steps after the first: the first carries one-off warm-up
+    return step_times(trainer)[1:], spent[0], total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    plain: list[float] = []
+    captured: list[float] = []
+    shares = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(args.repeats):
+            plain += one_run(Path(tmp), False, args.steps)[0]
+            times, spent, total = one_run(Path(tmp), True, args.steps)
+            captured += times
+            shares.append(spent / total)
+    p, c = statistics.median(plain), statistics.median(captured)
+    print(f"tiny Qwen2, TRL 1.16 dapo, {args.steps} steps x {args.repeats} runs each, 2 micro-batches a step")
+    print(f"step-file writes inside the capture: {max(shares):.2%} of the training time (target <= 5%)")
+    print(f"median step: {c * 1e3:.0f} ms with capture vs {p * 1e3:.0f} ms without: ratio {c / p:.3f}")
+
+
+if __name__ == "__main__":
+    main()
