@@ -51,7 +51,7 @@ def start_server() -> tuple[subprocess.Popen[bytes], str]:
     ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=os.environ.copy())
     url = f"http://127.0.0.1:{port}"
-    for _ in range(200):
+    for _ in range(1200):  # 120 s: importing torch on a loaded 2-core machine takes tens of seconds
         try:
             urllib.request.urlopen(f"{url}/healthz", timeout=1)
             return proc, url

@@ -50,7 +50,7 @@ def server() -> Iterator[str]:
     cmd = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(200):
+    for _ in range(1200):  # 120 s: importing torch on a loaded 2-core machine takes tens of seconds
         try:
             urllib.request.urlopen(f"{url}/healthz", timeout=1)
             break

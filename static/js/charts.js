@@ -1,6 +1,7 @@
 // Chart functions: the API's JSON in, Plotly {data, layout} out. No numbers are computed here.
 
-import { LABELS, REGION_COLORS, fmt, plotlyText } from "./format.js";
+import { REGION_COLORS, fmt, plotlyText } from "./format.js";
+import { LABELS } from "./labels.js";
 
 const FONT = { family: "system-ui, sans-serif", size: 12 };
 const base = (title, extra = {}) => ({

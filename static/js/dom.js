@@ -33,3 +33,15 @@ export function download(filename, text, type = "application/json") {
   a.remove();
   setTimeout(() => URL.revokeObjectURL(url), 1000);
 }
+
+// Draw (or update in place) one Plotly figure in the element with this id.
+export function plot(id, spec) {
+  const node = document.getElementById(id);
+  return Plotly.react(node, spec.data, spec.layout, { responsive: true, displaylogo: false, toImageButtonOptions: { filename: `grpo-lens-${id}` } });
+}
+
+export function setStatus(text, kind = "") {
+  const node = $("#status");
+  node.textContent = text;
+  node.className = `status ${kind}`;
+}
