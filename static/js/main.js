@@ -3,12 +3,13 @@
 // editor), controls.js (the settings), views.js (summary, charts, rows), compare.js, reference.js.
 
 import { ApiError, getJSON, postForm, postJSON } from "./api.js";
-import { buildCompareChoices, scheduleCompare } from "./compare.js";
+import * as compare from "./compare.js";
 import { buildControls, renderControls } from "./controls.js";
-import { $, download, setStatus } from "./dom.js";
+import { $, download, loadPlotly, setStatus } from "./dom.js";
 import { fmt } from "./format.js";
 import * as input from "./input.js";
 import { EXPERIMENTS, STATUS } from "./labels.js";
+import { currentSeq, drawOnScreen, invalidate, isCurrent } from "./redraw.js";
 import { buildGlossary, loadExperiments } from "./reference.js";
 import { currentRequest, readURL, scenarios, state, writeURL } from "./state.js";
 import * as views from "./views.js";
@@ -46,12 +47,11 @@ async function compute() {
     const data = await fetchLoss();
     if (!data) return; // a newer request superseded this one
     state.ui.last = data;
-    render(data);
+    await render(data);
     const note = fits ? "" : STATUS.tooLargeForLink;
     setStatus(STATUS.done(fmt(data.loss), Math.round(performance.now() - started)) + note);
     $("#json-error").textContent = "";
     $("#upload-error").textContent = "";
-    scheduleCompare();
   } catch (err) {
     setStatus(STATUS.error(err instanceof ApiError ? err.message.split("\n")[0] : err.message), "error");
     $("#json-error").textContent = err.message;
@@ -59,11 +59,14 @@ async function compute() {
   }
 }
 
-function render(data) {
+// The summary, controls and rows table, then the charts on screen (the rest when they are seen).
+async function render(data) {
   views.renderSummary(data);
   renderControls(data);
-  views.renderViews(data);
   views.renderRowsTable(data);
+  invalidate("compare");
+  await views.renderViews(data);
+  document.body.dataset.seq = String(currentSeq("loss")); // a newer response may have landed meanwhile
   state.ui.drawCount += 1;
   document.body.dataset.drawnAt = String(performance.now());
   document.body.dataset.drawn = String(state.ui.drawCount);
@@ -109,19 +112,25 @@ async function init() {
   views.setup({ pickRow });
   input.setup({ recompute: schedule, computeNow: compute });
   buildControls(schedule);
-  buildCompareChoices();
+  compare.setup();
   buildGlossary();
   for (const id of ["#contrib-row", "#grad-row"]) $(id).addEventListener("change", (e) => pickRow(Number(e.target.value)));
   $("#export-json").addEventListener("click", () => state.ui.last && download("grpo-lens-breakdown.json", JSON.stringify(state.ui.last)));
   $("#export-csv").addEventListener("click", exportCSV);
   $("#copy-link").addEventListener("click", copyLink);
   await compute();
+  await loadPlotly();
   loadExperiments().catch((err) => { $("#experiments").textContent = EXPERIMENTS.failed(err.message); });
 }
 
-window.grpoLens = { state, get last() { return state.ui.last; } };
-function start() {
-  init().catch((err) => setStatus(STATUS.error(err.message), "error"));
-}
-if (window.Plotly) start();
-else window.addEventListener("load", start);
+// For tests and bench/page.py: the state, the latest response, whether a chart is current, and
+// the pieces of a redraw (the request body; the summary and the charts on screen for given data).
+window.grpoLens = {
+  state,
+  isCurrent,
+  get last() { return state.ui.last; },
+  request: () => ({ ...currentRequest(), config: state.config }),
+  drawSummary: (data) => views.renderSummary(data),
+  drawCharts: (data) => drawOnScreen("loss", data),
+};
+init().catch((err) => setStatus(STATUS.error(err.message), "error"));

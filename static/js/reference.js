@@ -5,6 +5,7 @@ import * as charts from "./charts.js";
 import { $, clear, el, plot } from "./dom.js";
 import { fmt } from "./format.js";
 import { EXPERIMENTS, GLOSSARY_HEAD } from "./labels.js";
+import * as redraw from "./redraw.js";
 import { state } from "./state.js";
 
 export async function loadExperiments() {
@@ -26,7 +27,8 @@ export async function loadExperiments() {
       el("p", { text: exp.explanation }),
       el("div", { class: "chart", id: chartId }),
       table));
-    plot(chartId, charts.experimentChart(exp));
+    redraw.register(chartId, chartId, (e) => plot(chartId, charts.experimentChart(e)));
+    redraw.publish(chartId, exp);
   }
   document.body.dataset.experiments = String(list.length);
 }

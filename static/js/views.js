@@ -4,14 +4,12 @@ import * as charts from "./charts.js";
 import { $, clear, el, plot } from "./dom.js";
 import { fmt, pct } from "./format.js";
 import { LABELS, ROWS, SUMMARY, SUMMARY_CARDS } from "./labels.js";
+import * as redraw from "./redraw.js";
 import { glossary, state } from "./state.js";
 
 const ALL_TOKENS_LIMIT = 400; // tokens: per-token bar charts show every row up to this
 
 let hooks = { pickRow: () => {} };
-export function setup(h) {
-  hooks = h;
-}
 
 export function renderSummary(data) {
   const card = (label, value) => el("div", { class: "card" }, el("div", { class: "label", text: label }), el("div", { class: "value", text: fmt(value, 5) }));
@@ -50,21 +48,36 @@ function fillRowPickers(data) {
   }
 }
 
-// The chart views: the element each draws into, and how.
-export const CHART_VIEWS = [
-  { id: "heatmaps", draw: (data) => plot("heatmaps", charts.heatmaps(data, charts.hoverData(data))) },
-  { id: "contrib-rows", draw: (data) => plot("contrib-rows", charts.contributionRows(data)) },
-  { id: "contrib-tokens", draw: (data) => plot("contrib-tokens", charts.contributionTokens(data, tokenRowsShown(data))) },
-  { id: "grad-tokens", draw: (data) => plot("grad-tokens", charts.gradientTokens(data, tokenRowsShown(data))) },
-  { id: "clip-curves", draw: (data) => plot("clip-curves", charts.clipCurves(data)) },
+// Hover data is built once per response and shared by the five heatmaps.
+const hoverCache = new WeakMap();
+function hoverOf(data) {
+  if (!hoverCache.has(data)) hoverCache.set(data, charts.hoverData(data));
+  return hoverCache.get(data);
+}
+
+// The chart views of a /api/v1/loss response: element id -> how it is drawn.
+const CHART_VIEWS = [
+  ...charts.HEATMAPS.map((spec) => [`heat-${spec.field}`, (data) => plot(`heat-${spec.field}`, charts.heatmap(data, spec, hoverOf(data)))]),
+  ["contrib-rows", (data) => plot("contrib-rows", charts.contributionRows(data))],
+  ["contrib-tokens", (data) => plot("contrib-tokens", charts.contributionTokens(data, tokenRowsShown(data)))],
+  ["grad-tokens", (data) => plot("grad-tokens", charts.gradientTokens(data, tokenRowsShown(data)))],
+  ["clip-curves", (data) => plot("clip-curves", charts.clipCurves(data))],
 ];
 
+export function setup(h) {
+  hooks = h;
+  const host = $("#heatmaps");
+  for (const spec of charts.HEATMAPS) host.append(el("div", { class: "chart heatmap", id: `heat-${spec.field}` }));
+  for (const [id, draw] of CHART_VIEWS) redraw.register(id, "loss", draw);
+}
+
+// A new response: the DOM views at once, the charts on screen now and the others when seen.
 export function renderViews(data) {
   const note = $("#large-note");
   note.hidden = data.tokens_complete;
   note.textContent = data.tokens_complete ? "" : SUMMARY.largeBatch(data.num_positions, data.token_rows[0]);
   fillRowPickers(data);
-  for (const view of CHART_VIEWS) view.draw(data);
+  return redraw.publish("loss", data);
 }
 
 // --- rows table ---------------------------------------------------------------------------------
