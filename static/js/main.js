@@ -39,12 +39,14 @@ async function fetchLoss() {
   return data;
 }
 
-async function compute() {
+// `pending`: a request already in flight for the current state (the first one, sent while the
+// page builds its controls).
+async function compute(pending = null) {
   const fits = writeURL();
   const started = performance.now();
   setStatus(STATUS.computing, "busy");
   try {
-    const data = await fetchLoss();
+    const data = await (pending || fetchLoss());
     if (!data) return; // a newer request superseded this one
     state.ui.last = data;
     await render(data);
@@ -109,6 +111,8 @@ async function init() {
   state.ui.options = await getJSON("/api/v1/options");
   readURL(state.ui.options.fields);
   if (!scenarios().has(state.scenario)) state.scenario = "article";
+  const first = fetchLoss(); // in flight while the controls are built
+  first.catch(() => {}); // its error is reported by compute() below
   views.setup({ pickRow });
   input.setup({ recompute: schedule, computeNow: compute });
   buildControls(schedule);
@@ -118,7 +122,7 @@ async function init() {
   $("#export-json").addEventListener("click", () => state.ui.last && download("grpo-lens-breakdown.json", JSON.stringify(state.ui.last)));
   $("#export-csv").addEventListener("click", exportCSV);
   $("#copy-link").addEventListener("click", copyLink);
-  await compute();
+  await compute(first);
   await loadPlotly();
   loadExperiments().catch((err) => { $("#experiments").textContent = EXPERIMENTS.failed(err.message); });
 }

@@ -67,13 +67,21 @@ function bringUpToDate(view) {
   });
 }
 
-// New data for a source: draw its views on screen now (resolves when they are drawn); the rest
-// later. Returns the data's number.
+// Inside the viewport itself (not only within the observer's margin).
+function onScreen(view) {
+  const r = view.node.getBoundingClientRect();
+  return r.bottom > 0 && r.top < innerHeight && r.height > 0;
+}
+
+// New data for a source: draw its views on screen now (resolves when they are drawn), those just
+// outside it right after, the rest when seen or in idle time. Returns the data's number.
 export async function publish(name, data) {
   const s = source(name);
   s.seq += 1;
   s.data = data;
-  const shown = [...views.values()].filter((v) => v.source === name && v.visible);
+  const near = [...views.values()].filter((v) => v.source === name && v.visible);
+  const shown = near.filter(onScreen);
+  setTimeout(() => near.forEach(bringUpToDate), 0);
   await Promise.all(shown.map(bringUpToDate));
   scheduleIdle();
   return s.seq;
@@ -115,7 +123,7 @@ function drawOneStale(mine) {
 
 // The views of a source on screen now (the benchmark's floor redraws exactly these).
 export function visibleViews(name) {
-  return [...views.values()].filter((v) => v.source === name && v.visible);
+  return [...views.values()].filter((v) => v.source === name && v.visible && onScreen(v));
 }
 
 // Draw the views of a source that are on screen with `data`, nothing else (the benchmark's floor).

@@ -60,17 +60,25 @@ export function readURL(fields) {
   state.compare_edits = params.get("compare_edits") === "1";
 }
 
+// Each token's log-prob takes at least two characters of JSON ("-1,"), and base64 makes 4 of
+// every 3: an input whose tokens alone pass the limit is not encoded at all (that would cost
+// seconds on a 64 x 1024 batch, on every control move).
+function tooLongForLink(input) {
+  const tokens = (input.per_token_logps || []).reduce((n, row) => n + (row?.length || 0), 0);
+  return (tokens * 2 * 4) / 3 > URL_INPUT_LIMIT;
+}
+
 // Write `state` to the URL (replacing the history entry). Returns false when the input is too
 // large for a link (the link then carries the settings only).
 export function writeURL() {
   const params = new URLSearchParams();
   params.set("scenario", state.scenario);
   for (const [key, value] of Object.entries(state.config)) params.set(key, value === null ? "null" : String(value));
-  let fits = true;
-  if (state.input) {
+  let fits = !state.input || !tooLongForLink(state.input);
+  if (fits && state.input) {
     const text = encode(state.input);
-    if (text.length <= URL_INPUT_LIMIT) params.set("input", text);
-    else fits = false;
+    fits = text.length <= URL_INPUT_LIMIT;
+    if (fits) params.set("input", text);
   }
   if (state.row !== -1) params.set("row", String(state.row));
   params.set("compare", state.compare.join(","));
