@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -116,7 +117,10 @@ def install(app: FastAPI) -> None:
         body = (
             exc.detail if isinstance(exc.detail, list) else [{"loc": [], "msg": str(exc.detail), "type": "http_error"}]
         )
-        return JSONResponse({"detail": body}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:  # Starlette names only the first matching route's methods
+            headers = {**(headers or {}), "Allow": ", ".join(_allowed_methods(request))}
+        return JSONResponse({"detail": body}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:  # a bug: log it, leak nothing
@@ -124,3 +128,12 @@ def install(app: FastAPI) -> None:
         return JSONResponse(
             detail([], "internal error: the server could not compute this", "internal"), status_code=500
         )
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method the API documents at this path (several routes share a path, one per method)."""
+    methods: set[str] = set()
+    for template, operations in request.app.openapi()["paths"].items():
+        if re.fullmatch(re.sub(r"\{[^}/]+\}", "[^/]+", template), request.url.path):
+            methods |= {m.upper() for m in operations}
+    return sorted(methods)
