@@ -17,28 +17,18 @@ from pathlib import Path
 import pytest
 import torch
 
-import grpo
-import grpo.capture
 from grpo.check import check_run
 from grpo.runs import load_run, load_step
 
 pytest.importorskip("trl")
-LOSS_TYPES = ("grpo", "dapo", "dr_grpo")
+from conftest import LOSS_TYPES
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from trainers import grpo_trainer
-
-    root = tmp_path_factory.mktemp("trl")
-    out = {}
-    for loss_type in LOSS_TYPES:
-        trainer = grpo_trainer(root / f"out-{loss_type}", loss_type)
-        with grpo.capture.trl(trainer, root / loss_type):
-            trainer.train()
-        out[loss_type] = root / loss_type
-    return out
+def runs(trl_runs: dict[str, Path]) -> dict[str, Path]:
+    return trl_runs
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)

@@ -5,13 +5,14 @@
 import { ApiError, getJSON, postForm, postJSON } from "./api.js";
 import * as compare from "./compare.js";
 import { buildControls, renderControls } from "./controls.js";
-import { $, download, loadPlotly, setStatus } from "./dom.js";
+import { $, download, el, loadPlotly, setStatus } from "./dom.js";
 import { fmt } from "./format.js";
 import * as input from "./input.js";
 import { EXPERIMENTS, STATUS } from "./labels.js";
 import { currentSeq, drawOnScreen, invalidate, isCurrent } from "./redraw.js";
 import { buildGlossary, loadExperiments } from "./reference.js";
 import { currentRequest, readURL, scenarios, state, writeURL } from "./state.js";
+import * as runs from "./runs.js";
 import * as views from "./views.js";
 
 // --- computing --------------------------------------------------------------------------------
@@ -124,7 +125,27 @@ async function init() {
   $("#copy-link").addEventListener("click", copyLink);
   await compute(first);
   await loadPlotly();
+  setupRuns().catch((err) => { $("#run-info").textContent = err.message; });
   loadExperiments().catch((err) => { $("#experiments").textContent = EXPERIMENTS.failed(err.message); });
+}
+
+// The Runs view: its step slider loads a captured step into every view, through the same input
+// path as a pasted JSON body (state.input and state.config, then one recompute).
+function loadRequest(body) {
+  const { config, ...fields } = body;
+  state.config = { ...config, preset: config.preset || "article" };
+  state.input = fields;
+  state.ui.uploadFile = null;
+  state.row = -1;
+  input.renderInputTable();
+  schedule(0);
+}
+
+async function setupRuns() {
+  const presets = $("#run-replay-preset");
+  for (const p of state.ui.options.presets) presets.append(el("option", { value: p.name, text: p.name, title: p.doc }));
+  presets.value = "trl-dr_grpo";
+  await runs.setup({ loadRequest });
 }
 
 // For tests and bench/page.py: the state, the latest response, whether a chart is current, and
