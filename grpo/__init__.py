@@ -9,6 +9,7 @@ bd.loss, bd.tokens.grad, bd.metrics["clip_ratio/region_mean"]
 
 from typing import Any
 
+from grpo import capture
 from grpo._allocator import keep_freed_memory
 from grpo.advantages import ADVANTAGES
 from grpo.aggregation import AGGREGATIONS
@@ -20,6 +21,7 @@ from grpo.logits import TokenLogprobs, token_logprobs
 from grpo.loss import Breakdown, RowBreakdown, TokenBreakdown, compute_loss, evaluate
 from grpo.objectives import OBJECTIVES, REGIONS
 from grpo.registry import Registry
+from grpo.runs import RunWriter, list_runs, load_run, load_step
 
 keep_freed_memory()
 
@@ -45,10 +47,15 @@ __all__ = [
     "LossConfig",
     "Preset",
     "RowBreakdown",
+    "RunWriter",
     "TokenBreakdown",
     "TokenLogprobs",
+    "capture",
     "compute_loss",
     "evaluate",
     "from_rows",
+    "list_runs",
+    "load_run",
+    "load_step",
     "token_logprobs",
 ]
