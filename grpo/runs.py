@@ -21,6 +21,7 @@ import os
 import re
 import struct
 import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata as importlib_metadata
@@ -128,6 +129,7 @@ class RunWriter:
         config: LossConfig | dict[str, Any],
         versions: dict[str, Any] | None = None,
         rank: int | None = None,
+        background: bool = False,
     ) -> None:
         if source not in SOURCES:
             raise GrpoInputError("source", f"one of {', '.join(SOURCES)}", got=repr(source))
@@ -136,6 +138,10 @@ class RunWriter:
         self.steps_dir.mkdir(parents=True, exist_ok=True)
         self.rank = rank
         self.config = config_dict(config)
+        # background: step files are written by one worker thread, off the training loop's path;
+        # close() waits for them and raises the first failure (a failed write also raises at the next call)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-runs") if background else None
+        self._pending: list[Future[None]] = []
         self.info: dict[str, Any] = {
             "format": FORMAT,
             "source": source,
@@ -170,7 +176,8 @@ class RunWriter:
 
         if step < 0 or micro < 0 or step > 999_999 or micro > 999:
             raise GrpoInputError("step", "0 <= step <= 999999 and 0 <= micro <= 999", got=f"{step}, {micro}")
-        stored = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
+        copy = self._executor is not None  # the trainer may reuse its buffers after the call returns
+        stored = {name: _cpu(t, copy) for name, t in tensors.items()}
         metadata = {
             "format": str(FORMAT),
             "config": _json(self.config if config is None else config_dict(config)),
@@ -180,13 +187,42 @@ class RunWriter:
             "meta": _json(meta),
         }
         path = self.step_path(step, micro)
-        write_atomic(path, save(stored, metadata=metadata))
+        if self._executor is None:
+            write_atomic(path, save(stored, metadata=metadata))
+            return path
+        self._raise_failed()
+        self._pending.append(self._executor.submit(lambda: write_atomic(path, save(stored, metadata=metadata))))
         return path
+
+    def _raise_failed(self) -> None:
+        done = [f for f in self._pending if f.done()]
+        self._pending = [f for f in self._pending if not f.done()]
+        for future in done:
+            future.result()
+
+    def close(self) -> None:
+        """Wait for the background writes (when ``background``); raise the first that failed."""
+        if self._executor is None:
+            return
+        pending, self._pending = self._pending, []
+        try:
+            for future in pending:
+                future.result()
+        finally:
+            self._executor.shutdown(wait=True)
+            self._executor = None
 
     def update(self, **fields: Any) -> None:
         """Set fields of run.json (``status="done"``...) and rewrite it atomically."""
         self.info.update(fields)
         self._write_info()
+
+
+def _cpu(t: Tensor, copy: bool) -> Tensor:
+    out = t.detach().to("cpu")
+    if copy and out.data_ptr() == t.data_ptr():
+        out = out.clone()
+    return out.contiguous()
 
 
 # --- reading ------------------------------------------------------------------------------------

@@ -127,3 +127,24 @@ def test_eval_uses_the_files_config_and_flags_override(tmp_path: Path, capsys: p
     assert replaced == grpo.LossConfig.from_preset("verl-dapo").to_dict()
     assert main(["eval", str(path), "--set", "nope=1"]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_background_writes_land_by_close_and_failures_surface(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    writer = RunWriter(tmp_path, "trl", CONFIG, background=True)
+    tensors = step_tensors()
+    paths = [writer.write_step(1, micro, tensors, {"loss": float(micro)}) for micro in range(3)]
+    tensors["per_token_logps"].zero_()  # the trainer reusing its buffer after the call: the file keeps the values
+    writer.close()
+    assert [load_step(p)[2]["meta"]["loss"] for p in paths] == [0.0, 1.0, 2.0]
+    assert load_step(paths[0])[0].logp.abs().sum() > 0
+
+    failing = RunWriter(tmp_path / "f", "trl", CONFIG, background=True)
+
+    def crash(src: Any, dst: Any) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", crash)
+    failing.write_step(1, 0, step_tensors(), {})
+    with pytest.raises(OSError, match="disk full"):
+        failing.close()
+    assert list((tmp_path / "f" / "steps").iterdir()) == []

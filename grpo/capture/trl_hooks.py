@@ -187,6 +187,7 @@ def trl(trainer: Any, run_dir: str | Path) -> Iterator[RunWriter]:
         mapping.config,
         versions=package_versions("trl", "transformers", "accelerate"),
         rank=int(trainer.accelerator.process_index) if processes > 1 else None,
+        background=True,  # step files are written off the training loop's path
     )
     writer.update(unsupported=mapping.unsupported, loss_type=trainer.loss_type)
     hooks = _TrlHooks(trainer, writer, mapping.config)
@@ -194,12 +195,15 @@ def trl(trainer: Any, run_dir: str | Path) -> Iterator[RunWriter]:
     try:
         yield writer
     except KeyboardInterrupt:
+        writer.close()
         writer.update(status="interrupted")
         raise
     except BaseException:
+        writer.close()
         writer.update(status="failed")
         raise
     else:
+        writer.close()
         writer.update(status="done")
     finally:
         hooks.remove()
