@@ -1,7 +1,8 @@
 """Capture overhead: a real TRL 1.16 GRPOTrainer step on the tiny model, with and without grpo.capture.trl.
 
 Prints the overhead as a ratio (target <= 5% of a step), two ways:
-- the time the training loop spends in write_step (the files are written by a background thread);
+- the time the training loop spends recording each micro-batch (the hooks' _write: tensors, config,
+  handing the file to the writer thread, which writes it off the loop's path) / the training time;
 - the median step time with capture / without, from runs alternated (and their order too) so load
   drifts hit both; on a shared, loaded machine this ratio is noise-bound: read it with the load.
 Run: .venv/bin/python bench/capture.py [--steps N] [--repeats R]
@@ -21,7 +22,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
 import grpo.capture  # noqa: E402
-from grpo import runs as runs_module  # noqa: E402
+from grpo.capture import trl_hooks  # noqa: E402
 
 
 def step_times(trainer: object) -> list[float]:
@@ -34,23 +35,23 @@ def one_run(root: Path, capture: bool, steps: int) -> tuple[list[float], float, 
 
     trainer = grpo_trainer(root / f"out-{time.perf_counter_ns()}", "dapo", steps=steps)
     spent = [0.0]
-    original = runs_module.RunWriter.write_step
+    original = trl_hooks._TrlHooks._write
 
-    def timed(self: runs_module.RunWriter, *args: object, **kwargs: object) -> Path:
+    def timed(self: trl_hooks._TrlHooks, *args: object, **kwargs: object) -> None:
         start = time.perf_counter()
         try:
-            return original(self, *args, **kwargs)  # type: ignore[arg-type]
+            original(self, *args, **kwargs)  # type: ignore[arg-type]
         finally:
             spent[0] += time.perf_counter() - start
 
     start = time.perf_counter()
     if capture:
-        runs_module.RunWriter.write_step = timed  # type: ignore[method-assign]
+        trl_hooks._TrlHooks._write = timed  # type: ignore[method-assign]
         try:
             with grpo.capture.trl(trainer, root / f"run-{time.perf_counter_ns()}"):
                 trainer.train()
         finally:
-            runs_module.RunWriter.write_step = original  # type: ignore[method-assign]
+            trl_hooks._TrlHooks._write = original  # type: ignore[method-assign]
     else:
         trainer.train()
     total = time.perf_counter() - start
@@ -77,7 +78,7 @@ def main() -> None:
                     plain += times
     p, c = statistics.median(plain), statistics.median(captured)
     print(f"tiny Qwen2, TRL 1.16 dapo, {args.steps} steps x {args.repeats} runs each, 2 micro-batches a step")
-    print(f"time the training loop spends handing step files to the writer thread: {max(shares):.2%} of training")
+    print(f"time the training loop spends recording micro-batches (capture._write): {max(shares):.2%} of training")
     print(f"median step: {c * 1e3:.0f} ms with capture vs {p * 1e3:.0f} ms without: ratio {c / p:.3f}")
 
 
