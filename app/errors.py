@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import uuid
 from typing import Any
 
@@ -174,7 +175,10 @@ def install(app: FastAPI) -> None:
                 ApiError(422, [error_item(["body"], f"{exc.detail}: {BODY_EXPECTED}", "body_invalid")])
             )
         body = exc.detail if isinstance(exc.detail, list) else [error_item([], str(exc.detail), "http_error")]
-        return error_response(ApiError(exc.status_code, body, dict(getattr(exc, "headers", None) or {})))
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:  # Starlette names only the first matching route's methods
+            headers["Allow"] = ", ".join(_allowed_methods(request))
+        return error_response(ApiError(exc.status_code, body, headers))
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:
@@ -185,3 +189,12 @@ def install(app: FastAPI) -> None:
         for name, value in SECURITY_HEADERS:
             response.headers[name.decode()] = value.decode()
         return response
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method the API documents at this path (several routes share a path, one per method)."""
+    methods: set[str] = set()
+    for template, operations in request.app.openapi()["paths"].items():
+        if re.fullmatch(re.sub(r"\{[^}/]+\}", "[^/]+", template), request.url.path):
+            methods |= {m.upper() for m in operations}
+    return sorted(methods)

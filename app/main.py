@@ -15,13 +15,13 @@ from fastapi.staticfiles import StaticFiles
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from app import api, errors, pages
+from app import api, errors, pages, runs
 from app.auth import RequireToken
 from app.lanes import Lanes
 from app.middleware import BodyLimit, SecurityHeaders
 from app.settings import Settings, get_settings
 
-ROUTERS = [api.router, pages.router]  # a new router: one line here
+ROUTERS = [api.router, runs.router, pages.router]  # a new router: one line here
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -61,7 +61,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"])
     app.add_middleware(
         BodyLimit,
-        limit=lambda path: settings.max_upload_bytes + 65536 if path == "/api/v1/upload" else settings.max_body_bytes,
+        limit=lambda path: (
+            settings.max_upload_bytes + 65536 if path in ("/api/v1/upload", "/api/v1/runs") else settings.max_body_bytes
+        ),
         timeout=settings.request_timeout,
     )
     if settings.auth_token:

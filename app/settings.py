@@ -39,6 +39,7 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Device when a request does not name one; auto: a GPU when there is one, else the CPU."
     )
+    runs_dir: str = Field("./runs", description="Where runs live (captured, lab, uploaded): one directory each.")
     threads: int = Field(4, ge=1, description="Threads for small requests (parse, check, compute), in the server.")
     large_request_bytes: int = Field(
         1024 * 1024, ge=0, description="Bodies of this size and larger are handled in a worker process."

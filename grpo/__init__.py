@@ -15,6 +15,7 @@ Importing grpo changes nothing else in the process: no allocator tuning, thread 
 (``grpo._allocator.keep_freed_memory()`` is there for programs that want it).
 """
 
+from grpo import capture
 from grpo.advantages import ADVANTAGES
 from grpo.aggregation import AGGREGATIONS
 from grpo.batch import Batch, from_rows
@@ -26,6 +27,7 @@ from grpo.loss import Breakdown, RowBreakdown, TokenBreakdown, compute_loss, eva
 from grpo.objectives import OBJECTIVES, REGIONS
 from grpo.plugins import PLUGINS_VARIABLE, load_plugins
 from grpo.registry import Registry
+from grpo.runs import RunWriter, list_runs, load_run, load_step
 
 __all__ = [
     "ADVANTAGES",
@@ -45,12 +47,17 @@ __all__ = [
     "Preset",
     "Registry",
     "RowBreakdown",
+    "RunWriter",
     "TokenBreakdown",
     "TokenLogprobs",
+    "capture",
     "compute_loss",
     "evaluate",
     "from_rows",
+    "list_runs",
     "load_plugins",
+    "load_run",
+    "load_step",
     "register_preset",
     "token_logprobs",
 ]

@@ -2,6 +2,10 @@
 
 python -m grpo                          the article's example, as a table
 python -m grpo eval FILE [--preset NAME] [--json] [--set field=value ...]
+python -m grpo check-run RUN_DIR [--rtol R] [--metric-atol A] [--json]
+
+A run's step file (``steps/000001-000.safetensors``) carries its config: ``eval`` uses it, ``--preset``
+replaces it and ``--set`` overrides its fields.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo._allocator import keep_freed_memory
+from grpo.check import DEFAULT_METRIC_ATOL, DEFAULT_RTOL, check_run, format_check
 from grpo.config import PRESETS, LossConfig
 from grpo.errors import GrpoInputError
 from grpo.examples import ARTICLE_EXAMPLE
@@ -20,6 +25,7 @@ from grpo.explain import summary_table
 from grpo.io import load_file
 from grpo.loss import evaluate
 from grpo.requests import batch_from_request, row_lengths
+from grpo.runs import is_step_metadata, load_run, load_step, read_metadata, with_overrides
 
 
 def _value(text: str) -> Any:
@@ -37,8 +43,17 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--preset", default=None, help=f"one of {', '.join(PRESETS)} (default: the file's, else article)")
     ev.add_argument("--json", action="store_true", help="print the whole breakdown as JSON")
     ev.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a config field")
+    check = sub.add_parser("check-run", help="recompute every micro-batch of a run and compare with the trainer")
+    check.add_argument("run_dir", type=Path)
+    check.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help="relative tolerance on each loss")
+    check.add_argument("--metric-atol", type=float, default=DEFAULT_METRIC_ATOL, help="absolute tolerance on metrics")
+    check.add_argument("--json", action="store_true", help="print the check as JSON")
     args = parser.parse_args(argv)
+    if args.command == "check-run":
+        return _check_run(args)
     try:
+        if args.command == "eval" and _is_step_file(args.file):
+            return _eval_step_file(args)
         is_file = args.command == "eval"
         request = load_file(args.file.name, args.file.read_bytes()) if is_file else dict(ARTICLE_EXAMPLE)
         config_fields = request.pop("config", None) or {}
@@ -48,9 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             args.preset if args.command == "eval" and args.preset else config_fields.pop("preset", None) or "article"
         )
         overrides = {k: v for k, v in config_fields.items() if k != "preset"}
-        for item in getattr(args, "set", []):
-            key, _, value = item.partition("=")
-            overrides[key] = _value(value)
+        overrides |= _sets(getattr(args, "set", []))
         config = LossConfig.from_preset(preset, **overrides)
         tokens = request.pop("tokens", None)
         lengths = row_lengths(request)
@@ -62,6 +75,56 @@ def main(argv: list[str] | None = None) -> int:
         from app.responses import breakdown_to_json, dumps  # the API's answer: assembled where the API's is
 
         print(dumps(breakdown_to_json(bd, lengths=lengths, tokens=tokens)).decode())
+    else:
+        print(summary_table(bd))
+    return 0
+
+
+def _check_run(args: argparse.Namespace) -> int:
+    """Exit 0 when every micro-batch and step is within tolerance, 1 when one is not, 2 on bad input."""
+    try:
+        result = check_run(load_run(args.run_dir), rtol=args.rtol, metric_atol=args.metric_atol)
+    except (GrpoInputError, OSError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result.to_dict(), indent=1) if args.json else format_check(result))
+    return 0 if result.ok else 1
+
+
+def _sets(items: list[str]) -> dict[str, Any]:
+    out = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        out[key] = _value(value)
+    return out
+
+
+def _is_step_file(path: Path) -> bool:
+    if path.suffix != ".safetensors" or not path.is_file():
+        return False
+    with path.open("rb") as f:
+        head = f.read(8)
+        size = int.from_bytes(head, "little") if len(head) == 8 else 0
+        data = head + f.read(min(size, 100_000_000))
+    try:
+        return is_step_metadata(read_metadata(data))
+    except GrpoInputError:
+        return False
+
+
+def _eval_step_file(args: argparse.Namespace) -> int:
+    """A run's step file under its own config (``--preset`` replaces it, ``--set`` overrides fields)."""
+    try:
+        batch, stored, _ = load_step(args.file)
+        config = with_overrides(stored, args.preset, **_sets(args.set))
+        bd = evaluate(batch, config)
+    except (GrpoInputError, OSError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        from app.responses import breakdown_to_json, dumps  # the API's answer: assembled where the API's is
+
+        print(dumps(breakdown_to_json(bd)).decode())
     else:
         print(summary_table(bd))
     return 0

@@ -26,6 +26,10 @@ class AggregationSettings(Protocol):
     def length_epsilon(self) -> float: ...
     @property
     def max_completion_length(self) -> int | None: ...
+    @property
+    def token_normalizer(self) -> float | None: ...
+    @property
+    def sequence_normalizer(self) -> float | None: ...
 
 
 Aggregation = Callable[[Tensor, AggregationSettings, int], Tensor]
@@ -33,7 +37,9 @@ AGGREGATIONS: Registry[Aggregation] = Registry("aggregation")
 
 
 def n_rows(mask: Tensor, config: AggregationSettings) -> Tensor:
-    """Rows a sequence mean divides by (at least 1). (B, T) -> ()"""
+    """Rows a sequence mean divides by (at least 1): the trainer's global count when given. (B, T) -> ()"""
+    if config.sequence_normalizer is not None:
+        return mask.new_tensor(config.sequence_normalizer)
     if config.skip_empty_rows:
         return (mask.sum(-1) > 0).sum().clamp(min=1).to(mask.dtype)
     return mask.new_tensor(mask.shape[0])
@@ -57,9 +63,12 @@ def token_mean(mask: Tensor, config: AggregationSettings, width: int) -> Tensor:
     """Mean over every token of the batch: each token weighs the same (DAPO, BNPO).
 
     TRL ``dapo`` (default), ``bnpo``, ``cispo`` on one process; verl ``token-mean``.
-    Weight 1 / (total tokens).
+    Weight 1 / (total tokens), or 1 / token_normalizer: the trainer's count over the whole
+    generation or mini-batch, so that micro-batch losses add up to one global token mean.
     Paper: https://arxiv.org/abs/2503.14476
     """
+    if config.token_normalizer is not None:
+        return mask / config.token_normalizer
     return mask / mask.sum().clamp(min=1)
 
 

@@ -121,6 +121,30 @@ class LossConfig:
         0.0, "Added to each row's length in seq-mean-token-mean (verl: 1e-8).", "aggregation", ge=0.0
     )
 
+    # --- the trainer's scaling: a captured micro-batch's loss exactly as the trainer returned it ---
+    gradient_accumulation_steps: int = _f(
+        1,
+        "The trainer divides each micro-batch's loss by this before backward (TRL grpo, bnpo, dr_grpo, sapo, "
+        "luspo: its gradient_accumulation_steps). 1 = the loss of the batch itself.",
+        "scaling",
+        ge=1,
+    )
+    token_normalizer: float | None = _f(
+        None,
+        "token-mean divides by this token count instead of the batch's own: TRL dapo/cispo "
+        "num_items_in_batch / processes x GA / steps_per_generation; verl batch_num_tokens / dp_size. "
+        "None = the batch's counted tokens.",
+        "scaling",
+        gt=0.0,
+    )
+    sequence_normalizer: float | None = _f(
+        None,
+        "Sequence means divide by this row count instead of the batch's (verl: global_batch_size / dp_size). "
+        "None = the batch's rows.",
+        "scaling",
+        gt=0.0,
+    )
+
     # --- advantages ----------------------------------------------------------------------------
     advantage: str = _f(
         "group", "Advantage from rewards (see the advantage registry).", "advantage", choices=ADVANTAGES
@@ -148,6 +172,23 @@ class LossConfig:
         if unknown:
             raise GrpoInputError(unknown[0], f"a LossConfig field: one of {', '.join(FIELD_NAMES)}")
         return cls(**{**PRESETS[name].settings, "preset": name, **overrides})
+
+    @classmethod
+    def from_trl(cls, args: Any, strict: bool = False) -> LossConfig:
+        """From a TRL 1.16 ``GRPOConfig`` (or a dict of its fields); see ``grpo.trainer_config.map_trl``.
+
+        Settings GRPO Lens does not reproduce warn, or raise with ``strict``; none is dropped silently.
+        """
+        from grpo.trainer_config import from_trl
+
+        return from_trl(args, strict=strict)
+
+    @classmethod
+    def from_verl(cls, actor_config: Any, algorithm: Any = None, strict: bool = False) -> LossConfig:
+        """From verl 0.9.1's actor config (dict, OmegaConf or ActorConfig); see ``grpo.trainer_config.map_verl``."""
+        from grpo.trainer_config import from_verl
+
+        return from_verl(actor_config, algorithm, strict=strict)
 
     def replace(self, **changes: Any) -> LossConfig:
         return dataclasses.replace(self, **changes)

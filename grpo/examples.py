@@ -177,7 +177,9 @@ SCENARIOS: dict[str, Scenario] = {
             "Some tokens the reference finds likely now have tiny probability under the policy "
             "(log-prob -9 against -0.4). k3 = exp(ref - logp) - (ref - logp) - 1 grows exponentially, so "
             "a handful of tokens dominate the loss through beta times the KL, and their gradient pushes "
-            "them back up hard. verl clamps k3 at 10 (kl_clamp): try the verl-grpo preset.",
+            "them back up hard. verl clamps k3 at 10 (kl_clamp): try the verl-grpo preset. Switch "
+            "kl_estimator: k2 = (logp - ref)²/2 grows only quadratically, and k1 = logp - ref is -8.6 on "
+            "those tokens: negative, so it lowers the loss, with the same gradient on every token.",
             {
                 "per_token_logps": [_row(-0.5, -9.0, -0.6), _row(-0.7, -0.4, -8.5, -0.5), _row(-0.6, -0.5, -0.4)],
                 "old_per_token_logps": [_row(-0.5, -8.8, -0.6), _row(-0.7, -0.4, -8.4, -0.5), _row(-0.6, -0.5, -0.4)],
@@ -186,6 +188,55 @@ SCENARIOS: dict[str, Scenario] = {
                 "group_size": 3,
             },
             overrides={"beta": 0.04},
+        ),
+        Scenario(
+            "negative-loss",
+            "A negative loss: the policy already improved",
+            "After a few updates on this batch the right answers (rewards 1) became likelier than when "
+            "they were sampled (ratios 1.04 to 1.11) and the wrong ones less likely (0.87 to 0.95), all "
+            "inside the trust region. The surrogate A·ratio is then larger than A on every row, so the "
+            "weighted surrogate is positive and exceeds beta·KL (k3, small): the loss is negative. "
+            "Nothing is wrong: a negative loss says the batch's good tokens already moved the right way.",
+            {
+                "per_token_logps": [
+                    _row(-0.40, -0.86, -0.25),
+                    _row(-1.34, -0.74, -1.10),
+                    _row(-0.56, -0.35, -0.95),
+                    _row(-1.09, -1.64, -0.90),
+                ],
+                "old_per_token_logps": [
+                    _row(-0.50, -0.95, -0.30),
+                    _row(-1.20, -0.65, -1.05),
+                    _row(-0.60, -0.45, -1.05),
+                    _row(-1.00, -1.50, -0.80),
+                ],
+                "ref_per_token_logps": [
+                    _row(-0.52, -0.93, -0.31),
+                    _row(-1.22, -0.66, -1.04),
+                    _row(-0.61, -0.44, -1.02),
+                    _row(-1.02, -1.48, -0.82),
+                ],
+                "rewards": [1.0, 0.0, 1.0, 0.0],
+                "group_size": 4,
+            },
+        ),
+        Scenario(
+            "k1-negative",
+            "k1: a negative KL estimate",
+            "The same kind of drift as the KL blow-up, estimated with k1 = logp - ref, the plain log-ratio "
+            "(TRL's and verl's default is k3). Where the policy gives a token less probability than the "
+            "reference, k1 is negative (-8.6 here): the batch's kl can go below 0 and beta·KL then lowers "
+            "the loss. k1's gradient is beta times the token's weight on every token alike, however far it "
+            "drifted; k2 = (logp - ref)²/2 and k3 = exp(ref - logp) - (ref - logp) - 1 are never negative "
+            "and grow with the gap.",
+            {
+                "per_token_logps": [_row(-0.5, -9.0, -0.6), _row(-0.7, -0.4, -0.5), _row(-0.6, -0.5, -0.4)],
+                "old_per_token_logps": [_row(-0.5, -8.9, -0.6), _row(-0.7, -0.4, -0.5), _row(-0.6, -0.5, -0.4)],
+                "ref_per_token_logps": [_row(-0.6, -0.4, -0.5), _row(-0.6, -0.5, -0.4), _row(-0.5, -0.6, -0.5)],
+                "rewards": [1.0, 0.0, 0.5],
+                "group_size": 3,
+            },
+            overrides={"beta": 0.04, "kl_estimator": "k1"},
         ),
     ]
 }

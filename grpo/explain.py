@@ -5,8 +5,12 @@ Every number here comes from the Breakdown; the page shows these sentences as th
 
 from __future__ import annotations
 
+import torch
+
 from grpo.loss import Breakdown
-from grpo.objectives import OBJECTIVES, REGIONS
+from grpo.objectives import REGIONS
+
+NEAR_ZERO = 0.01  # a loss below this share of the total size of its per-token terms is "small next to them"
 
 
 def _f(x: float) -> str:
@@ -28,9 +32,10 @@ def _sign_sentence(bd: Breakdown) -> str:
             f"(weighted surrogate {_f(surrogate)}, beta·KL {_f(kl)})."
         )
     if loss < 0:
+        below = " (itself negative: see the KL estimate below)" if kl < 0 else ""
         return (
             f"The loss is negative ({_f(loss)}) because the weighted surrogate {_f(surrogate)} "
-            f"exceeds beta·KL {_f(kl)}."
+            f"exceeds beta·KL {_f(kl)}{below}.{_negative_drivers(bd)}"
         )
     if policy_size == 0:
         return f"The loss is positive ({_f(loss)}): every policy term is 0 (no advantage), so the loss is beta·KL."
@@ -55,6 +60,101 @@ def _sign_sentence(bd: Breakdown) -> str:
     )
 
 
+def _counted(bd: Breakdown) -> torch.Tensor:
+    return bd.tokens.mask.bool()
+
+
+def _negative_drivers(bd: Breakdown) -> str:
+    """Which rows carry the negative loss, and the tokens that make the surrogate positive:
+    A > 0 tokens whose ratio rose above 1 (the policy already likes them more than when sampled)."""
+    shares = bd.rows.loss
+    order = [int(i) for i in torch.argsort(shares) if float(shares[i]) < 0][:2]
+    rows = " and ".join(f"row {i} ({_f(float(shares[i]))})" for i in order)
+    text = f" The most negative loss shares: {rows}." if rows else ""
+    a = bd.advantages[:, None].expand_as(bd.tokens.ratio)  # (B,) -> (B, T)
+    rose = _counted(bd) & (a > 0) & (bd.tokens.ratio > 1)
+    if int(rose.sum()):
+        top = float(bd.tokens.ratio[rose].max())
+        text += (
+            f" {int(rose.sum())} token(s) with A > 0 have a ratio above 1 (up to {_f(top)}): the policy already "
+            "made them likelier than when sampled, so their surrogate A·ratio exceeds A."
+        )
+    return text
+
+
+def _negative_kl_sentence(bd: Breakdown) -> str | None:
+    """A KL estimate below 0 (k1 = logp - ref is, wherever pi < pi_ref): flagged, and whether its
+    gradient is the same on every token (beta times the token's weight, as k1's is)."""
+    counted = _counted(bd)
+    kl = bd.tokens.kl[counted]
+    negative = kl < 0
+    if not int(negative.sum()):
+        return None
+    text = (
+        f"The KL estimate is negative on {int(negative.sum())} of {int(counted.sum())} tokens (as low as "
+        f"{_f(float(kl.min()))}; the batch's kl is {_f(bd.metrics.get('kl', float(kl.mean())))}): an estimator "
+        "like k1 = logp - ref goes below 0 wherever the policy gives a token less probability than the "
+        "reference, so beta·KL lowers the loss there instead of penalising the drift."
+    )
+    weight = bd.tokens.weight[counted]
+    per_weight = bd.tokens.grad_kl[counted] / weight.where(weight != 0, torch.ones_like(weight))
+    beta = bd.config.beta
+    if beta and torch.allclose(per_weight, torch.full_like(per_weight, beta), rtol=1e-5, atol=0.0):
+        text += (
+            f" Its gradient is beta × the token's weight (beta = {_f(beta)}) on every token alike: it does not "
+            "grow with the gap, so it cannot pull a token far below the reference back harder than any other."
+        )
+    return text
+
+
+def _clip_sentence(bd: Breakdown) -> str | None:
+    """Tokens on a flat part of the clipped surrogate, with the range of their own ratios."""
+    flat = _counted(bd) & (bd.tokens.region > REGIONS.index("trust"))
+    n_flat, n = int(flat.sum()), int(_counted(bd).sum())
+    if not n_flat or bd.config.objective != "clip":
+        return None
+    ratios = bd.tokens.ratio[flat]
+    lo, hi = float(ratios.min()), float(ratios.max())
+    span = f"ratio {_f(lo)}" if lo == hi else f"ratios {_f(lo)} to {_f(hi)}"
+    return f"{n_flat} of {n} tokens sit in a flat clip region ({span}) and get no policy gradient."
+
+
+def _clamp_sentences(bd: Breakdown) -> list[str]:
+    return [
+        f"{name} acted on {count} token(s): a clamp passes no gradient where it acts, so those tokens get none "
+        "through the clamped term."
+        for name, count in bd.clamp_counts.items()
+        if count
+    ]
+
+
+def _length_sentence(bd: Breakdown) -> str | None:
+    """What the aggregation does to long vs short answers: the per-token weight of the longest and
+    the shortest row (rows of different lengths only)."""
+    counted = _counted(bd)
+    length = counted.sum(dim=1)  # (B, T) -> (B,)
+    rows = [i for i in range(len(length)) if int(length[i])]
+    if len({int(length[i]) for i in rows}) < 2 or not bool((bd.advantages != 0).any()):
+        return None
+    short = min(rows, key=lambda i: (int(length[i]), i))
+    long = max(rows, key=lambda i: (int(length[i]), -i))
+    w_short = float(bd.tokens.weight[short][counted[short]][0])
+    w_long = float(bd.tokens.weight[long][counted[long]][0])
+    head = (
+        f"Per token, the shortest row (row {short}, {int(length[short])} tokens) weighs {_f(w_short)} and the "
+        f"longest (row {long}, {int(length[long])} tokens) {_f(w_long)}"
+    )
+    if w_long > 0 and abs(w_short - w_long) <= 1e-6 * max(w_short, w_long):
+        return f"{head}: every token counts the same, so this aggregation has no per-token length bias."
+    if w_short > w_long:
+        return (
+            f"{head}, {_f(w_short / w_long)}× less: right answers (A > 0) are pushed up hardest when short and "
+            "wrong ones (A < 0) pushed down least when long, so this aggregation favours short right answers and "
+            "lets wrong answers grow long."
+        )
+    return f"{head}: a token of a long row counts more, so long rows dominate the update."
+
+
 def explain(bd: Breakdown) -> list[str]:
     """Sentences on this batch: the sign of the loss, the ratio, clipping, zero-signal groups."""
     policy, kl, surrogate = float(bd.policy_loss), float(bd.kl_loss), -float(bd.policy_loss)
@@ -63,19 +163,20 @@ def explain(bd: Breakdown) -> list[str]:
     out = []
     out.append(_sign_sentence(bd))
     if m.get("lens/ratio/min") == 1.0 and m.get("lens/ratio/max") == 1.0:
-        out.append(
+        on_policy = (
             f"The ratio is 1 everywhere (on-policy), so the policy part is minus the weighted mean advantage, "
-            f"{_f(policy)}, and nothing can clip; yet the gradient norm is {_f(m['lens/grad_norm_logps'])}: "
-            "a near-zero loss does not mean a zero gradient."
+            f"{_f(policy)}, and nothing can clip"
         )
-    regions = bd.tokens.region
-    n = int(bd.tokens.mask.sum())
-    flat = int((regions > REGIONS.index("trust")).sum())
-    if n and flat and OBJECTIVES.entry(bd.config.objective).flat:  # '' where no token goes flat
-        out.append(
-            f"{flat} of {n} tokens sit in a flat clip region "
-            f"(ratio {_f(m['lens/ratio/min'])} to {_f(m['lens/ratio/max'])}) and get no policy gradient."
-        )
+        size = float(bd.tokens.policy_loss.abs().sum() + bd.tokens.kl_loss.abs().sum())
+        grad_norm = m.get("lens/grad_norm_logps", 0.0)
+        if abs(float(bd.loss)) <= NEAR_ZERO * size and grad_norm > 0:
+            on_policy += (
+                f"; the loss is small next to its terms, yet the gradient norm is {_f(grad_norm)}: a near-zero "
+                "loss does not mean a zero gradient"
+            )
+        out.append(on_policy + ".")
+    out += [s for s in (_clip_sentence(bd), _negative_kl_sentence(bd)) if s]
+    out += _clamp_sentences(bd)
     if bd.zero_std_groups:
         out.append(
             f"{len(bd.zero_std_groups)} group(s) have zero reward std (frac_reward_zero_std = "
@@ -83,8 +184,11 @@ def explain(bd: Breakdown) -> list[str]:
         )
     if beta == 0:
         out.append("beta = 0: the KL term is off, so the loss is the policy term alone.")
-    elif kl and abs(kl) > 10 * abs(surrogate) and abs(kl) > 1e-8:
+    elif kl > 0 and kl > 10 * abs(surrogate) and kl > 1e-8:
         out.append(f"beta·KL ({_f(kl)}) dominates the loss; the KL gradient pushes tokens back toward the reference.")
+    length = _length_sentence(bd)
+    if length:
+        out.append(length)
     return out
 
 

@@ -284,6 +284,8 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
     objective = OBJECTIVES.get(config.objective)(ratio, logp_policy, A, config)
     kl = kl_penalty(logp_kl, inp.ref, inp.old, inp.mask, config, touched) if want_kl or config.beta else None
     weight = AGGREGATIONS.get(config.aggregation)(inp.mask, config, inp.width)
+    if config.gradient_accumulation_steps != 1:  # the trainer's scaling of one micro-batch's loss
+        weight = weight / config.gradient_accumulation_steps
     policy_tokens = weight * -objective.surrogate
     # beta = 0 leaves the KL out of the loss entirely, as TRL does (so an overflowed KL cannot
     # turn the loss into NaN through 0 · inf); the KL is still reported.
@@ -401,6 +403,14 @@ def _metrics(
             if id(flag) not in done:
                 done[id(flag)] = float(masked_sum(flag) / n_tokens)
             metrics[name] = done[id(flag)]
+    # TRL 1.16: the min (max) over sequences of each sequence's clip fraction, gathered over
+    # processes; rows without a counted token are skipped (TRL's nanmin / nanmax).
+    lengths = mask.sum(-1)
+    counted_rows = lengths > 0
+    for name, reduce in (("clip_ratio/low_min", torch.min), ("clip_ratio/high_max", torch.max)):
+        if name in flags and bool(counted_rows.any()):
+            per_row = (flags[name].expand(mask.shape) * mask).sum(-1)[counted_rows] / lengths[counted_rows]
+            metrics[name] = float(reduce(per_row))
     any_counted = float(mask.sum()) > 0
     # Ratios are > 0 and tokens.ratio holds 0 where nothing counts, so its max is a counted one;
     # the raw ratio is 1 there, so max(mask / raw ratio) is 1 / (the smallest counted ratio).

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,3 +47,24 @@ def _globals_untouched() -> Iterator[None]:
     before = _snapshot()
     yield
     assert _snapshot() == before, "a test mutated a global registry or preset"
+
+
+LOSS_TYPES = ("grpo", "dapo", "dr_grpo")
+
+
+@pytest.fixture(scope="session")
+def trl_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Real TRL 1.16 GRPOTrainer runs on CPU (tests/trainers.py), captured with grpo.capture.trl, once per session."""
+    pytest.importorskip("trl")
+    from trainers import grpo_trainer
+
+    import grpo.capture
+
+    root = tmp_path_factory.mktemp("trl")
+    out = {}
+    for loss_type in LOSS_TYPES:
+        trainer = grpo_trainer(root / f"out-{loss_type}", loss_type)
+        with grpo.capture.trl(trainer, root / loss_type):
+            trainer.train()
+        out[loss_type] = root / loss_type
+    return out

@@ -266,6 +266,11 @@ def test_openapi_lists_every_route(api: TestClient) -> None:
         "/api/v1/options",
         "/api/v1/experiments",
         "/api/v1/experiments/{name}",
+        "/api/v1/runs",
+        "/api/v1/runs/{run}",
+        "/api/v1/runs/{run}/steps/{step}",
+        "/api/v1/runs/{run}/download",
+        "/api/v1/runs/{run}/replay",
         "/healthz",
     }
     loss = schema["paths"]["/api/v1/loss"]["post"]

@@ -197,7 +197,15 @@ def test_bad_values_name_the_field(field: str, value: Any, match: str) -> None:
 def test_every_field_is_documented_and_grouped() -> None:
     for f in dataclasses.fields(LossConfig):
         assert f.metadata.get("doc"), f.name
-        assert f.metadata.get("group") in {"preset", "policy", "kl", "aggregation", "advantage", "runtime"}, f.name
+        assert f.metadata.get("group") in {
+            "preset",
+            "policy",
+            "kl",
+            "aggregation",
+            "scaling",
+            "advantage",
+            "runtime",
+        }, f.name
     assert tuple(f.name for f in dataclasses.fields(LossConfig)) == FIELD_NAMES
     for spec in FIELDS:
         if spec.choices is not None:

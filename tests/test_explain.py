@@ -4,16 +4,20 @@ breakdown of the article's example or of a file."""
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 import pytest
+import torch
 from reference import HAND, close, evaluate64
 
 import grpo
 from grpo.__main__ import main
-from grpo.examples import ARTICLE_EXAMPLE
+from grpo.examples import ARTICLE_EXAMPLE, SCENARIOS
 from grpo.explain import explain, summary_table
+from grpo.loss import Breakdown
 from grpo.requests import batch_from_request
 
 
@@ -30,7 +34,9 @@ def test_negative_loss_sentence() -> None:
     # the trust region, and A > 0 keeps the lower), 1.1, 1.2: surrogate 4.9 / 5 = 0.98 > 0 = beta·KL
     bd = evaluate64(grpo.Batch(**{**HAND, "advantages": [1.0, 1.0]}), "trl-dapo")
     close(bd.loss, -0.98)
-    assert explain(bd)[0] == "The loss is negative (-0.98) because the weighted surrogate 0.98 exceeds beta·KL 0."
+    assert explain(bd)[0].startswith(
+        "The loss is negative (-0.98) because the weighted surrogate 0.98 exceeds beta·KL 0."
+    )
     assert "beta = 0: the KL term is off, so the loss is the policy term alone." in explain(bd)
 
 
@@ -89,3 +95,301 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good.write_text(json.dumps({"per_token_logps": [[-1.0]], "advantages": [1.0]}))
     assert main(["eval", str(good), "--set", "beta=-1"]) == 2
     assert "beta: expected a number >= 0.0" in capsys.readouterr().err
+
+
+# --- every sentence holds for the batch it describes --------------------------------------------------
+# Each sentence explain() can produce has a pattern here and a check of its numbers against the
+# Breakdown; a sentence that matches no pattern fails the test. Numbers are printed with 4 (the
+# "about 0" sentence: 3) significant digits, so they agree with the value to 5e-4 (5e-3) relative.
+
+
+def _num(text: str, value: float, digits: int = 4) -> None:
+    assert float(text) == pytest.approx(value, rel=5 * 10.0 ** (-digits) + 1e-9, abs=1e-12), (text, value)
+
+
+def _parts(bd: Breakdown) -> tuple[float, float, float, float]:
+    """loss, weighted surrogate S = -policy_loss, beta·KL K, and the size of the per-token terms."""
+    size = float(bd.tokens.policy_loss.abs().sum() + bd.tokens.kl_loss.abs().sum())
+    return float(bd.loss), -float(bd.policy_loss), float(bd.kl_loss), size
+
+
+def _counted(bd: Breakdown) -> torch.Tensor:
+    return bd.tokens.mask.bool()
+
+
+def _sign(bd: Breakdown, m: re.Match[str]) -> None:
+    loss, s, k, size = _parts(bd)
+    text = m.group(0)
+    if text.startswith("The loss is about 0"):
+        _num(m["a"], loss, 3)
+        _num(m["b"], size)
+        _num(m["c"], s)
+        _num(m["d"], k)
+        assert abs(loss) <= 1e-5 * size
+        return
+    _num(m["a"], loss)
+    if text.startswith("The loss is negative"):
+        assert loss < 0 and s > k
+        _num(m["b"], s)
+        _num(m["c"], k)
+        assert ("itself negative" in text) == (k < 0)
+        drivers = re.findall(r"row (\d+) \((\S+)\)", text)
+        shares = sorted((float(v), i) for i, v in enumerate(bd.rows.loss.tolist()) if v < 0)
+        assert [int(i) for i, _ in drivers] == [i for _, i in shares[: len(drivers)]]
+        for i, v in drivers:
+            _num(v, float(bd.rows.loss[int(i)]))
+        rose = re.search(r"(\d+) token\(s\) with A > 0 have a ratio above 1 \(up to (\S+)\)", text)
+        a = bd.advantages[:, None].expand_as(bd.tokens.ratio)
+        up = _counted(bd) & (a > 0) & (bd.tokens.ratio > 1)
+        assert (rose is not None) == bool(up.any())
+        if rose:
+            assert int(rose[1]) == int(up.sum())
+            _num(rose[2], float(bd.tokens.ratio[up].max()))
+        return
+    assert loss > 0
+    if "every policy term is 0" in text:
+        assert float(bd.tokens.policy_loss.abs().max()) == 0
+    elif "the policy terms cancel" in text:
+        _num(m["b"], s, 3)
+        _num(m["d"], k)
+        assert abs(s) <= 1e-5 * float(bd.tokens.policy_loss.abs().sum())
+    elif "because beta·KL" in text:
+        _num(m["b"], k)
+        _num(m["c"], s)
+        assert k > s > 0
+    elif "mostly from beta·KL" in text:
+        _num(m["b"], k)
+        _num(m["c"], s)
+        assert s < 0 < k and k > -s
+    else:  # the surrogate is itself negative
+        _num(m["b"], s)
+        _num(m["c"], k)
+        assert s < 0 and k <= -s
+
+
+def _on_policy(bd: Breakdown, m: re.Match[str]) -> None:
+    ratios = bd.tokens.ratio[_counted(bd)]
+    assert bool((ratios == 1).all())
+    _num(m[1], float(bd.policy_loss))
+    loss, _, _, size = _parts(bd)
+    grad_norm = bd.metrics.get("lens/grad_norm_logps", bd.metrics.get("grad_norm", 0.0))
+    assert (m[2] is not None) == (abs(loss) <= 0.01 * size and grad_norm > 0)
+    if m[2]:
+        _num(m[3], grad_norm)
+
+
+def _flat(bd: Breakdown, m: re.Match[str]) -> None:
+    flat = _counted(bd) & (bd.tokens.region > 1)  # regions after "masked", "trust"
+    assert int(m[1]) == int(flat.sum()) and int(m[2]) == int(_counted(bd).sum())
+    _num(m[3], float(bd.tokens.ratio[flat].min()))
+    _num(m[4] or m[3], float(bd.tokens.ratio[flat].max()))
+    assert float(bd.tokens.grad_policy[flat].abs().max()) == 0  # "get no policy gradient"
+
+
+def _negative_kl(bd: Breakdown, m: re.Match[str]) -> None:
+    kl = bd.tokens.kl[_counted(bd)]
+    assert int(m[1]) == int((kl < 0).sum()) and int(m[2]) == kl.numel()
+    _num(m[3], float(kl.min()))
+    _num(m[4], bd.metrics["kl"])
+    if m[5]:  # "its gradient is beta × the token's weight on every token alike"
+        _num(m[5], bd.config.beta)
+        c = _counted(bd)
+        torch.testing.assert_close(bd.tokens.grad_kl[c], bd.config.beta * bd.tokens.weight[c], rtol=1e-5, atol=0)
+
+
+def _clamp(bd: Breakdown, m: re.Match[str]) -> None:
+    assert bd.clamp_counts[m[1]] == int(m[2]) > 0
+
+
+def _zero_std(bd: Breakdown, m: re.Match[str]) -> None:
+    assert int(m[1]) == len(bd.zero_std_groups) > 0
+    _num(m[2], bd.metrics["frac_reward_zero_std"])
+    for g in bd.zero_std_groups:
+        assert float(bd.advantages[bd.rows.group == g].abs().max()) == 0  # "their advantages are 0"
+
+
+def _beta_zero(bd: Breakdown, m: re.Match[str]) -> None:
+    assert bd.config.beta == 0 and float(bd.kl_loss) == 0
+
+
+def _kl_dominates(bd: Breakdown, m: re.Match[str]) -> None:
+    _, s, k, _ = _parts(bd)
+    _num(m[1], k)
+    assert k > 10 * abs(s)
+
+
+def _length(bd: Breakdown, m: re.Match[str]) -> None:
+    length = _counted(bd).sum(dim=1)
+    rows = [i for i in range(len(length)) if int(length[i])]
+    short, long = int(m[1]), int(m[4])
+    assert int(length[short]) == int(m[2]) == min(int(length[i]) for i in rows)
+    assert int(length[long]) == int(m[5]) == max(int(length[i]) for i in rows)
+    w_short = bd.tokens.weight[short][_counted(bd)[short]]
+    w_long = bd.tokens.weight[long][_counted(bd)[long]]
+    _num(m[3], float(w_short[0]))
+    _num(m[6], float(w_long[0]))
+    rest = m[7]
+    if "counts the same" in rest:
+        torch.testing.assert_close(w_short[0], w_long[0], rtol=1e-6, atol=0)
+    elif "less" in rest:
+        _num(re.search(r"(\S+)× less", rest)[1], float(w_short[0] / w_long[0]))  # type: ignore[index]
+        assert float(w_short[0]) > float(w_long[0])
+    else:
+        assert float(w_long[0]) > float(w_short[0])
+
+
+N = r"(-?\d+(?:\.\d+)?(?:e[-+]\d+)?)"
+SENTENCES: list[tuple[str, Callable[[Breakdown, re.Match[str]], None]]] = [
+    (
+        rf"The loss is (?:about 0|negative|positive) \((?P<a>{N[1:-1]})\)"
+        rf"(?:: its per-token terms, of total size (?P<b>{N[1:-1]}), cancel \(weighted surrogate "
+        rf"(?P<c>{N[1:-1]}), beta·KL (?P<d>{N[1:-1]})\)\."
+        rf"| because the weighted surrogate (?P<b2>{N[1:-1]}) exceeds beta·KL .*"
+        r"|.*)",
+        _sign,
+    ),
+    (
+        rf"The ratio is 1 everywhere \(on-policy\), so the policy part is minus the weighted mean advantage, {N}, "
+        rf"and nothing can clip(; the loss is small next to its terms, yet the gradient norm is {N}: a near-zero "
+        r"loss does not mean a zero gradient)?\.",
+        _on_policy,
+    ),
+    (
+        rf"(\d+) of (\d+) tokens sit in a flat clip region \(ratios? {N}(?: to {N})?\) and get no policy gradient\.",
+        _flat,
+    ),
+    (
+        rf"The KL estimate is negative on (\d+) of (\d+) tokens \(as low as {N}; the batch's kl is {N}\): .*?"
+        rf"(?: Its gradient is beta × the token's weight \(beta = {N}\) on every token alike.*)?",
+        _negative_kl,
+    ),
+    (r"(\S+) acted on (\d+) token\(s\): a clamp passes no gradient where it acts.*", _clamp),
+    (rf"(\d+) group\(s\) have zero reward std \(frac_reward_zero_std = {N}\).*", _zero_std),
+    (r"beta = 0: the KL term is off, so the loss is the policy term alone\.", _beta_zero),
+    (rf"beta·KL \({N}\) dominates the loss.*", _kl_dominates),
+    (
+        rf"Per token, the shortest row \(row (\d+), (\d+) tokens\) weighs {N} and the longest \(row (\d+), "
+        rf"(\d+) tokens\) {N}(.*)",
+        _length,
+    ),
+]
+
+
+def _check_sentences(bd: Breakdown) -> None:
+    for sentence in explain(bd):
+        matches = [(rx, check) for rx, check in SENTENCES if re.fullmatch(rx, sentence, flags=re.S)]
+        assert len(matches) == 1, f"no single pattern for: {sentence}"
+        rx, check = matches[0]
+        match = re.fullmatch(rx, sentence, flags=re.S)
+        assert match is not None
+        if check is _sign:
+            _sign_match(bd, sentence)
+        else:
+            check(bd, match)
+
+
+def _sign_match(bd: Breakdown, sentence: str) -> None:
+    """The sign sentence has several forms: parse the one it is, then check it."""
+    forms = [
+        rf"The loss is about 0 \((?P<a>{N})\): its per-token terms, of total size (?P<b>{N}), cancel "
+        rf"\(weighted surrogate (?P<c>{N}), beta·KL (?P<d>{N})\)\.",
+        rf"The loss is negative \((?P<a>{N})\) because the weighted surrogate (?P<b>{N}) exceeds beta·KL "
+        rf"(?P<c>{N}).*",
+        rf"The loss is positive \((?P<a>{N})\): every policy term is 0 .*",
+        rf"The loss is positive \((?P<a>{N})\): the policy terms cancel to about 0 \((?P<b>{N}), from terms of "
+        rf"total size (?P<c>{N})\), so what is left is beta·KL (?P<d>{N})\.",
+        rf"The loss is positive \((?P<a>{N})\) because beta·KL (?P<b>{N}) exceeds the weighted surrogate (?P<c>{N})\.",
+        rf"The loss is positive \((?P<a>{N})\), mostly from beta·KL (?P<b>{N}); the weighted surrogate is negative "
+        rf"too \((?P<c>{N})\).*",
+        rf"The loss is positive \((?P<a>{N})\) because the weighted surrogate is itself negative \((?P<b>{N})\): "
+        rf".*; beta·KL adds (?P<c>{N})\.",
+    ]
+    found = [m for rx in forms if (m := re.fullmatch(rx, sentence, flags=re.S))]
+    assert len(found) == 1, sentence
+    _sign(bd, found[0])
+
+
+def _batch(per_token_logps: list[list[float]], **fields: object) -> grpo.Batch:
+    return batch_from_request({"per_token_logps": per_token_logps, **fields})
+
+
+# The batches issue 10 lists besides the scenarios (negative-loss and k1-negative are scenarios).
+EXTRA_BATCHES: dict[str, tuple[grpo.Batch, dict[str, object]]] = {
+    # A > 0 rows moved up past 1 + 0.2, A < 0 rows down past 1 - 0.2: every token on a flat part
+    "all-clipped": (
+        _batch(
+            [[-0.2, -0.3], [-1.6, -1.9]],
+            old_per_token_logps=[[-0.6, -0.7], [-1.2, -1.4]],
+            rewards=[1.0, 0.0],
+        ),
+        {},
+    ),
+    # no reference: KL is 0 on every token, beta > 0
+    "empty-KL": (
+        _batch(
+            [[-0.5, -1.0, -0.2], [-0.9, -0.4]],
+            old_per_token_logps=[[-0.6, -0.9, -0.2], [-1.0, -0.5]],
+            rewards=[1.0, 0.0],
+        ),
+        {},
+    ),
+    # logp - old = 14 on one token: ratio 1.2e6
+    "huge-ratio": (
+        _batch(
+            [[-0.5, -1.0], [-0.3, -0.8]],
+            old_per_token_logps=[[-14.5, -1.0], [-0.3, -0.9]],
+            ref_per_token_logps=[[-0.4, -1.1], [-0.4, -0.7]],
+            rewards=[0.0, 1.0],
+        ),
+        {},
+    ),
+    "zero-std": (_batch([[-0.5, -1.0], [-0.3]], ref_per_token_logps=[[-0.6, -0.9], [-0.5]], rewards=[1.0, 1.0]), {}),
+}
+
+
+def _all_batches() -> list[tuple[str, grpo.Batch, dict[str, object]]]:
+    out: list[tuple[str, grpo.Batch, dict[str, object]]] = [
+        (name, batch_from_request(s.request), {"preset": s.preset, **s.overrides}) for name, s in SCENARIOS.items()
+    ]
+    out += [(name, b, {"preset": "article", **o}) for name, (b, o) in EXTRA_BATCHES.items()]
+    return out
+
+
+CONFIG_VARIANTS: dict[str, dict[str, object]] = {
+    "own": {},
+    "trl-dr_grpo": {"preset": "trl-dr_grpo"},
+    "verl-grpo": {"preset": "verl-grpo"},
+    "k1": {"kl_estimator": "k1", "beta": 0.05},
+    "k2-beta0": {"kl_estimator": "k2", "beta": 0.0},
+}
+
+
+@pytest.mark.parametrize("variant", list(CONFIG_VARIANTS))
+@pytest.mark.parametrize("case", _all_batches(), ids=lambda c: c[0])
+def test_every_sentence_holds_numerically(case: tuple[str, grpo.Batch, dict[str, object]], variant: str) -> None:
+    _, batch, own = case
+    settings = {**own, **CONFIG_VARIANTS[variant]}
+    preset = str(settings.pop("preset"))
+    bd = grpo.evaluate(batch, grpo.LossConfig.from_preset(preset, dtype="float64", **settings))  # type: ignore[arg-type]
+    _check_sentences(bd)
+
+
+def test_the_listed_batches_show_what_they_are_for() -> None:
+    """Each special batch produces the sentence it exists for (so the test above checks it)."""
+
+    def sentences(name: str, **settings: object) -> str:
+        batch, own = dict((n, (b, o)) for n, b, o in _all_batches())[name]
+        cfg = {**own, **settings}
+        bd = grpo.evaluate(batch, grpo.LossConfig.from_preset(str(cfg.pop("preset")), dtype="float64", **cfg))  # type: ignore[arg-type]
+        return "\n".join(explain(bd))
+
+    assert "The loss is negative" in sentences("negative-loss")
+    assert "A > 0 have a ratio above 1" in sentences("negative-loss")
+    k1 = sentences("k1-negative")
+    assert "The KL estimate is negative on" in k1 and "on every token alike" in k1
+    assert "4 of 4 tokens sit in a flat clip region" in sentences("all-clipped")
+    # the ratio-1.2e6 token has A < 0: no clip bounds it (only a dual clip would), the surrogate goes hugely negative
+    assert "the weighted surrogate is itself negative (-2.126e+05)" in sentences("huge-ratio")
+    assert "zero reward std" in sentences("zero-std")
+    assert "acted on" in sentences("huge-ratio", preset="verl-grpo", log_ratio_clamp=5.0)
+    assert "near-zero loss does not mean a zero gradient" not in sentences("empty-KL")

@@ -1,4 +1,5 @@
-// The page's one state object, read from and written to the URL. Names match the API's.
+// The page's one state object. The top-level fields are read from and written to the URL (names
+// match the API's); `state.ui` holds what the page keeps for this visit only.
 
 export const state = {
   scenario: "article", // a scenario's name; its request is the input unless `input` is set
@@ -7,6 +8,13 @@ export const state = {
   row: -1, // the row shown in per-token views (-1: every row, for small batches)
   compare: ["article", "trl-dapo", "trl-dr_grpo"],
   compare_edits: false,
+  ui: {
+    options: null, // /api/v1/options: fields, presets, scenarios, glossary
+    last: null, // the latest /api/v1/loss response
+    uploadFile: null, // a binary upload whose batch only the server holds
+    drawCount: 0, // how many times the views were drawn (tests and the benchmark wait on it)
+    rowSort: { key: null, dir: 1 }, // the rows table's sort column and direction
+  },
 };
 
 export const URL_INPUT_LIMIT = 6000; // characters of encoded input that still fit a link
@@ -52,17 +60,25 @@ export function readURL(fields) {
   state.compare_edits = params.get("compare_edits") === "1";
 }
 
+// Each token's log-prob takes at least two characters of JSON ("-1,"), and base64 makes 4 of
+// every 3: an input whose tokens alone pass the limit is not encoded at all (that would cost
+// seconds on a 64 x 1024 batch, on every control move).
+function tooLongForLink(input) {
+  const tokens = (input.per_token_logps || []).reduce((n, row) => n + (row?.length || 0), 0);
+  return (tokens * 2 * 4) / 3 > URL_INPUT_LIMIT;
+}
+
 // Write `state` to the URL (replacing the history entry). Returns false when the input is too
 // large for a link (the link then carries the settings only).
 export function writeURL() {
   const params = new URLSearchParams();
   params.set("scenario", state.scenario);
   for (const [key, value] of Object.entries(state.config)) params.set(key, value === null ? "null" : String(value));
-  let fits = true;
-  if (state.input) {
+  let fits = !state.input || !tooLongForLink(state.input);
+  if (fits && state.input) {
     const text = encode(state.input);
-    if (text.length <= URL_INPUT_LIMIT) params.set("input", text);
-    else fits = false;
+    fits = text.length <= URL_INPUT_LIMIT;
+    if (fits) params.set("input", text);
   }
   if (state.row !== -1) params.set("row", String(state.row));
   params.set("compare", state.compare.join(","));
@@ -70,3 +86,17 @@ export function writeURL() {
   history.replaceState(null, "", `${location.pathname}?${params}${location.hash}`);
   return fits;
 }
+
+// Lookups into the options.
+export const scenarios = () => new Map(state.ui.options.scenarios.map((s) => [s.name, s]));
+export const glossary = () => new Map(state.ui.options.glossary.flatMap((g) => g.keys.map((key) => [key, g])));
+
+// The request the page evaluates: the edited input, else the scenario's.
+export function currentRequest() {
+  if (state.input) return state.input;
+  const s = scenarios().get(state.scenario) || scenarios().get("article");
+  return s.request;
+}
+
+// True while the batch is a binary upload that only the server holds.
+export const fromUpload = () => Boolean(state.ui.uploadFile && !state.input);

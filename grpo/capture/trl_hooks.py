@@ -1,0 +1,209 @@
+"""Capture a TRL 1.16 ``GRPOTrainer``'s loss calls: ``with grpo.capture.trl(trainer, run_dir): trainer.train()``.
+
+The current log-probs are computed inside ``_compute_loss``, so the hooks wrap, on the trainer
+instance only (the class is untouched and the wrappers are removed on exit):
+- ``_get_per_token_logps_and_entropies``: keeps the log-probs and entropies of the loss call;
+- ``_compute_loss``: records what the loss used and what it returned, one step file per call;
+- ``_calculate_rewards`` and ``_generate_and_score_completions``: each row's reward and group id ride
+  along in the generation batch (TRL shuffles rows before splitting micro-batches, so groups mix);
+- ``log``: the metrics the trainer logged for each optimiser step go into run.json under ``logged``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from grpo.config import LossConfig
+from grpo.runs import RunWriter, package_versions
+from grpo.trainer_config import TRL_DIVIDED_BY_GA, map_trl
+
+ROW_REWARDS = "lens_row_rewards"  # keys the hooks add to TRL's generation batch
+ROW_GROUPS = "lens_row_groups"
+
+
+class _TrlHooks:
+    def __init__(self, trainer: Any, writer: RunWriter, config: LossConfig) -> None:
+        self.trainer = trainer
+        self.writer = writer
+        self.config = config
+        self.loss_type = trainer.loss_type
+        self.in_loss = False
+        self.logps: tuple[Tensor, Tensor | None] | None = None
+        self.rewards: Tensor | None = None
+        self.logged: dict[str, dict[str, Any]] = {}
+        self.saved: dict[str, Any] = {}
+
+    # --- installing -------------------------------------------------------------------------
+    def install(self) -> None:
+        for name in ("_get_per_token_logps_and_entropies", "_compute_loss", "_calculate_rewards", "log"):
+            self._wrap(name, getattr(self, f"_hook{name}" if name.startswith("_") else f"_hook_{name}"))
+        self._wrap("_generate_and_score_completions", self._hook_generate)
+
+    def _wrap(self, name: str, hook: Callable[..., Any]) -> None:
+        if name in self.trainer.__dict__:
+            self.saved[name] = self.trainer.__dict__[name]
+        original = getattr(self.trainer, name)
+        setattr(self.trainer, name, lambda *args, **kwargs: hook(original, *args, **kwargs))
+
+    def remove(self) -> None:
+        for name in ("_get_per_token_logps_and_entropies", "_compute_loss", "_calculate_rewards", "log"):
+            self.trainer.__dict__.pop(name, None)
+        self.trainer.__dict__.pop("_generate_and_score_completions", None)
+        self.trainer.__dict__.update(self.saved)
+
+    # --- hooks --------------------------------------------------------------------------------
+    def _hook_get_per_token_logps_and_entropies(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        if self.in_loss:
+            self.logps = (out[0], out[1])
+        return out
+
+    def _hook_calculate_rewards(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        rewards = original(*args, **kwargs)
+        self.rewards = rewards  # (B·processes, functions), gathered over processes
+        return rewards
+
+    def _hook_generate(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        self.rewards = None
+        out = original(*args, **kwargs)
+        if not self.trainer.model.training or self.rewards is None:
+            return out
+        trainer = self.trainer
+        B = out["advantages"].shape[0]
+        per_func = self.rewards
+        weights = trainer.reward_weights.to(per_func.device)
+        rewards = (per_func * weights[None, :]).nansum(dim=1)  # as TRL sums them (sum_then_normalize)
+        rewards[torch.isnan(per_func).all(dim=1)] = torch.nan  # unscorable rows
+        start = trainer.accelerator.process_index * B
+        rows = torch.arange(start, start + B, device=out["advantages"].device)
+        out[ROW_REWARDS] = rewards[start : start + B].to(out["advantages"].device)
+        out[ROW_GROUPS] = rows // trainer.num_generations
+        return out
+
+    def _hook_compute_loss(self, original: Callable[..., Any], model: Any, inputs: dict[str, Any]) -> Any:
+        trainer = self.trainer
+        if not trainer.model.training:
+            return original(model, inputs)
+        metrics = trainer._metrics["train"]
+        before = {k: len(v) for k, v in metrics.items()}
+        self.in_loss, self.logps = True, None
+        try:
+            loss = original(model, inputs)
+        finally:
+            self.in_loss = False
+        if self.logps is not None:
+            logged = {k: v[-1] for k, v in metrics.items() if len(v) > before.get(k, 0)}
+            self._write(inputs, loss, logged)
+        return loss
+
+    def _hook_log(self, original: Callable[..., Any], logs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        out = original(logs, *args, **kwargs)  # TRL adds its averaged metrics to logs in place
+        if self.trainer.model.training and not any(k.startswith("eval_") for k in logs):
+            # the end-of-training summary is logged at the last step too: merge, never overwrite
+            self.logged.setdefault(str(self.trainer.state.global_step), {}).update(
+                {k: _number(v) for k, v in logs.items()}
+            )
+            self.writer.update(logged=self.logged)
+        return out
+
+    # --- recording ------------------------------------------------------------------------------
+    def _step_config(self, inputs: dict[str, Any]) -> tuple[LossConfig, dict[str, Any]]:
+        """The run's config with this micro-batch's scaling, as ``_compute_loss`` applies it (spec §1.8)."""
+        trainer = self.trainer
+        ga = int(trainer.current_gradient_accumulation_steps)
+        info: dict[str, Any] = {"gradient_accumulation_steps": ga}
+        if self.loss_type in TRL_DIVIDED_BY_GA:
+            return dataclasses.replace(self.config, gradient_accumulation_steps=ga), info
+        n_items = float(inputs["num_items_in_batch"].clamp(min=1.0))
+        processes = int(trainer.accelerator.num_processes)
+        per_generation = int(trainer.args.steps_per_generation)
+        info |= {"num_items_in_batch": n_items, "num_processes": processes, "steps_per_generation": per_generation}
+        normalizer = n_items / processes * ga / per_generation
+        return dataclasses.replace(self.config, token_normalizer=normalizer, gradient_accumulation_steps=1), info
+
+    def _write(self, inputs: dict[str, Any], loss: Tensor, logged: dict[str, Any]) -> None:
+        trainer = self.trainer
+        assert self.logps is not None
+        logps, entropies = self.logps
+        mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]
+        old = inputs.get("old_per_token_logps")
+        tensors: dict[str, Tensor] = {
+            "per_token_logps": logps.detach(),
+            # absent: TRL uses the current log-probs, detached (ratio 1)
+            "old_per_token_logps": (logps if old is None else old).detach(),
+            "completion_mask": mask.detach(),
+            "advantages": inputs["advantages"].detach(),
+        }
+        if trainer.beta != 0.0 and inputs.get("ref_per_token_logps") is not None:
+            tensors["ref_per_token_logps"] = inputs["ref_per_token_logps"].detach()
+        if entropies is not None:
+            tensors["entropies"] = entropies.detach()
+        for key, name in ((ROW_REWARDS, "row_rewards"), (ROW_GROUPS, "row_groups")):
+            if key in inputs:
+                tensors[name] = inputs[key]
+        config, scaling = self._step_config(inputs)
+        ga = scaling["gradient_accumulation_steps"]
+        meta = {"loss": float(loss.detach()), "metrics": {k: _number(v) for k, v in logged.items()}, "scaling": scaling}
+        step = int(trainer.state.global_step) + 1  # the optimiser step this loss call belongs to
+        self.writer.write_step(step, int(trainer._step) % ga, tensors, meta, config=config)
+
+
+def _number(value: Any) -> Any:
+    if isinstance(value, Tensor):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+@contextmanager
+def trl(trainer: Any, run_dir: str | Path) -> Iterator[RunWriter]:
+    """Record every training ``_compute_loss`` call of a TRL 1.16 ``GRPOTrainer`` into ``run_dir``.
+
+    One step file per micro-batch (step: the optimiser step, from 1; micro: from 0), with the
+    log-probs the loss used, old and reference log-probs, mask, advantages, entropies, each row's
+    reward and group (``row_rewards``, ``row_groups``), the config from ``trainer.args`` with this
+    micro-batch's scaling, the loss the trainer returned and the metrics it logged for the call.
+    run.json's ``status`` ends ``done``, ``interrupted`` or ``failed``.
+    """
+    mapping = map_trl(trainer.args)
+    for message in mapping.warnings:
+        warnings.warn(f"grpo.capture.trl: {message}", stacklevel=3)
+    processes = int(trainer.accelerator.num_processes)
+    writer = RunWriter(
+        run_dir,
+        "trl",
+        mapping.config,
+        versions=package_versions("trl", "transformers", "accelerate"),
+        rank=int(trainer.accelerator.process_index) if processes > 1 else None,
+        background=True,  # step files are written off the training loop's path
+    )
+    writer.update(unsupported=mapping.unsupported, loss_type=trainer.loss_type)
+    hooks = _TrlHooks(trainer, writer, mapping.config)
+    hooks.install()
+    try:
+        yield writer
+    except KeyboardInterrupt:
+        writer.close()
+        writer.update(status="interrupted")
+        raise
+    except BaseException:
+        writer.close()
+        writer.update(status="failed")
+        raise
+    else:
+        writer.close()
+        writer.update(status="done")
+    finally:
+        hooks.remove()

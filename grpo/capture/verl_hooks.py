@@ -1,0 +1,220 @@
+"""Capture verl 0.9.1's loss calls: ``with grpo.capture.verl(run_dir) as cap: ...``.
+
+verl's actor (``verl.workers.utils.losses.ppo_loss``) composes each micro-batch's loss from three
+functions of ``verl.trainer.ppo.core_algos``, which the hooks wrap while the block runs:
+- the registered policy loss (``POLICY_LOSS_REGISTRY[loss_mode]``, as ``get_policy_loss_fn`` returns
+  it): log-probs, old log-probs, advantages, mask, the actor config and its ``global_batch_info``,
+  and the ``pg_loss`` and metrics it returns;
+- ``kl_penalty``: the reference log-probs and the estimator;
+- ``agg_loss`` (outside the policy loss): the aggregated KL (and entropy) terms.
+The micro-batch's loss is then ``pg_loss + kl_loss_coef · kl_loss − entropy_coeff · entropy_loss``,
+exactly what ``ppo_loss`` returns. A record is written when the next policy-loss call starts, at
+``cap.next_step()``, and when the block ends. Steps count from 1; ``next_step()`` starts the next
+optimiser step (or pass ``micro_batches_per_step`` to count them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from grpo.config import LossConfig
+from grpo.runs import RunWriter, package_versions
+from grpo.trainer_config import map_verl
+
+
+def _float(value: Any) -> float:
+    return float(value.detach()) if isinstance(value, Tensor) else float(value)
+
+
+class VerlCapture:
+    """The state of one ``grpo.capture.verl`` block: the writer, the step and micro counters."""
+
+    def __init__(self, writer: RunWriter, micro_batches_per_step: int | None) -> None:
+        self.writer = writer
+        self.micro_batches_per_step = micro_batches_per_step
+        self.step = 1
+        self.micro = 0
+        self.pending: dict[str, Any] | None = None
+        self.in_policy = 0
+        self.unsupported: dict[str, str] = {}
+
+    def next_step(self) -> None:
+        """The optimiser stepped: later loss calls belong to the next step."""
+        self.flush()
+        self.step += 1
+        self.micro = 0
+
+    # --- hooks -------------------------------------------------------------------------------
+    def policy_hook(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            self.flush()
+            names = ("old_log_prob", "log_prob", "advantages", "response_mask", "loss_agg_mode", "config")
+            call = dict(zip(names, args, strict=False)) | kwargs
+            self.in_policy += 1
+            try:
+                pg_loss, pg_metrics = fn(*args, **kwargs)
+            finally:
+                self.in_policy -= 1
+            # read the values now: ppo_loss adds the KL and entropy terms to pg_loss in place
+            metrics = {k: _float(v) for k, v in pg_metrics.items()}
+            # and the config now: ppo_loss rewrites global_batch_info for every micro-batch
+            actor = call["config"]
+            mapping = map_verl(actor)
+            self.unsupported |= mapping.unsupported
+            info = dict(getattr(actor, "global_batch_info", None) or {})
+            self.pending = {
+                "call": call,
+                "pg_loss": _float(pg_loss),
+                "pg_metrics": metrics,
+                "config": _with_batch_info(mapping.config, info),
+                "scaling": {k: (None if v is None else _float(v)) for k, v in info.items() if k != "loss_scale_factor"},
+            }
+            return pg_loss, pg_metrics
+
+        return wrapped
+
+    def kl_hook(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> Tensor:
+            out: Tensor = fn(logprob, ref_logprob, kl_penalty)
+            if self.pending is not None and not self.in_policy:
+                self.pending |= {"ref_log_prob": ref_logprob, "kl_type": kl_penalty, "kld": out}
+            return out
+
+        return wrapped
+
+    def agg_hook(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(loss_mat: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+            out: Tensor = fn(loss_mat, *args, **kwargs)
+            if self.pending is not None and not self.in_policy:
+                key = "kl_loss" if loss_mat is self.pending.get("kld") else "entropy_loss"
+                self.pending[key] = _float(out)
+            return out
+
+        return wrapped
+
+    # --- recording ------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Write the pending micro-batch, if any."""
+        record, self.pending = self.pending, None
+        if record is None:
+            return
+        call = record["call"]
+        actor = call["config"]
+        mask = call["response_mask"].bool()
+        tensors = {
+            "per_token_logps": call["log_prob"].detach(),
+            "old_per_token_logps": call["old_log_prob"].detach(),
+            "completion_mask": mask,
+            "advantages": _row_advantages(call["advantages"].detach(), mask),
+        }
+        if call.get("rollout_is_weights") is not None:
+            self.unsupported["rollout_is_weights"] = "rollout importance weights are not applied"
+        pg_loss = record["pg_loss"]
+        loss = pg_loss
+        metrics = record["pg_metrics"] | {"actor/pg_loss": pg_loss}
+        if "kl_loss" in record and "ref_log_prob" in record:
+            tensors["ref_per_token_logps"] = record["ref_log_prob"].detach()
+            kl_loss = record["kl_loss"]
+            loss += float(actor.kl_loss_coef) * kl_loss
+            metrics |= {"actor/kl_loss": kl_loss, "actor/kl_coef": float(actor.kl_loss_coef)}
+        if "entropy_loss" in record:
+            loss -= float(actor.entropy_coeff) * record["entropy_loss"]
+        meta = {"loss": loss, "metrics": metrics, "scaling": record["scaling"]}
+        self.writer.write_step(self.step, self.micro, tensors, meta, config=record["config"])
+        self.micro += 1
+        if self.micro_batches_per_step and self.micro >= self.micro_batches_per_step:
+            self.step += 1
+            self.micro = 0
+
+
+def _with_batch_info(config: LossConfig, info: Any) -> LossConfig:
+    """The config with verl's global normalisers (spec §2.2): agg_loss divides by them and multiplies by dp_size."""
+    dp = _float(info.get("dp_size") or 1)
+    tokens, rows = info.get("batch_num_tokens"), info.get("global_batch_size")
+    return dataclasses.replace(
+        config,
+        token_normalizer=None if tokens is None else _float(tokens) / dp,
+        sequence_normalizer=None if rows is None else _float(rows) / dp,
+    )
+
+
+def _row_advantages(advantages: Tensor, mask: Tensor) -> Tensor:
+    """verl broadcasts each row's advantage over its tokens (B, T); GRPO Lens takes one per row (B,).
+
+    The row's value at its first counted token (0 for a row with none); a row whose counted tokens
+    disagree is reported, since per-token advantages are not a GRPO-family input here.
+    """
+    if advantages.dim() == 1:
+        return advantages
+    first = mask.float().argmax(-1, keepdim=True)  # (B, T) -> (B, 1)
+    per_row = advantages.gather(-1, first).squeeze(-1) * mask.any(-1)
+    spread = ((advantages - per_row[:, None]).abs() * mask).max()
+    if float(spread) > 0:
+        warnings.warn("grpo.capture.verl: advantages vary within a row; the first token's value is kept", stacklevel=2)
+    return per_row
+
+
+@contextmanager
+def verl(
+    run_dir: str | Path, micro_batches_per_step: int | None = None, rank: int | None = None
+) -> Iterator[VerlCapture]:
+    """Record verl 0.9.1's policy-loss, KL and aggregation calls made inside the block into ``run_dir``."""
+    from verl.trainer.ppo import core_algos
+
+    writer = RunWriter(
+        run_dir, "verl", LossConfig.from_preset("verl-grpo"), versions=package_versions("verl"), rank=rank
+    )
+    cap = VerlCapture(writer, micro_batches_per_step)
+    registry = core_algos.POLICY_LOSS_REGISTRY
+    saved_registry = dict(registry)
+    patched: list[tuple[Any, str, Any]] = []
+    originals = {"kl_penalty": core_algos.kl_penalty, "agg_loss": core_algos.agg_loss}
+    hooks = {"kl_penalty": cap.kl_hook(core_algos.kl_penalty), "agg_loss": cap.agg_hook(core_algos.agg_loss)}
+    for name, fn in saved_registry.items():
+        registry[name] = cap.policy_hook(fn)
+    for module in [m for n, m in list(sys.modules.items()) if n.startswith("verl") and m is not None]:
+        for name, original in originals.items():
+            if getattr(module, name, None) is original:
+                patched.append((module, name, original))
+                setattr(module, name, hooks[name])
+    try:
+        yield cap
+        cap.flush()
+    except BaseException:
+        writer.update(status="failed", unsupported=cap.unsupported)
+        raise
+    else:
+        # run.json's config: the config of the last call (the actor's), without per-call normalisers
+        last = load_last_config(writer)
+        writer.update(status="done", unsupported=cap.unsupported, **({"config": last} if last else {}))
+    finally:
+        registry.clear()
+        registry.update(saved_registry)
+        for module, name, original in patched:
+            setattr(module, name, original)
+        # modules first imported inside the block bound the hooks by name: give them the originals
+        for module in [m for n, m in list(sys.modules.items()) if n.startswith("verl") and m is not None]:
+            for name, hook in hooks.items():
+                if getattr(module, name, None) is hook:
+                    setattr(module, name, originals[name])
+
+
+def load_last_config(writer: RunWriter) -> dict[str, Any] | None:
+    from grpo.runs import load_run, load_step
+
+    run = load_run(writer.run_dir)
+    if not run.steps:
+        return None
+    config = load_step(run.steps[-1].path)[1]
+    return dataclasses.replace(config, token_normalizer=None, sequence_normalizer=None).to_dict()
+
+
+__all__ = ["VerlCapture", "verl"]

@@ -1,0 +1,355 @@
+"""Check a run: recompute every captured micro-batch and compare with what the trainer returned and logged.
+
+Per micro-batch: the trainer's returned loss against GRPO Lens's under the file's config (the
+relative error is taken against the size of the terms that sum to the loss, since they cancel
+when the loss is near 0), and every metric both name. Per step: the trainer's logged metrics
+(TRL and verl log the plain mean over micro-batches) against GRPO Lens's plain mean, with the
+token-weighted mean beside it, labelled. ``python -m grpo check-run RUN_DIR`` prints this.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from torch import Tensor
+
+from grpo.config import LossConfig
+from grpo.errors import GrpoInputError
+from grpo.loss import Breakdown, evaluate
+from grpo.runs import Run, StepRef, load_step, with_overrides
+
+DEFAULT_RTOL = 1e-5
+DEFAULT_METRIC_ATOL = 1e-6
+# Metrics that are means over counted tokens: their token-weighted step view is meaningful.
+TOKEN_MEANS = (
+    "kl",
+    "entropy",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "cispo_clip_ratio",
+    "actor/pg_clipfrac",
+    "actor/ppo_kl",
+    "actor/pg_clipfrac_lower",
+)
+SCALING_FIELDS = ("gradient_accumulation_steps", "token_normalizer", "sequence_normalizer")
+
+
+@dataclass(frozen=True)
+class MetricCheck:
+    trainer: float
+    lens: float
+    diff: float
+    ok: bool
+
+
+@dataclass(frozen=True)
+class MicroCheck:
+    """One micro-batch: the trainer's loss and metrics against GRPO Lens's."""
+
+    step: int
+    micro: int
+    rank: int | None
+    file: str
+    trainer_loss: float | None
+    lens_loss: float
+    rel_error: float | None
+    """|lens - trainer| / max(|trainer|, sum of |per-token losses|)."""
+    num_tokens: int
+    metrics: dict[str, MetricCheck]
+    ok: bool
+
+
+@dataclass(frozen=True)
+class StepCheck:
+    """One optimiser step: the sum of its micro-batch losses and its metrics as the trainer logs them."""
+
+    step: int
+    micro_batches: int
+    trainer_loss: float | None
+    lens_loss: float
+    logged: dict[str, float]
+    """What the trainer logged for the step (run.json ``logged``), when it was captured."""
+    lens_mean: dict[str, float]
+    """GRPO Lens's metrics as the trainer logs them: the plain mean over micro-batches."""
+    lens_token_weighted: dict[str, float]
+    """The same token-level metrics weighted by each micro-batch's counted tokens (not what trainers log)."""
+    metrics: dict[str, MetricCheck]
+    ok: bool
+
+
+@dataclass(frozen=True)
+class RunCheck:
+    run: str
+    rtol: float
+    metric_atol: float
+    micro: list[MicroCheck] = field(default_factory=list)
+    steps: list[StepCheck] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(m.ok for m in self.micro) and all(s.ok for s in self.steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _compare(trainer: dict[str, Any], lens: dict[str, float], atol: float) -> dict[str, MetricCheck]:
+    out = {}
+    for name, value in trainer.items():
+        t = _finite(value)
+        if t is None or name not in lens:
+            continue
+        diff = abs(lens[name] - t)
+        out[name] = MetricCheck(t, lens[name], diff, diff <= atol)
+    return out
+
+
+def replay_config(stored: LossConfig, overrides: dict[str, Any] | None) -> LossConfig:
+    """A stored config under overrides (``preset`` replaces it); the trainer's scaling is kept."""
+    if not overrides:
+        return stored
+    fields = dict(overrides)
+    preset = fields.pop("preset", None)
+    config = with_overrides(stored, preset, **fields)
+    if preset is not None:
+        keep = {k: getattr(stored, k) for k in SCALING_FIELDS if k not in fields}
+        config = replace(config, **keep)
+    return config
+
+
+def evaluate_ref(ref: StepRef, overrides: dict[str, Any] | None = None) -> tuple[Breakdown, dict[str, Any]]:
+    """The breakdown of one step file (under its own config, or with ``overrides``) and its info."""
+    batch, stored, info = load_step(ref.path)
+    return evaluate(batch, replay_config(stored, overrides)), info
+
+
+def check_micro(ref: StepRef, bd: Breakdown, info: dict[str, Any], rtol: float, atol: float) -> MicroCheck:
+    meta = info["meta"] if isinstance(info.get("meta"), dict) else {}
+    trainer = _finite(meta.get("loss"))
+    lens = float(bd.loss)
+    rel = None
+    if trainer is not None:
+        scale = max(abs(trainer), float(bd.tokens.loss.abs().sum()), 1e-30)
+        rel = abs(lens - trainer) / scale
+    metrics = _compare(meta.get("metrics") or {}, bd.metrics, atol)
+    ok = (rel is None or rel <= rtol) and all(m.ok for m in metrics.values())
+    n = int(bd.tokens.mask.sum())
+    return MicroCheck(ref.step, ref.micro, ref.rank, ref.path.name, trainer, lens, rel, n, metrics, ok)
+
+
+def step_views(bds: list[Breakdown]) -> tuple[dict[str, float], dict[str, float]]:
+    """(plain mean over micro-batches, token-weighted mean) of each metric of a step's breakdowns."""
+    names = set.intersection(*(set(bd.metrics) for bd in bds))
+    mean = {k: sum(bd.metrics[k] for bd in bds) / len(bds) for k in sorted(names)}
+    tokens = [float(bd.tokens.mask.sum()) for bd in bds]
+    total = sum(tokens) or 1.0
+    weighted = {
+        k: sum(bd.metrics[k] * n for bd, n in zip(bds, tokens, strict=True)) / total for k in TOKEN_MEANS if k in names
+    }
+    return mean, weighted
+
+
+def check_run(run: Run, rtol: float = DEFAULT_RTOL, metric_atol: float = DEFAULT_METRIC_ATOL) -> RunCheck:
+    """Recompute every micro-batch of ``run`` and compare it with the trainer's numbers."""
+    result = RunCheck(run.name, rtol, metric_atol)
+    logged_all = run.info.get("logged") or {}
+    for step in run.step_numbers():
+        bds = []
+        checks = []
+        for ref in run.micro_batches(step):
+            bd, info = evaluate_ref(ref)
+            bds.append(bd)
+            checks.append(check_micro(ref, bd, info, rtol, metric_atol))
+        result.micro.extend(checks)
+        mean, weighted = step_views(bds)
+        losses = [c.trainer_loss for c in checks]
+        trainer_loss = None if any(v is None for v in losses) else sum(v for v in losses if v is not None)
+        # The metrics the loss calls logged (per micro-batch), as the trainer averaged them for the step;
+        # generation-batch metrics (reward, completions/*) are the trainer's own view of other rows.
+        per_call = set().union(*(c.metrics for c in checks))
+        logged = {k: v for k, v in (logged_all.get(str(step)) or {}).items() if _finite(v) is not None}
+        metrics = _compare({k: v for k, v in logged.items() if k in per_call}, mean, metric_atol)
+        result.steps.append(
+            StepCheck(
+                step,
+                len(checks),
+                trainer_loss,
+                sum(float(bd.loss) for bd in bds),
+                logged,
+                mean,
+                weighted,
+                metrics,
+                all(m.ok for m in metrics.values()),
+            )
+        )
+    return result
+
+
+def format_check(check: RunCheck) -> str:
+    """The check as a table: one line per micro-batch, then one per step."""
+    lines = [f"run {check.run}: rtol {check.rtol:g}, metrics to {check.metric_atol:g}"]
+    lines.append(
+        f"{'step':>6} {'micro':>5} {'trainer loss':>14} {'lens loss':>14} {'rel error':>10} {'max metric diff':>16}  "
+    )
+    for m in check.micro:
+        worst = max(m.metrics.items(), key=lambda kv: kv[1].diff, default=None)
+        worst_text = f"{worst[1].diff:.2e} {worst[0]}" if worst else "-"
+        rank = "" if m.rank is None else f" r{m.rank}"
+        lines.append(
+            f"{m.step:>6} {m.micro:>5}{rank} {_num(m.trainer_loss):>14} {_num(m.lens_loss):>14} "
+            f"{_sci(m.rel_error):>10} {worst_text:>16}  {'ok' if m.ok else 'MISMATCH'}"
+        )
+    lines.append("")
+    lines.append(
+        f"{'step':>6} {'micros':>6} {'trainer loss':>14} {'lens loss':>14} {'logged metrics':>15} {'max diff':>9}"
+    )
+    for s in check.steps:
+        largest = max((v.diff for v in s.metrics.values()), default=None)
+        lines.append(
+            f"{s.step:>6} {s.micro_batches:>6} {_num(s.trainer_loss):>14} {_num(s.lens_loss):>14} "
+            f"{len(s.metrics):>15} {_sci(largest):>9}  {'ok' if s.ok else 'MISMATCH'}"
+        )
+    bad = sum(not m.ok for m in check.micro) + sum(not s.ok for s in check.steps)
+    verdict = "all within tolerance" if check.ok else f"{bad} past tolerance"
+    lines.append(f"{len(check.micro)} micro-batches, {len(check.steps)} steps: {verdict}")
+    return "\n".join(lines)
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.8g}"
+
+
+def _sci(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2e}"
+
+
+# --- views of a run over its steps (the server's Runs view) -------------------------------------------
+SERIES_METRICS = (
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "actor/pg_clipfrac",
+    "kl",
+    "entropy",
+    "completions/mean_length",
+    "lens/advantage/std",
+)
+
+
+def _row_rewards(info: dict[str, Any]) -> list[float]:
+    rewards = info["tensors"].get("row_rewards", info["tensors"].get("rewards"))
+    return [] if rewards is None else [float(r) for r in rewards.tolist() if math.isfinite(r)]
+
+
+def run_overview(run: Run, check: RunCheck | None = None) -> dict[str, Any]:
+    """Per step: the trainer's loss and logged metrics beside GRPO Lens's, mismatches flagged, and the
+    series the Runs view charts (clip fractions, KL, reward, advantage spread, lengths)."""
+    check = check or check_run(run)
+    by_step: dict[int, list[MicroCheck]] = {}
+    for m in check.micro:
+        by_step.setdefault(m.step, []).append(m)
+    steps = []
+    for s in check.steps:
+        rewards = [r for ref in run.micro_batches(s.step) for r in _row_rewards(load_step(ref.path)[2])]
+        micro = by_step[s.step]
+        errors = [m.rel_error for m in micro if m.rel_error is not None]
+        steps.append(
+            {
+                "step": s.step,
+                "micro_batches": s.micro_batches,
+                "trainer_loss": s.trainer_loss,
+                "lens_loss": s.lens_loss,
+                "max_rel_error": max(errors) if errors else None,
+                "ok": s.ok and all(m.ok for m in micro),
+                "mismatches": [
+                    {
+                        "micro": m.micro,
+                        "rank": m.rank,
+                        "rel_error": m.rel_error,
+                        "metrics": sorted(k for k, v in m.metrics.items() if not v.ok),
+                    }
+                    for m in micro
+                    if not m.ok
+                ],
+                "logged": s.logged,
+                "lens_mean": {k: s.lens_mean[k] for k in SERIES_METRICS if k in s.lens_mean},
+                "lens_token_weighted": s.lens_token_weighted,
+                "reward": sum(rewards) / len(rewards) if rewards else None,
+            }
+        )
+    return {**run.summary(), "info": run.info, "ok": check.ok, "rtol": check.rtol, "steps": steps}
+
+
+def step_batch(run: Run, step: int, micro: int | None = None) -> tuple[dict[str, Any], LossConfig, dict[str, Any]]:
+    """A step's request-shaped fields (ragged rows, as /api/v1/loss takes them), config and info.
+
+    With ``micro``, that micro-batch under its own config: the trainer's exact number. Without, the
+    step's micro-batches joined into one batch under the run's config without the trainer's
+    per-micro-batch scaling (the step's batch seen as one).
+    """
+    refs = run.micro_batches(step)
+    if micro is not None:
+        refs = [r for r in refs if r.micro == micro]
+    if not refs:
+        raise GrpoInputError("step", f"a step of this run ({', '.join(map(str, run.step_numbers()))}) and micro-batch")
+    loaded = [load_step(r.path) for r in refs]
+    rows: dict[str, list[list[float]]] = {}
+    per_row: dict[str, list[float]] = {"advantages": [], "row_rewards": [], "row_groups": []}
+    for batch, _, info in loaded:
+        lengths = (batch.mask.cumsum(-1) * batch.mask).argmax(-1) + 1  # up to the last counted position
+        for name in ("per_token_logps", "old_per_token_logps", "ref_per_token_logps", "entropies", "completion_mask"):
+            value = batch.mask_float if name == "completion_mask" else getattr(batch, name)
+            if value is not None:
+                rows.setdefault(name, []).extend(v[: int(n)].tolist() for v, n in zip(value, lengths, strict=True))
+        assert isinstance(batch.advantages, Tensor)
+        per_row["advantages"] += batch.advantages.tolist()
+        for name in ("row_rewards", "row_groups"):
+            if name in info["tensors"]:
+                per_row[name] += info["tensors"][name].tolist()
+    fields: dict[str, Any] = {**rows, "advantages": per_row["advantages"]}
+    config = loaded[0][1]
+    if micro is None:
+        config = replace(config, gradient_accumulation_steps=1, token_normalizer=None, sequence_normalizer=None)
+    info = {
+        "step": step,
+        "micro": micro,
+        "micro_batches": [r.micro for r in refs],
+        "trainer": [i["meta"] for _, _, i in loaded],
+        "row_rewards": per_row["row_rewards"] or None,
+        "row_groups": per_row["row_groups"] or None,
+    }
+    return fields, config, info
+
+
+def replay(run: Run, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The same captured batches under another config: per-step loss, parts, clip and KL, beside the original."""
+    steps = []
+    for step in run.step_numbers():
+        original, replayed = [], []
+        for ref in run.micro_batches(step):
+            batch, stored, _ = load_step(ref.path)
+            original.append(evaluate(batch, stored))
+            replayed.append(evaluate(batch, replay_config(stored, overrides)))
+        steps.append({"step": step, "original": _step_series(original), "replay": _step_series(replayed)})
+    config = replay_config(load_step(run.steps[0].path)[1], overrides) if run.steps else None
+    return {"run": run.name, "config": None if config is None else config.to_dict(), "steps": steps}
+
+
+def _step_series(bds: list[Breakdown]) -> dict[str, float]:
+    mean, _ = step_views(bds)
+    return {
+        "loss": sum(float(bd.loss) for bd in bds),
+        "policy_loss": sum(float(bd.policy_loss) for bd in bds),
+        "kl_loss": sum(float(bd.kl_loss) for bd in bds),
+        "clip_ratio/region_mean": mean.get("clip_ratio/region_mean", 0.0),
+        "kl": mean.get("kl", 0.0),
+    }

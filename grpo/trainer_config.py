@@ -1,0 +1,347 @@
+"""Trainer configs -> LossConfig: TRL 1.16 ``GRPOConfig`` and verl 0.9.1's actor config.
+
+Every field of the trainer's config lands in exactly one place of the returned ``TrainerMapping``:
+``mapped`` (it set LossConfig fields), ``captured`` (its effect is already in the tensors a capture
+records: sampling temperature, truncation masks, reward weights...), ``unsupported`` (set to a value
+that changes the loss in a way GRPO Lens does not reproduce; the reason says how) or ``unused``
+(it does not change the loss of a batch: learning rate, logging...). Nothing is dropped silently.
+Semantics: shared/reference/loss-variants-spec.md §1 (TRL) and §2 (verl).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpo.config import LossConfig
+from grpo.errors import GrpoInputError
+
+# TRL 1.16.0 GRPOConfig defaults for the fields that matter to the loss (spec §1.11); a dict given to
+# from_trl falls back to these.
+TRL_DEFAULTS: dict[str, Any] = {
+    "loss_type": "dapo",
+    "beta": 0.0,
+    "epsilon": 0.2,
+    "epsilon_high": None,
+    "delta": None,
+    "importance_sampling_level": "token",
+    "scale_rewards": "group",
+    "max_completion_length": 512,
+    "sapo_temperature_pos": 1.0,
+    "sapo_temperature_neg": 1.05,
+    "use_bias_correction_kl": True,
+    "gradient_accumulation_steps": 1,
+    "top_entropy_quantile": 1.0,
+    "off_policy_mask_threshold": None,
+    "use_vllm": False,
+    "vllm_importance_sampling_correction": True,
+    "entropy_coef": 0.0,
+    "use_adaptive_entropy": False,
+    "router_aux_loss_coef": None,
+}
+# loss_type -> (objective, aggregation); the aggregation divides by the trainer's normaliser (below).
+TRL_LOSS_TYPES: dict[str, tuple[str, str]] = {
+    "grpo": ("clip", "seq-mean-token-mean"),
+    "bnpo": ("clip", "token-mean"),
+    "dr_grpo": ("clip", "seq-mean-token-sum-norm"),
+    "dapo": ("clip", "token-mean"),
+    "luspo": ("clip", "seq-mean-token-sum"),
+    "cispo": ("cispo", "token-mean"),
+    "sapo": ("sapo", "seq-mean-token-mean"),
+}
+# Loss types whose returned loss is divided by gradient_accumulation_steps (spec §1.8); the others
+# (dapo, cispo) divide by a token count over the generation batch instead (token_normalizer).
+TRL_DIVIDED_BY_GA = ("grpo", "bnpo", "dr_grpo", "sapo", "luspo")
+TRL_CAPTURED: dict[str, str] = {
+    "num_generations": "rows of one prompt: the captured row_groups",
+    "temperature": "applied to the logits before the captured log-probs",
+    "top_p": "sampling: in the captured completions",
+    "top_k": "sampling: in the captured completions",
+    "min_p": "sampling: in the captured completions",
+    "repetition_penalty": "sampling: in the captured completions",
+    "generation_kwargs": "sampling: in the captured completions",
+    "mask_truncated_completions": "in the captured completion_mask",
+    "num_iterations": "in the captured old_per_token_logps",
+    "steps_per_generation": "in the captured old log-probs and token_normalizer (dapo, cispo)",
+    "generation_batch_size": "in the captured token_normalizer (dapo, cispo)",
+    "reward_weights": "in the trainer's advantages, captured as given",
+    "multi_objective_aggregation": "in the trainer's advantages, captured as given",
+    "cast_lm_head_to_fp32": "in the captured log-probs",
+    "disable_dropout": "in the captured log-probs",
+}
+
+
+@dataclass(frozen=True)
+class TrainerMapping:
+    """A trainer config as a LossConfig, and where each of its fields went."""
+
+    config: LossConfig
+    mapped: dict[str, str] = field(default_factory=dict)
+    """trainer field -> the LossConfig field(s) it set."""
+    captured: dict[str, str] = field(default_factory=dict)
+    """trainer field -> where its effect is in the captured tensors."""
+    unsupported: dict[str, str] = field(default_factory=dict)
+    """trainer field -> why GRPO Lens does not reproduce its effect on the loss."""
+    unused: tuple[str, ...] = ()
+    """Fields that do not change the loss of a batch (optimiser, logging, generation engine...)."""
+
+    @property
+    def warnings(self) -> list[str]:
+        return [f"{name}: {why}" for name, why in self.unsupported.items()]
+
+
+def _fields(args: Any) -> dict[str, Any]:
+    """A config object (dataclass, OmegaConf, mapping) as a plain dict of its fields."""
+    if isinstance(args, Mapping):
+        return {str(k): _plain(v) for k, v in args.items()}
+    if type(args).__module__.startswith("omegaconf"):
+        from omegaconf import OmegaConf
+
+        container = OmegaConf.to_container(args, resolve=True)
+        assert isinstance(container, dict)
+        return {str(k): v for k, v in container.items()}
+    if dataclasses.is_dataclass(args) and not isinstance(args, type):
+        return {f.name: _plain(getattr(args, f.name)) for f in dataclasses.fields(args) if not f.name.startswith("_")}
+    raise GrpoInputError(
+        "config", "a trainer config: a dataclass, an OmegaConf object or a dict", got=type(args).__name__
+    )
+
+
+def _plain(value: Any) -> Any:
+    if (dataclasses.is_dataclass(value) and not isinstance(value, type)) or type(value).__module__.startswith(
+        "omegaconf"
+    ):
+        return _fields(value)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def _finish(
+    fields: dict[str, Any], settings: dict[str, Any], mapped: dict[str, str], unsupported: dict[str, str], **rest: Any
+) -> TrainerMapping:
+    captured = rest.get("captured", {})
+    known = set(mapped) | set(captured) | set(unsupported)
+    unused = tuple(sorted(name for name in fields if name not in known))
+    return TrainerMapping(LossConfig(**settings), mapped, captured, unsupported, unused)
+
+
+def map_trl(args: Any) -> TrainerMapping:
+    """A TRL 1.16 ``GRPOConfig`` (or a dict of its fields) as a LossConfig, with where each field went.
+
+    The returned loss of one micro-batch is reproduced: ``gradient_accumulation_steps`` divides it
+    for grpo/bnpo/dr_grpo/sapo/luspo. For dapo/cispo the trainer divides by the generation batch's
+    token count (``num_items_in_batch``), known only per batch: ``grpo.capture.trl`` sets
+    ``token_normalizer`` from it; without it the batch's own token mean is used.
+    """
+    given = _fields(args)
+    a = {**TRL_DEFAULTS, **given}
+    mapped: dict[str, str] = {}
+    unsupported: dict[str, str] = {}
+    loss_type = a["loss_type"]
+    if loss_type not in TRL_LOSS_TYPES:
+        raise GrpoInputError(
+            "loss_type", f"a TRL loss_type GRPO Lens reproduces: {', '.join(TRL_LOSS_TYPES)}", got=repr(loss_type)
+        )
+    objective, aggregation = TRL_LOSS_TYPES[loss_type]
+    epsilon_high = a["epsilon"] if a["epsilon_high"] is None else a["epsilon_high"]
+    scale = a["scale_rewards"]
+    advantage = {True: "group", False: "none"}.get(scale, scale) if isinstance(scale, bool) else scale
+    if advantage not in ("group", "batch", "none"):
+        raise GrpoInputError("scale_rewards", "group, batch, none, True or False", got=repr(scale))
+    settings: dict[str, Any] = {
+        "preset": f"trl-{loss_type}" if f"trl-{loss_type}" in _presets() else None,
+        "objective": objective,
+        "aggregation": aggregation,
+        "epsilon_low": float(a["epsilon"]),
+        "epsilon_high": float(epsilon_high),
+        "delta": a["delta"],
+        "cispo_bounds": "absolute",
+        "beta": float(a["beta"]),
+        "kl_estimator": "k3",
+        "kl_bias_correction": bool(a["use_bias_correction_kl"]),
+        "importance_sampling_level": a["importance_sampling_level"],
+        "advantage": advantage,
+        "advantage_epsilon": 1e-4,
+        "max_completion_length": int(a["max_completion_length"]),
+        "skip_empty_rows": False,
+        "sapo_temperature_pos": float(a["sapo_temperature_pos"]),
+        "sapo_temperature_neg": float(a["sapo_temperature_neg"]),
+        "gradient_accumulation_steps": int(a["gradient_accumulation_steps"]) if loss_type in TRL_DIVIDED_BY_GA else 1,
+    }
+    mapped |= {
+        "loss_type": "objective, aggregation",
+        "epsilon": "epsilon_low (and epsilon_high when that is None)",
+        "epsilon_high": "epsilon_high",
+        "delta": "delta",
+        "beta": "beta",
+        "use_bias_correction_kl": "kl_bias_correction",
+        "importance_sampling_level": "importance_sampling_level",
+        "scale_rewards": "advantage",
+        "max_completion_length": "max_completion_length",
+        "sapo_temperature_pos": "sapo_temperature_pos",
+        "sapo_temperature_neg": "sapo_temperature_neg",
+        "gradient_accumulation_steps": "gradient_accumulation_steps"
+        if loss_type in TRL_DIVIDED_BY_GA
+        else "token_normalizer (with num_items_in_batch, set by the capture)",
+    }
+    if a["top_entropy_quantile"] < 1.0:
+        unsupported["top_entropy_quantile"] = "the high-entropy token mask is not applied; the loss will differ"
+    if a["off_policy_mask_threshold"] is not None:
+        unsupported["off_policy_mask_threshold"] = "the off-policy sequence mask is not applied"
+    if a["use_vllm"] and a["vllm_importance_sampling_correction"]:
+        unsupported["vllm_importance_sampling_correction"] = "vLLM importance-sampling weights are not applied"
+    if a["entropy_coef"] or a["use_adaptive_entropy"]:
+        unsupported["entropy_coef"] = "the entropy bonus is not part of GRPO Lens's loss"
+    if a["router_aux_loss_coef"] is not None:
+        unsupported["router_aux_loss_coef"] = "a MoE load-balancing loss is not part of GRPO Lens's loss"
+    for name in (
+        "top_entropy_quantile",
+        "off_policy_mask_threshold",
+        "vllm_importance_sampling_correction",
+        "entropy_coef",
+    ):
+        if name in given and name not in unsupported:
+            mapped[name] = "nothing: at its default it leaves the loss unchanged"
+    captured = {k: v for k, v in TRL_CAPTURED.items() if k in given}
+    return _finish(given, settings, mapped, unsupported, captured=captured)
+
+
+def _presets() -> tuple[str, ...]:
+    from grpo.config import PRESETS
+
+    return tuple(PRESETS)
+
+
+# verl 0.9.1: policy_loss.loss_mode -> LossConfig settings (spec §2.3)
+VERL_LOSS_MODES: dict[str, dict[str, Any]] = {
+    "vanilla": {"objective": "clip", "log_ratio_clamp": 20.0},
+    "gspo": {
+        "objective": "clip",
+        "importance_sampling_level": "sequence",
+        "seq_log_ratio_clamp": 10.0,
+        "dual_clip": None,
+        "log_ratio_clamp": None,
+    },
+    "sapo": {"objective": "sapo", "log_ratio_clamp": 20.0, "aggregation": "seq-mean-token-mean", "dual_clip": None},
+    "cispo": {"objective": "cispo", "cispo_bounds": "relative", "log_ratio_clamp": 20.0, "dual_clip": None},
+    "gpg": {"objective": "gpg", "dual_clip": None},
+}
+VERL_KL_TYPES: dict[str, dict[str, Any]] = {
+    "low_var_kl": {"kl_estimator": "k3", "kl_log_ratio_clamp": 20.0, "kl_clamp": 10.0},
+    "k3": {"kl_estimator": "k3", "kl_log_ratio_clamp": 20.0, "kl_clamp": 10.0},
+    "kl": {"kl_estimator": "k1"},
+    "k1": {"kl_estimator": "k1"},
+    "mse": {"kl_estimator": "k2"},
+    "k2": {"kl_estimator": "k2"},
+    "mse+": {"kl_estimator": "k2"},
+    "k2+": {"kl_estimator": "k2"},
+}
+VERL_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+VERL_CAPTURED = {
+    "global_batch_info": "token_normalizer / sequence_normalizer, set per micro-batch by the capture",
+    "ppo_micro_batch_size": "the captured micro-batches",
+    "ppo_micro_batch_size_per_gpu": "the captured micro-batches",
+    "ppo_mini_batch_size": "global_batch_size: sequence_normalizer, set by the capture",
+    "ppo_epochs": "in the captured old log-probs",
+}
+
+
+def map_verl(actor_config: Any, algorithm: Any = None) -> TrainerMapping:
+    """verl 0.9.1's actor config (a dict, an OmegaConf node or an ``ActorConfig``) as a LossConfig.
+
+    ``algorithm`` (optional: ``norm_adv_by_std_in_grpo``) sets the advantage estimator used when
+    rewards, not advantages, are given. verl's per-call normalisers (``global_batch_info``:
+    ``batch_num_tokens``, ``global_batch_size``, ``dp_size``) are set by ``grpo.capture.verl``.
+    """
+    a = _fields(actor_config)
+    mapped: dict[str, str] = {}
+    unsupported: dict[str, str] = {}
+    policy = a.get("policy_loss") or {}
+    loss_mode = policy.get("loss_mode", "vanilla") if isinstance(policy, dict) else "vanilla"
+    if loss_mode not in VERL_LOSS_MODES:
+        raise GrpoInputError(
+            "policy_loss.loss_mode",
+            f"a verl loss_mode GRPO Lens reproduces: {', '.join(VERL_LOSS_MODES)}",
+            got=repr(loss_mode),
+        )
+    clip = float(a.get("clip_ratio", 0.2))
+    low = a.get("clip_ratio_low")
+    high = a.get("clip_ratio_high")
+    agg = a.get("loss_agg_mode", "token-mean")
+    if agg not in VERL_AGGREGATIONS:
+        raise GrpoInputError("loss_agg_mode", f"one of {', '.join(VERL_AGGREGATIONS)}", got=repr(agg))
+    kl_type = a.get("kl_loss_type", "low_var_kl")
+    use_kl = bool(a.get("use_kl_loss", False))
+    settings: dict[str, Any] = {
+        "preset": None,
+        "epsilon_low": clip if low is None else float(low),
+        "epsilon_high": clip if high is None else float(high),
+        "dual_clip": float(a.get("clip_ratio_c", 3.0)),
+        "aggregation": agg,
+        "max_completion_length": a.get("loss_scale_factor"),
+        "skip_empty_rows": True,
+        "length_epsilon": 1e-8,
+        "beta": float(a.get("kl_loss_coef", 0.001)) if use_kl else 0.0,
+        "kl_estimator": "k3",
+        "sapo_temperature_pos": float(a.get("tau_pos", 1.0)),
+        "sapo_temperature_neg": float(a.get("tau_neg", 1.05)),
+        "advantage": "group",
+        "advantage_epsilon": 1e-6,
+        **VERL_LOSS_MODES[loss_mode],
+    }
+    mapped |= {
+        "clip_ratio": "epsilon_low, epsilon_high (when the low/high fields are None)",
+        "clip_ratio_low": "epsilon_low",
+        "clip_ratio_high": "epsilon_high",
+        "clip_ratio_c": "dual_clip (vanilla only)",
+        "loss_agg_mode": "aggregation",
+        "loss_scale_factor": "max_completion_length (seq-mean-token-sum-norm's constant)",
+        "policy_loss": "objective and its clamps (loss_mode); rollout_correction weights reach the loss as "
+        "rollout_is_weights, which grpo.capture.verl reports as unsupported when a call passes them",
+        "use_kl_loss": "beta (0 when off)",
+        "kl_loss_coef": "beta",
+        "tau_pos": "sapo_temperature_pos",
+        "tau_neg": "sapo_temperature_neg",
+    }
+    if use_kl:
+        if kl_type not in VERL_KL_TYPES:
+            unsupported["kl_loss_type"] = f"{kl_type!r} is not reproduced (k1, k2, k3/low_var_kl are)"
+        else:
+            settings |= VERL_KL_TYPES[kl_type]
+            mapped["kl_loss_type"] = "kl_estimator and its clamps"
+    elif "kl_loss_type" in a:
+        mapped["kl_loss_type"] = "nothing: use_kl_loss is off"
+    if a.get("entropy_coeff"):
+        unsupported["entropy_coeff"] = "the entropy term is not part of GRPO Lens's loss"
+    elif "entropy_coeff" in a:
+        mapped["entropy_coeff"] = "nothing: 0 leaves the loss unchanged"
+    if algorithm is not None:
+        alg = _fields(algorithm)
+        if not alg.get("norm_adv_by_std_in_grpo", True):
+            settings["advantage"] = "none"
+    captured = {k: v for k, v in VERL_CAPTURED.items() if k in a}
+    return _finish(a, settings, mapped, unsupported, captured=captured)
+
+
+def _checked(mapping: TrainerMapping, strict: bool, source: str) -> LossConfig:
+    if mapping.unsupported:
+        message = f"{source} settings GRPO Lens does not reproduce: " + "; ".join(mapping.warnings)
+        if strict:
+            name = next(iter(mapping.unsupported))
+            raise GrpoInputError(name, "a setting GRPO Lens reproduces", got=mapping.unsupported[name])
+        warnings.warn(message, stacklevel=3)
+    return mapping.config
+
+
+def from_trl(args: Any, strict: bool = False) -> LossConfig:
+    """LossConfig from a TRL ``GRPOConfig``; unsupported settings warn (``strict``: raise). See ``map_trl``."""
+    return _checked(map_trl(args), strict, "TRL")
+
+
+def from_verl(actor_config: Any, algorithm: Any = None, strict: bool = False) -> LossConfig:
+    """LossConfig from verl's actor config; unsupported settings warn (``strict``: raise). See ``map_verl``."""
+    return _checked(map_verl(actor_config, algorithm), strict, "verl")

@@ -1,0 +1,101 @@
+"""The Runs view in real headless Chromium: open a captured TRL run, move the step slider, see every
+view change to that step's batch, and replay the run under another preset."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_browser import ARTIFACTS, CHROMIUM, ROOT, Page, browser  # noqa: F401 (browser is a fixture)
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed")
+PORTS = range(8300, 8400)  # this feature's loopback ports
+
+
+def _port() -> int:
+    for port in PORTS:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 8300-8399")
+
+
+@pytest.fixture(scope="module")
+def runs_server(trl_runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    runs_dir = tmp_path_factory.mktemp("runs-dir")
+    shutil.copytree(trl_runs["grpo"], runs_dir / "trl-grpo-run")
+    port = _port()
+    env = {**os.environ, "GRPO_LENS_RUNS_DIR": str(runs_dir)}
+    cmd = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(1200):
+        try:
+            urllib.request.urlopen(f"{url}/healthz", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        raise RuntimeError("the server did not start")
+    yield url
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_a_captured_run_steps_through_every_view(browser: Any, runs_server: str) -> None:  # noqa: F811
+    page = Page(browser, runs_server)
+    try:
+        page.open()
+        page.wait_for("document.getElementById('runs').dataset.count === '1'")
+        before = page.drawn()
+        page.page.select_option("#run-select", "trl-grpo-run")
+        page.wait_for("document.getElementById('runs').dataset.step === '1'", timeout=120)
+        drawn = page.wait_drawn(before)
+        info = page.page.text_content("#run-info") or ""
+        assert "Every micro-batch matches the trainer" in info
+        loss_chart = page.page.evaluate("document.getElementById('run-loss').data.map(t => ({name: t.name, y: t.y}))")
+        assert [len(t["y"]) for t in loss_chart[:2]] == [4, 4] and loss_chart[2]["y"] == []  # no mismatch marker
+        step1 = page.last()
+        assert len(step1["rows"]["loss"]) == 8  # step 1's two micro-batches of 4 rows, joined
+        heat1 = page.heatmap("ratio")
+
+        page.page.evaluate(
+            "(() => { const s = document.getElementById('run-step'); s.value = '2';"
+            " s.dispatchEvent(new Event('input')); })()"
+        )
+        page.wait_for("document.getElementById('runs').dataset.step === '2'")
+        page.wait_drawn(drawn)
+        step2 = page.last()
+        assert step2["loss"] != step1["loss"]
+        assert page.heatmap("ratio") != heat1  # the views changed with the step
+        label = page.page.text_content("#run-step-label") or ""
+        assert label.startswith("step 2")
+
+        page.page.select_option("#run-replay-preset", "trl-dr_grpo")
+        page.page.click("#run-replay")
+        page.wait_for("Boolean(document.getElementById('run-replay-chart').data)")
+        names = page.page.evaluate("document.getElementById('run-replay-chart').data.map(t => t.name)")
+        assert "loss (trl-dr_grpo)" in names and "loss (as captured)" in names
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.page.evaluate("document.getElementById('runs').scrollIntoView()")
+        time.sleep(0.5)
+        page.page.screenshot(path=str(ARTIFACTS / "runs-view.png"), full_page=False)
+        page.page.evaluate("document.getElementById('view-heatmaps').scrollIntoView()")
+        time.sleep(0.5)
+        page.page.screenshot(path=str(ARTIFACTS / "runs-step2-heatmaps.png"), full_page=False)
+        page.check_clean()
+    finally:
+        page.context.close()
