@@ -9,13 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_fixtures import client
 from fastapi.testclient import TestClient
 from test_runs import step_tensors
 
 import grpo
-from app.main import app
-from app.settings import Settings, get_settings
+from app.main import create_app
+from app.settings import Settings
 from grpo.runs import RunWriter, load_step
 
 CONFIG = grpo.LossConfig.from_preset("trl-grpo", beta=0.04, gradient_accumulation_steps=2)
@@ -42,11 +41,8 @@ def write_run(root: Path, name: str, tamper: bool = False) -> Path:
 
 @pytest.fixture
 def runs_client(tmp_path: Path) -> Iterator[tuple[TestClient, Path]]:
-    app.dependency_overrides[get_settings] = lambda: Settings(runs_dir=str(tmp_path), max_upload_bytes=200_000)
-    try:
-        yield client(), tmp_path
-    finally:
-        app.dependency_overrides.pop(get_settings)
+    with TestClient(create_app(Settings(runs_dir=str(tmp_path), max_upload_bytes=200_000))) as http:
+        yield http, tmp_path
 
 
 def test_list_detail_and_flagged_mismatches(runs_client: tuple[TestClient, Path]) -> None:
