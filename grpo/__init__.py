@@ -17,7 +17,7 @@ from grpo.config import FIELD_NAMES, PRESETS, LossConfig, Preset
 from grpo.errors import GrpoInputError
 from grpo.kl import KL_ESTIMATORS
 from grpo.logits import TokenLogprobs, token_logprobs
-from grpo.loss import Breakdown, RowBreakdown, TokenBreakdown, evaluate
+from grpo.loss import Breakdown, RowBreakdown, TokenBreakdown, compute_loss, evaluate
 from grpo.objectives import OBJECTIVES, REGIONS
 from grpo.registry import Registry
 
@@ -47,6 +47,7 @@ __all__ = [
     "RowBreakdown",
     "TokenBreakdown",
     "TokenLogprobs",
+    "compute_loss",
     "evaluate",
     "from_rows",
     "token_logprobs",

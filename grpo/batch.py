@@ -22,14 +22,16 @@ TensorLike = Tensor | np.ndarray | Sequence[Any]
 LOGP_FIELDS = ("per_token_logps", "old_per_token_logps", "ref_per_token_logps")
 
 
-def _as_tensor(name: str, value: Any, dtype: torch.dtype | None = None) -> Tensor:
+def _as_tensor(name: str, value: Any, dtype: torch.dtype | None = None, keep_graph: bool = False) -> Tensor:
+    """``value`` as a tensor; detached unless ``keep_graph`` (the current log-probs: a model's output)."""
     try:
         tensor = value if isinstance(value, Tensor) else torch.as_tensor(np.asarray(value, dtype=np.float64))
     except (ValueError, TypeError) as exc:
         raise GrpoInputError(name, "a rectangular array of numbers", got=type(value).__name__) from exc
     if tensor.is_complex():
         raise GrpoInputError(name, "real numbers", got=str(tensor.dtype))
-    return tensor.detach().to(dtype) if dtype is not None else tensor.detach()
+    tensor = tensor if keep_graph else tensor.detach()
+    return tensor.to(dtype) if dtype is not None else tensor
 
 
 def _first_row(bad: Tensor) -> int:
@@ -42,7 +44,8 @@ class Batch:
     """Per-token log-probs of B completions and their rewards or advantages.
 
     Accepts tensors, NumPy arrays or nested lists; stores tensors, with 0 at every position that
-    does not count. ``per_token_logps`` is the current policy (the variable the gradient is taken against);
+    does not count. ``per_token_logps`` is the current policy (the variable the gradient is taken against;
+    a model's output keeps its autograd graph, so ``grpo.compute_loss`` can backpropagate into the model);
     ``old_per_token_logps`` defaults to it (on-policy: ratio 1), ``ref_per_token_logps`` too
     (no reference: KL 0). Give exactly one of ``advantages`` (B,) or ``rewards`` (B,);
     ``group_size`` G groups consecutive rows (default: all rows are one group).
@@ -59,7 +62,7 @@ class Batch:
     entropies: TensorLike | None = None
 
     def __post_init__(self) -> None:
-        logp = _as_tensor("per_token_logps", self.per_token_logps)
+        logp = _as_tensor("per_token_logps", self.per_token_logps, keep_graph=True)
         if logp.dim() != 2 or logp.shape[0] == 0 or logp.shape[1] == 0:
             raise GrpoInputError(
                 "per_token_logps", "a non-empty 2-D array (B rows, T tokens)", got=f"shape {tuple(logp.shape)}"

@@ -279,7 +279,7 @@ def zero_loss_nonzero_grad() -> Experiment:
     out = {}
     for d in DTYPES:
         bd = evaluate(batch_from_request(request), LossConfig.from_preset("article", dtype=d))
-        out[d] = (float(bd.loss), bd.metrics["grad_norm"], bd.tokens.grad[bd.tokens.mask].tolist())
+        out[d] = (float(bd.loss), bd.metrics["lens/grad_norm_logps"], bd.tokens.grad[bd.tokens.mask].tolist())
     return Experiment(
         "zero_loss_nonzero_grad",
         "Zero loss, non-zero gradient",

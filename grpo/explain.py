@@ -62,19 +62,19 @@ def explain(bd: Breakdown) -> list[str]:
     m = bd.metrics
     out = []
     out.append(_sign_sentence(bd))
-    if m.get("ratio/min") == 1.0 and m.get("ratio/max") == 1.0:
+    if m.get("lens/ratio/min") == 1.0 and m.get("lens/ratio/max") == 1.0:
         out.append(
             f"The ratio is 1 everywhere (on-policy), so the policy part is minus the weighted mean advantage, "
-            f"{_f(policy)}, and nothing can clip; yet the gradient norm is {_f(m['grad_norm'])}: a near-zero loss "
-            "does not mean a zero gradient."
+            f"{_f(policy)}, and nothing can clip; yet the gradient norm is {_f(m['lens/grad_norm_logps'])}: "
+            "a near-zero loss does not mean a zero gradient."
         )
     regions = bd.tokens.region
     n = int(bd.tokens.mask.sum())
     flat = int((regions > REGIONS.index("trust")).sum())
     if n and flat and bd.config.objective == "clip":
         out.append(
-            f"{flat} of {n} tokens sit in a flat clip region (ratio {_f(m['ratio/min'])} to {_f(m['ratio/max'])}) "
-            "and get no policy gradient."
+            f"{flat} of {n} tokens sit in a flat clip region "
+            f"(ratio {_f(m['lens/ratio/min'])} to {_f(m['lens/ratio/max'])}) and get no policy gradient."
         )
     if bd.zero_std_groups:
         out.append(

@@ -3,7 +3,8 @@
 ``keys`` are the names in ``Breakdown.metrics`` a term explains. Names are TRL 1.16
 (``GRPOTrainer._metrics``), verl 0.9.1 (``actor/*`` from the policy loss, ``critic/*`` and
 ``response_length/*`` from ``metric_utils``) and OpenRLHF 0.11 (its PPO trainer's logged keys);
-"—" where the trainer logs no such metric.
+"—" where the trainer logs no such metric. A key under a trainer's name means what that trainer
+means; GRPO Lens's own quantities are under ``lens/``.
 """
 
 from __future__ import annotations
@@ -43,16 +44,18 @@ GLOSSARY: tuple[Term, ...] = (
         "10-20% or more means updates are too large.",
     ),
     _t(
-        ("clip_ratio/low_mean",),
-        ("clip_ratio/low_mean", "—", "—"),
-        "Fraction of tokens with A < 0 whose ratio fell below 1 - ε_low (clipped on the low side).",
+        ("clip_ratio/low_mean", "clip_ratio/low_min"),
+        ("clip_ratio/low_mean, clip_ratio/low_min", "—", "—"),
+        "Fraction of tokens with A < 0 whose ratio fell below 1 - ε_low (clipped on the low side). TRL's "
+        "low_min is the smallest of the processes' fractions: on one batch (one process) it equals low_mean.",
         "Small; compare with high_mean to see which side clipping acts on. Not verl's pg_clipfrac_lower.",
     ),
     _t(
-        ("clip_ratio/high_mean",),
-        ("clip_ratio/high_mean", "—", "—"),
+        ("clip_ratio/high_mean", "clip_ratio/high_max"),
+        ("clip_ratio/high_mean, clip_ratio/high_max", "—", "—"),
         "Fraction of tokens with A > 0 whose ratio rose above 1 + ε_high (clipped on the high side; DAPO's "
-        "clip-higher raises ε_high to let these grow).",
+        "clip-higher raises ε_high to let these grow). TRL's high_max is the largest of the processes' "
+        "fractions: on one batch it equals high_mean.",
         "Small. If it dominates, raising ε_high (clip-higher) lets good tokens move further.",
     ),
     _t(
@@ -115,28 +118,35 @@ GLOSSARY: tuple[Term, ...] = (
         "Low. Near 1 means the prompts are all too easy or all too hard: no signal.",
     ),
     _t(
-        ("completions/mean_length", "completions/min_length", "completions/max_length", "num_tokens"),
+        ("completions/mean_length", "completions/min_length", "completions/max_length"),
         ("completions/mean_length", "response_length/mean", "response_length"),
-        "Mean (min, max) number of counted completion tokens per row; num_tokens is their total.",
+        "Mean (min, max) number of counted completion tokens per row.",
         "Stable or slowly changing; jumps often come with length bias of the aggregation.",
     ),
     _t(
-        ("grad_norm",),
-        ("grad_norm (of the model's parameters)", "actor/grad_norm (parameters)", "—"),
-        "Here: the norm of d loss / d log-prob over the tokens, the signal before it reaches the model. "
-        "Trainers log the parameter-gradient norm, which also depends on the model.",
-        "Non-zero whenever advantages are; a zero loss with a non-zero grad_norm is normal on-policy.",
+        ("lens/num_tokens",),
+        ("— (num_tokens is a running total of prompt and completion tokens)", "—", "—"),
+        "GRPO Lens: the number of counted completion tokens in this batch.",
+        "Whatever the batch holds; the divisor of token-mean.",
     ),
     _t(
-        ("ratio/min", "ratio/mean", "ratio/max"),
+        ("lens/grad_norm_logps",),
+        ("— (grad_norm is of the model's parameters)", "— (actor/grad_norm: parameters)", "—"),
+        "GRPO Lens: the norm of d loss / d log-prob over the tokens, the signal before it reaches the model. "
+        "Trainers log the parameter-gradient norm, which also depends on the model.",
+        "Non-zero whenever advantages are; a zero loss with a non-zero gradient norm is normal on-policy.",
+    ),
+    _t(
+        ("lens/ratio/min", "lens/ratio/mean", "lens/ratio/max"),
         ("— (sampling/importance_sampling_ratio is vLLM's)", "—", "—"),
-        "Importance ratio π_θ / π_old over the tokens (min, mean, max).",
+        "GRPO Lens: importance ratio π_θ / π_old over the tokens (min, mean, max).",
         "Exactly 1 on-policy; within 1 ± ε for most tokens when updates are well-sized.",
     ),
     _t(
-        ("advantage/mean", "advantage/std"),
+        ("lens/advantage/mean", "lens/advantage/std"),
         ("—", "critic/advantages/mean", "advantages"),
-        "Mean (and std) of the advantages over the rows; group-normalised advantages average 0 within each group.",
+        "GRPO Lens: mean (and std) of the advantages over the rows; group-normalised advantages average 0 "
+        "within each group.",
         "About 0 with group normalisation; the spread matters more than the mean.",
     ),
 )

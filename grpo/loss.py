@@ -20,13 +20,15 @@ from grpo.batch import Batch
 from grpo.config import LossConfig
 from grpo.errors import GrpoInputError
 from grpo.kl import KL_ESTIMATORS
-from grpo.objectives import OBJECTIVES, REGIONS, TRUST, above
+from grpo.objectives import OBJECTIVES, REGIONS, TRUST, ObjectiveTerms, above
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 # Metrics every breakdown carries, 0 when the objective does not define them (verl logs 0 too).
 CLIP_METRICS = (
     "clip_ratio/low_mean",
+    "clip_ratio/low_min",
     "clip_ratio/high_mean",
+    "clip_ratio/high_max",
     "clip_ratio/region_mean",
     "actor/pg_clipfrac",
     "actor/pg_clipfrac_lower",
@@ -103,7 +105,8 @@ class Breakdown:
     kl_loss: Tensor
     """0-d: beta · aggregated KL; loss = policy_loss + kl_loss."""
     metrics: dict[str, float]
-    """Trainer metrics under their own names (TRL, verl) plus grad_norm and ratio stats."""
+    """Trainer metrics under their own names (TRL, verl), meaning what the trainer means; GRPO Lens's
+    own quantities under ``lens/`` (``lens/grad_norm_logps``, ``lens/ratio/max``, ...)."""
     advantages: Tensor
     """(B,): the advantages used (given, or computed from rewards)."""
     rows: RowBreakdown
@@ -222,64 +225,126 @@ def compute_advantages(batch: Batch, config: LossConfig, device: torch.device, d
     return _Advantages(values, rewards, metrics, zero_groups, G)
 
 
-def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
-    """The loss of ``batch`` under ``config``, with its per-row and per-token breakdown."""
-    config = config or LossConfig()
+@dataclass(frozen=True)
+class _Inputs:
+    """The batch's constants on the compute device and dtype: everything but the variable log-probs."""
+
+    device: torch.device
+    dtype: torch.dtype
+    counted: Tensor
+    """(B, T) bool."""
+    mask: Tensor
+    """(B, T) 0.0 / 1.0 in the compute dtype."""
+    logp: Tensor
+    """(B, T) the current log-probs, on the compute device and dtype (with the caller's graph)."""
+    old: Tensor
+    ref: Tensor
+    adv: _Advantages
+    width: int
+    """The padded completion width (T minus the shortest prompt)."""
+
+
+def _inputs(batch: Batch, config: LossConfig) -> _Inputs:
     device = resolve_device(config.device, batch.logp.device)
     dtype = DTYPES[config.dtype]
-    counted = batch.mask.to(device)
-    mask = batch.mask_float.to(device, dtype)
 
     def load(value: object) -> Tensor | None:  # the Batch holds 0 wherever nothing counts
         return value.to(device, dtype) if isinstance(value, Tensor) else None
 
-    logp = load(batch.per_token_logps)
-    assert logp is not None
+    logp = batch.logp.to(device, dtype)
     old, ref = load(batch.old_per_token_logps), load(batch.ref_per_token_logps)
-    old = logp if old is None else old
-    ref = logp if ref is None else ref
-    adv = compute_advantages(batch, config, device, dtype)
-    A = adv.values[:, None]  # (B,) -> (B, 1), broadcast over the row's tokens
-    width = int(batch.shape[1] - int(batch.prompt_length_tensor().min()))
+    return _Inputs(
+        device=device,
+        dtype=dtype,
+        counted=batch.mask.to(device),
+        mask=batch.mask_float.to(device, dtype),
+        logp=logp,
+        old=logp.detach() if old is None else old,  # on-policy: old is the current policy, held constant
+        ref=logp.detach() if ref is None else ref,
+        adv=compute_advantages(batch, config, device, dtype),
+        width=int(batch.shape[1] - int(batch.prompt_length_tensor().min())),
+    )
 
+
+@dataclass(frozen=True)
+class _Terms:
+    """The per-token terms of the loss, still attached to the log-probs they were computed from."""
+
+    ratio: Tensor
+    log_ratio: Tensor
+    objective: ObjectiveTerms
+    kl: Tensor | None
+    """None when the KL was not asked for (compute_loss with beta = 0)."""
+    weight: Tensor
+    policy_tokens: Tensor
+    kl_tokens: Tensor
+    touched: Touched
+
+
+def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfig, want_kl: bool) -> _Terms:
+    """Every per-token term, from the log-probs the policy and the KL terms read (the same values)."""
+    touched: Touched = {}
+    A = inp.adv.values[:, None]  # (B,) -> (B, 1), broadcast over the row's tokens
+    ratio, log_ratio = importance_ratio(logp_policy, inp.old, inp.mask, config, touched)
+    objective = OBJECTIVES.get(config.objective)(ratio, logp_policy, A, config)
+    kl = kl_penalty(logp_kl, inp.ref, inp.old, inp.mask, config, touched) if want_kl or config.beta else None
+    weight = AGGREGATIONS.get(config.aggregation)(inp.mask, config, inp.width)
+    policy_tokens = weight * -objective.surrogate
+    # beta = 0 leaves the KL out of the loss entirely, as TRL does (so an overflowed KL cannot
+    # turn the loss into NaN through 0 · inf); the KL is still reported.
+    kl_tokens = weight * (config.beta * kl) if config.beta and kl is not None else torch.zeros_like(weight)
+    return _Terms(ratio, log_ratio, objective, kl, weight, policy_tokens, kl_tokens, touched)
+
+
+def compute_loss(batch: Batch, config: LossConfig | None = None) -> Tensor:
+    """The scalar loss of ``batch`` under ``config``, differentiable in ``batch.per_token_logps``.
+
+    For training: when ``per_token_logps`` is a model's output (it requires grad), the gradient of
+    the returned loss flows back into the model. The value and the gradient are those of
+    ``evaluate(batch, config)`` (its ``loss`` and ``tokens.grad``), without the breakdown.
+    """
+    config = config or LossConfig()
+    inp = _inputs(batch, config)
+    terms = _terms(inp, inp.logp, inp.logp, config, want_kl=False)
+    return (terms.policy_tokens + terms.kl_tokens).sum()
+
+
+def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
+    """The loss of ``batch`` under ``config``, with its per-row and per-token breakdown."""
+    config = config or LossConfig()
+    inp = _inputs(batch, config)
+    logp, mask, adv = inp.logp.detach(), inp.mask, inp.adv
     with torch.enable_grad():
         logp_policy = logp.detach().requires_grad_(True)  # two leaves over the same memory
         logp_kl = logp.detach().requires_grad_(True)
-        touched: Touched = {}
-        ratio, log_ratio = importance_ratio(logp_policy, old, mask, config, touched)
-        terms = OBJECTIVES.get(config.objective)(ratio, logp_policy, A, config)
-        kl = kl_penalty(logp_kl, ref, old, mask, config, touched)
-        weight = AGGREGATIONS.get(config.aggregation)(mask, config, width)
-        policy_tokens = weight * -terms.surrogate
-        # beta = 0 leaves the KL out of the loss entirely, as TRL does (so an overflowed KL cannot
-        # turn the loss into NaN through 0 · inf); the KL is still reported.
-        kl_tokens = weight * (config.beta * kl) if config.beta else torch.zeros_like(weight)
-        token_loss = policy_tokens + kl_tokens
+        t = _terms(inp, logp_policy, logp_kl, config, want_kl=True)
+        token_loss = t.policy_tokens + t.kl_tokens
         loss = token_loss.sum()
         grads = torch.autograd.grad(loss, [logp_policy, logp_kl], allow_unused=True)
     # Weights are 0 where nothing counts, so the gradient is ±0 there.
     grad_policy, grad_kl = (torch.zeros_like(logp) if g is None else g for g in grads)
+    assert t.kl is not None  # want_kl
 
     shape = logp.shape
     # Masked positions hold logp = old = ref = 0, so kl and log_ratio are already 0 there.
     tokens = TokenBreakdown(
-        ratio=ratio.detach().expand(shape) * mask,
-        clipped_ratio=terms.clipped_ratio.expand(shape) * mask,
-        surrogate=terms.surrogate.detach().expand(shape) * mask,
-        kl=kl.detach(),
-        weight=weight,
+        ratio=t.ratio.detach().expand(shape) * mask,
+        clipped_ratio=t.objective.clipped_ratio.expand(shape) * mask,
+        surrogate=t.objective.surrogate.detach().expand(shape) * mask,
+        kl=t.kl.detach(),
+        weight=t.weight,
         loss=token_loss.detach(),
-        policy_loss=policy_tokens.detach(),
-        kl_loss=kl_tokens.detach(),
+        policy_loss=t.policy_tokens.detach(),
+        kl_loss=t.kl_tokens.detach(),
         grad=grad_policy + grad_kl,
         grad_policy=grad_policy,
         grad_kl=grad_kl,
-        region=(terms.region.expand(shape) * mask).to(torch.int8),  # MASKED is 0
-        log_ratio=log_ratio.detach(),
-        mask=counted,
+        region=(t.objective.region.expand(shape) * mask).to(torch.int8),  # MASKED is 0
+        log_ratio=t.log_ratio.detach(),
+        mask=inp.counted,
     )
     rows = _rows(tokens, adv, mask)
-    metrics = _metrics(batch, config, terms.flags, tokens, rows, adv, mask, ratio.detach())
+    metrics = _metrics(batch, config, t.objective.flags, tokens, rows, adv, mask, t.ratio.detach())
     return Breakdown(
         loss=loss.detach(),
         objective=0.0 - loss.detach(),  # 0.0 - x, not -x: no -0.0 for a zero loss
@@ -289,10 +354,10 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         advantages=adv.values,
         rows=rows,
         tokens=tokens,
-        clamp_counts=_clamp_counts(touched, tokens, mask, config),
-        warnings=_warnings(batch, config, adv, rows, loss, metrics["ratio/max"]),
+        clamp_counts=_clamp_counts(t.touched, tokens, mask, config),
+        warnings=_warnings(batch, config, inp, rows, loss, metrics["lens/ratio/max"]),
         config=config,
-        device=str(device),
+        device=str(inp.device),
         dtype=config.dtype,
         zero_std_groups=adv.zero_std_groups,
     )
@@ -354,13 +419,15 @@ def _metrics(
         "completions/mean_length": float(rows.length.mean()),
         "completions/min_length": float(rows.length.min()),
         "completions/max_length": float(rows.length.max()),
-        "num_tokens": float(mask.sum()),
-        "grad_norm": float(tokens.grad.norm()),
-        "ratio/min": float(ratio_min) if any_counted else 1.0,
-        "ratio/mean": float(tokens.ratio.sum() / n_tokens) if any_counted else 1.0,
-        "ratio/max": float(ratio_max) if any_counted else 1.0,
-        "advantage/mean": float(adv.values.mean()),
-        "advantage/std": float(unbiased_std(adv.values, dim=None)) if adv.values.numel() > 1 else 0.0,
+        # GRPO Lens's own quantities: no trainer logs these under these names (TRL's num_tokens is a
+        # running total with prompts, grad_norm the norm over the model's parameters).
+        "lens/num_tokens": float(mask.sum()),
+        "lens/grad_norm_logps": float(tokens.grad.norm()),
+        "lens/ratio/min": float(ratio_min) if any_counted else 1.0,
+        "lens/ratio/mean": float(tokens.ratio.sum() / n_tokens) if any_counted else 1.0,
+        "lens/ratio/max": float(ratio_max) if any_counted else 1.0,
+        "lens/advantage/mean": float(adv.values.mean()),
+        "lens/advantage/std": float(unbiased_std(adv.values, dim=None)) if adv.values.numel() > 1 else 0.0,
     }
     if isinstance(batch.entropies, Tensor):
         metrics["entropy"] = float(masked_mean(batch.entropies.to(mask.device, mask.dtype), mask))
@@ -383,13 +450,19 @@ def _clamp_counts(touched: Touched, tokens: TokenBreakdown, mask: Tensor, config
 
 
 def _warnings(
-    batch: Batch, config: LossConfig, adv: _Advantages, rows: RowBreakdown, loss: Tensor, metrics_ratio_max: float
+    batch: Batch, config: LossConfig, inp: _Inputs, rows: RowBreakdown, loss: Tensor, metrics_ratio_max: float
 ) -> tuple[str, ...]:
+    adv = inp.adv
     out = []
     if batch.old_per_token_logps is None:
         out.append("No old_per_token_logps: on-policy, so the ratio is 1 everywhere and nothing can clip.")
     if batch.ref_per_token_logps is None:
         out.append("No ref_per_token_logps: the reference is the current policy, so the KL is 0.")
+    elif config.beta == 0:
+        out.append(
+            "ref_per_token_logps given but beta = 0: the KL is reported but left out of the loss "
+            "(TRL's and verl's presets default to beta 0; set beta to include it)."
+        )
     if adv.zero_std_groups:
         out.append(
             f"Groups {list(adv.zero_std_groups)} have zero reward std: their advantages are 0, "
@@ -406,6 +479,15 @@ def _warnings(
         out.append(
             f"CISPO caps the weight at epsilon_high = {config.epsilon_high} (absolute), scaling every token "
             "down; TRL's docs recommend 5.0."
+        )
+    longest = int(rows.length.max())
+    constant = config.max_completion_length
+    far = constant is not None and longest and not 0.5 * longest <= constant <= 2 * longest
+    if config.aggregation == "seq-mean-token-sum-norm" and far:
+        out.append(
+            f"max_completion_length = {constant} is far from the longest counted row ({longest} tokens): "
+            f"the loss is divided by it, so it comes out {longest / (constant or 1):.3g}x what a constant of "
+            f"{longest} gives; set it to the run's max_completion_length."
         )
     if not math.isfinite(float(rows.sequence_ratio.max())) or not math.isfinite(metrics_ratio_max):
         out.append(

@@ -114,6 +114,10 @@ def clip(ratio: Tensor, logp: Tensor, advantages: Tensor, config: LossConfig) ->
     flags = {
         "clip_ratio/low_mean": clip_low,  # TRL: r < 1 - ε_low and A < 0
         "clip_ratio/high_mean": high_flag,  # TRL: min(r, delta) > 1 + ε_high and A > 0
+        # TRL logs the min (max) over processes of each process's fraction: one process, one batch
+        # here, so they equal low_mean (high_mean).
+        "clip_ratio/low_min": clip_low,
+        "clip_ratio/high_max": high_flag,
         "clip_ratio/region_mean": either,
         "actor/pg_clipfrac": either if config.delta is None else clip_low + above(r, high) * positive,
     }

@@ -44,7 +44,7 @@ def test_on_policy() -> None:
     assert (bd.tokens.ratio[counted] == 1).all() and bd.metrics["clip_ratio/region_mean"] == 0
     # seq-mean-token-mean with ratio 1: policy loss = -mean_i(A_i) = 0 (the advantages sum to 0)
     close(bd.policy_loss, 0.0, rtol=0, atol=1e-12)
-    assert bd.metrics["grad_norm"] > 0.1
+    assert bd.metrics["lens/grad_norm_logps"] > 0.1
     close(bd.tokens.grad_policy, -bd.tokens.weight * bd.advantages[:, None])
 
 

@@ -171,12 +171,12 @@ def test_article_parts_by_hand(hand_batch: grpo.Batch) -> None:
     close(bd.rows.clip_fraction, [1 / 2, 1 / 3])
     assert bd.tokens.region_names()[1] == ["clip_low", "trust", "trust"]
     close(bd.metrics["kl"], (K3_ROW0 + K3_ROW1) / 5)  # = 0.5 / 5: the two k3 values sum to 1/2
-    close(bd.metrics["ratio/min"], 0.5)
-    close(bd.metrics["ratio/max"], 4.0)
-    close(bd.metrics["ratio/mean"], (1.5 + 0.9 + 0.5 + 1.1 + 4.0) / 5)
-    close(bd.metrics["grad_norm"], torch.linalg.vector_norm(bd.tokens.grad))
+    close(bd.metrics["lens/ratio/min"], 0.5)
+    close(bd.metrics["lens/ratio/max"], 4.0)
+    close(bd.metrics["lens/ratio/mean"], (1.5 + 0.9 + 0.5 + 1.1 + 4.0) / 5)
+    close(bd.metrics["lens/grad_norm_logps"], torch.linalg.vector_norm(bd.tokens.grad))
     close(bd.metrics["completions/mean_length"], 2.5)
-    assert bd.metrics["num_tokens"] == 5
+    assert bd.metrics["lens/num_tokens"] == 5
 
 
 # --- invariants of the Breakdown on random batches, every preset --------------------------------
@@ -355,6 +355,54 @@ def test_warnings(hand_batch: grpo.Batch) -> None:
     assert any(
         f"Rows [{empty}] have no counted tokens" in w for w in evaluate64(grpo.Batch(**inputs.batch_fields())).warnings
     )
+
+
+def test_warns_when_the_reference_is_dropped_or_the_constant_is_off(hand_batch: grpo.Batch) -> None:
+    dropped = "ref_per_token_logps given but beta = 0"
+    assert any(dropped in w for w in evaluate64(hand_batch, "trl-grpo").warnings)
+    assert not any(dropped in w for w in evaluate64(hand_batch, "trl-grpo", beta=0.04).warnings)
+    # Dr. GRPO divides by max_completion_length: the hand batch's longest row has 3 tokens, so 512
+    # (TRL's default) is far off; 2..6 (within 2x) is not.
+    far = "max_completion_length = 512 is far from the longest counted row (3 tokens)"
+    assert any(far in w for w in evaluate64(hand_batch, "trl-dr_grpo").warnings)
+    for constant in (2, 6):
+        warnings = evaluate64(hand_batch, "trl-dr_grpo", max_completion_length=constant).warnings
+        assert not any("max_completion_length" in w for w in warnings)
+    # a constant that no aggregation reads warns about nothing
+    assert not any("max_completion_length" in w for w in evaluate64(hand_batch, "trl-grpo").warnings)
+
+
+@pytest.mark.parametrize("preset", list(grpo.PRESETS))
+def test_compute_loss_backpropagates_into_the_model(preset: str, inputs: Inputs) -> None:
+    """compute_loss is evaluate's loss, and its gradient reaches what produced the log-probs.
+
+    The "model" is logp = scale · base with a parameter ``scale`` (1 here): by the chain rule
+    d loss / d scale = sum(d loss / d logp · base), d loss / d logp being evaluate's tokens.grad.
+    """
+    fields = inputs.batch_fields()
+    base = leaf(inputs.logp).detach()
+    scale = torch.ones((), dtype=torch.float64, requires_grad=True)
+    config = grpo.LossConfig.from_preset(preset, dtype="float64", beta=0.05)
+    batch = grpo.Batch(**{**fields, "per_token_logps": scale * base})
+    loss = grpo.compute_loss(batch, config)
+    loss.backward()
+    bd = grpo.evaluate(batch, config)
+    close(loss.detach(), bd.loss)
+    assert scale.grad is not None
+    close(scale.grad, (bd.tokens.grad * base).sum())
+    assert loss.requires_grad and not bd.loss.requires_grad
+
+
+def test_compute_loss_gradient_per_token_and_without_grad(hand_batch: grpo.Batch) -> None:
+    logp = leaf(torch.tensor(hand_batch.logp.tolist(), dtype=torch.float64))
+    fields = {k: v for k, v in vars(hand_batch).items() if not k.startswith("_")}
+    batch = grpo.Batch(**{**fields, "per_token_logps": logp})
+    config = grpo.LossConfig.from_preset("article", dtype="float64")
+    grpo.compute_loss(batch, config).backward()
+    assert logp.grad is not None
+    close(logp.grad, HAND_PRESETS["article"]["grad"])  # 0 at the masked position, too
+    # log-probs that need no gradient give a plain scalar with the same value
+    close(grpo.compute_loss(hand_batch, config), HAND_PRESETS["article"]["loss"])
 
 
 def test_prompt_lengths_exclude_leading_positions(hand_batch: grpo.Batch) -> None:

@@ -506,7 +506,7 @@ function renderCompare(data) {
   const rows = [
     ["loss", (r) => r.loss], ["policy part", (r) => r.policy_loss], ["KL part", (r) => r.kl_loss],
     ["clip_ratio/region_mean", (r) => r.metrics["clip_ratio/region_mean"]], ["kl", (r) => r.metrics.kl],
-    ["grad_norm", (r) => r.metrics.grad_norm], ["aggregation", (r) => r.config.aggregation], ["objective", (r) => r.config.objective],
+    ["lens/grad_norm_logps", (r) => r.metrics["lens/grad_norm_logps"]], ["aggregation", (r) => r.config.aggregation], ["objective", (r) => r.config.objective],
   ];
   const table = clear($("#compare-table"));
   table.append(el("thead", {}, el("tr", {}, el("th", { text: "" }), ...names.map((n) => el("th", { scope: "col", text: n })))));
