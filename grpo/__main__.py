@@ -2,6 +2,9 @@
 
 python -m grpo                          the article's example, as a table
 python -m grpo eval FILE [--preset NAME] [--json] [--set field=value ...]
+
+A run's step file (``steps/000001-000.safetensors``) carries its config: ``eval`` uses it, ``--preset``
+replaces it and ``--set`` overrides its fields.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from grpo.explain import summary_table
 from grpo.io import breakdown_to_json, dumps, load_file
 from grpo.loss import evaluate
 from grpo.requests import batch_from_request, row_lengths
+from grpo.runs import is_step_metadata, load_step, read_metadata, with_overrides
 
 
 def _value(text: str) -> Any:
@@ -38,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a config field")
     args = parser.parse_args(argv)
     try:
+        if args.command == "eval" and _is_step_file(args.file):
+            return _eval_step_file(args)
         is_file = args.command == "eval"
         request = load_file(args.file.name, args.file.read_bytes()) if is_file else dict(ARTICLE_EXAMPLE)
         config_fields = request.pop("config", None) or {}
@@ -47,9 +53,7 @@ def main(argv: list[str] | None = None) -> int:
             args.preset if args.command == "eval" and args.preset else config_fields.pop("preset", None) or "article"
         )
         overrides = {k: v for k, v in config_fields.items() if k != "preset"}
-        for item in getattr(args, "set", []):
-            key, _, value = item.partition("=")
-            overrides[key] = _value(value)
+        overrides |= _sets(getattr(args, "set", []))
         config = LossConfig.from_preset(preset, **overrides)
         tokens = request.pop("tokens", None)
         lengths = row_lengths(request)
@@ -61,6 +65,40 @@ def main(argv: list[str] | None = None) -> int:
         print(dumps(breakdown_to_json(bd, lengths=lengths, tokens=tokens)).decode())
     else:
         print(summary_table(bd))
+    return 0
+
+
+def _sets(items: list[str]) -> dict[str, Any]:
+    out = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        out[key] = _value(value)
+    return out
+
+
+def _is_step_file(path: Path) -> bool:
+    if path.suffix != ".safetensors" or not path.is_file():
+        return False
+    with path.open("rb") as f:
+        head = f.read(8)
+        size = int.from_bytes(head, "little") if len(head) == 8 else 0
+        data = head + f.read(min(size, 100_000_000))
+    try:
+        return is_step_metadata(read_metadata(data))
+    except GrpoInputError:
+        return False
+
+
+def _eval_step_file(args: argparse.Namespace) -> int:
+    """A run's step file under its own config (``--preset`` replaces it, ``--set`` overrides fields)."""
+    try:
+        batch, stored, _ = load_step(args.file)
+        config = with_overrides(stored, args.preset, **_sets(args.set))
+        bd = evaluate(batch, config)
+    except (GrpoInputError, OSError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(dumps(breakdown_to_json(bd)).decode() if args.json else summary_table(bd))
     return 0
 
 

@@ -1,0 +1,337 @@
+"""Runs on disk: one directory per run, one self-describing safetensors file per micro-batch.
+
+    run_dir/run.json                                   format, source, versions, config, created, status
+    run_dir/steps/{step:06d}-{micro:03d}.safetensors   ("-rank{r}" before the extension per process)
+
+``step`` is the trainer's optimiser step (from 1), ``micro`` the micro-batch within it (from 0).
+Each step file holds the loss's tensors under the API's names (``per_token_logps``,
+``old_per_token_logps``, ``ref_per_token_logps``, ``completion_mask``, ``advantages``; ``row_rewards``
+and ``row_groups`` for display; ``rewards``/``group_size`` when the source has them) and, as JSON
+strings in the safetensors metadata, the resolved ``config``, ``step``, ``micro`` and ``meta`` (the
+trainer's returned loss, its logged metrics...). Every write goes to a temporary file in the same
+directory and is renamed over the target (``os.replace``), so a crash leaves the old file or none,
+never half of one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import struct
+import tempfile
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from grpo.batch import Batch
+from grpo.config import FIELD_NAMES, PRESETS, LossConfig
+from grpo.errors import GrpoInputError
+
+FORMAT = 1
+SOURCES = ("trl", "verl", "lab", "upload")
+STEP_FILE = re.compile(r"^(\d{6})-(\d{3})(?:-rank(\d+))?\.safetensors$")
+# Tensors a step file may hold that are not Batch fields: shown, never used by the loss.
+DISPLAY_TENSORS = ("row_rewards", "row_groups")
+BATCH_TENSORS = (
+    "per_token_logps",
+    "old_per_token_logps",
+    "ref_per_token_logps",
+    "completion_mask",
+    "prompt_lengths",
+    "advantages",
+    "rewards",
+    "entropies",
+)
+MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit on the JSON header
+
+
+# --- atomic writes ------------------------------------------------------------------------------
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same directory and a rename."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, allow_nan=True, default=_plain)
+
+
+def _plain(value: Any) -> Any:
+    """JSON for the numbers trainers log: tensors and NumPy scalars become floats or lists."""
+    if isinstance(value, Tensor):
+        return value.detach().cpu().tolist()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def config_dict(config: LossConfig | dict[str, Any]) -> dict[str, Any]:
+    return config.to_dict() if isinstance(config, LossConfig) else dict(config)
+
+
+def config_from_dict(fields: dict[str, Any]) -> LossConfig:
+    """A LossConfig from a stored dict: a whole resolved config, or a preset and overrides."""
+    if not isinstance(fields, dict):
+        raise GrpoInputError("config", "a JSON object: LossConfig fields, or a preset and overrides")
+    fields = dict(fields)
+    unknown = sorted(set(fields) - set(FIELD_NAMES))
+    if unknown:
+        raise GrpoInputError(unknown[0], f"a LossConfig field: one of {', '.join(FIELD_NAMES)}")
+    preset = fields.pop("preset", None)
+    if preset is not None and preset in PRESETS:
+        return LossConfig.from_preset(preset, **fields)
+    return LossConfig(**fields)
+
+
+def package_versions(*names: str) -> dict[str, str]:
+    out = {"torch": str(torch.__version__)}
+    for name in ("grpo-lens", *names):
+        try:
+            out[name] = importlib_metadata.version(name)
+        except importlib_metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+# --- writing ------------------------------------------------------------------------------------
+class RunWriter:
+    """Writes one run: ``run.json`` at creation, then one file per captured micro-batch.
+
+    ``config`` is the run's config (a LossConfig, or a dict of its fields); a step may carry its own
+    (``write_step(..., config=...)``) when the trainer's scaling changes between micro-batches.
+    ``rank`` names the writing process when several write into one run.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        source: str,
+        config: LossConfig | dict[str, Any],
+        versions: dict[str, Any] | None = None,
+        rank: int | None = None,
+    ) -> None:
+        if source not in SOURCES:
+            raise GrpoInputError("source", f"one of {', '.join(SOURCES)}", got=repr(source))
+        self.run_dir = Path(run_dir)
+        self.steps_dir = self.run_dir / "steps"
+        self.steps_dir.mkdir(parents=True, exist_ok=True)
+        self.rank = rank
+        self.config = config_dict(config)
+        self.info: dict[str, Any] = {
+            "format": FORMAT,
+            "source": source,
+            "versions": {**package_versions(), **(versions or {})},
+            "config": self.config,
+            "created": _now(),
+            "status": "running",
+        }
+        path = self.run_dir / "run.json"
+        if rank not in (None, 0) and path.exists():  # another process already described the run
+            self.info = json.loads(path.read_text())
+        else:
+            self._write_info()
+
+    def _write_info(self) -> None:
+        write_atomic(self.run_dir / "run.json", (json.dumps(self.info, indent=1, default=_plain) + "\n").encode())
+
+    def step_path(self, step: int, micro: int) -> Path:
+        rank = "" if self.rank is None else f"-rank{self.rank}"
+        return self.steps_dir / f"{step:06d}-{micro:03d}{rank}.safetensors"
+
+    def write_step(
+        self,
+        step: int,
+        micro: int,
+        tensors: dict[str, Tensor],
+        meta: dict[str, Any],
+        config: LossConfig | dict[str, Any] | None = None,
+    ) -> Path:
+        """Write one micro-batch's tensors with its config, step, micro and ``meta``; return the path."""
+        from safetensors.torch import save
+
+        if step < 0 or micro < 0 or step > 999_999 or micro > 999:
+            raise GrpoInputError("step", "0 <= step <= 999999 and 0 <= micro <= 999", got=f"{step}, {micro}")
+        stored = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
+        metadata = {
+            "format": str(FORMAT),
+            "config": _json(self.config if config is None else config_dict(config)),
+            "step": str(step),
+            "micro": str(micro),
+            "rank": "" if self.rank is None else str(self.rank),
+            "meta": _json(meta),
+        }
+        path = self.step_path(step, micro)
+        write_atomic(path, save(stored, metadata=metadata))
+        return path
+
+    def update(self, **fields: Any) -> None:
+        """Set fields of run.json (``status="done"``...) and rewrite it atomically."""
+        self.info.update(fields)
+        self._write_info()
+
+
+# --- reading ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepRef:
+    """One step file: where it is and which step, micro-batch and process it holds."""
+
+    step: int
+    micro: int
+    rank: int | None
+    path: Path
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run directory: its run.json and its step files, in (step, rank, micro) order."""
+
+    name: str
+    path: Path
+    info: dict[str, Any]
+    steps: tuple[StepRef, ...]
+
+    def step_numbers(self) -> list[int]:
+        return sorted({s.step for s in self.steps})
+
+    def micro_batches(self, step: int) -> list[StepRef]:
+        return [s for s in self.steps if s.step == step]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "source": self.info.get("source"),
+            "created": self.info.get("created"),
+            "status": self.info.get("status"),
+            "steps": len(self.step_numbers()),
+            "files": len(self.steps),
+        }
+
+
+def load_run(run_dir: str | os.PathLike[str]) -> Run:
+    """The run in ``run_dir``: run.json and the list of step files (not their contents)."""
+    path = Path(run_dir)
+    info_path = path / "run.json"
+    try:
+        info = json.loads(info_path.read_text())
+    except FileNotFoundError as exc:
+        raise GrpoInputError("run", f"a run directory with run.json ({path})") from exc
+    except ValueError as exc:
+        raise GrpoInputError("run.json", "valid JSON", got=str(exc)[:200]) from exc
+    if not isinstance(info, dict) or not isinstance(info.get("format"), int) or info["format"] > FORMAT:
+        raise GrpoInputError("run.json", f"a run of format <= {FORMAT}", got=repr(info.get("format"))[:50])
+    refs = []
+    steps_dir = path / "steps"
+    for file in sorted(steps_dir.iterdir()) if steps_dir.is_dir() else []:
+        match = STEP_FILE.match(file.name)
+        if match:
+            rank = None if match[3] is None else int(match[3])
+            refs.append(StepRef(int(match[1]), int(match[2]), rank, file))
+    refs.sort(key=lambda s: (s.step, -1 if s.rank is None else s.rank, s.micro))
+    return Run(path.name, path, info, tuple(refs))
+
+
+def list_runs(root: str | os.PathLike[str]) -> list[Run]:
+    """Every run directly under ``root``, newest first; directories that are not runs are skipped."""
+    root = Path(root)
+    runs = []
+    for child in sorted(root.iterdir()) if root.is_dir() else []:
+        if (child / "run.json").is_file():
+            try:
+                runs.append(load_run(child))
+            except GrpoInputError:
+                continue
+    return sorted(runs, key=lambda r: str(r.info.get("created", "")), reverse=True)
+
+
+def read_metadata(data: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors file's header (empty when it has none)."""
+    if len(data) < 8:
+        raise GrpoInputError("file", "a valid safetensors file", got=f"{len(data)} bytes")
+    (size,) = struct.unpack("<Q", data[:8])
+    if size > min(MAX_HEADER_BYTES, len(data) - 8):
+        raise GrpoInputError("file", "a valid safetensors file", got="a header past the end of the file")
+    try:
+        header = json.loads(data[8 : 8 + size])
+    except ValueError as exc:
+        raise GrpoInputError("file", "a valid safetensors file", got="an unreadable header") from exc
+    found = header.get("__metadata__") if isinstance(header, dict) else None
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+
+
+def is_step_metadata(metadata: dict[str, str]) -> bool:
+    return "config" in metadata and "step" in metadata and "format" in metadata
+
+
+def step_request(tensors: dict[str, Tensor], metadata: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the Batch's fields, the rest: step, micro, rank, meta, config dict, display tensors).
+
+    The trainer's advantages are the input: when a file holds both advantages and rewards, the
+    rewards ride along for display only.
+    """
+    try:
+        config = json.loads(metadata["config"])
+        meta = json.loads(metadata.get("meta", "{}"))
+        step, micro = int(metadata["step"]), int(metadata.get("micro", "0"))
+    except (KeyError, ValueError) as exc:
+        raise GrpoInputError("file", "a run step file (config, step, micro, meta in its metadata)") from exc
+    fields: dict[str, Any] = {k: tensors[k] for k in BATCH_TENSORS if k in tensors}
+    if "group_size" in tensors:
+        fields["group_size"] = int(tensors["group_size"])
+    display = {k: tensors[k] for k in DISPLAY_TENSORS if k in tensors}
+    if "advantages" in fields and "rewards" in fields:
+        display["rewards"] = fields.pop("rewards")
+        fields.pop("group_size", None)
+    rank = metadata.get("rank") or None
+    info = {
+        "step": step,
+        "micro": micro,
+        "rank": None if rank is None else int(rank),
+        "meta": meta,
+        "config": config,
+        "tensors": display,
+    }
+    return fields, info
+
+
+def load_step(path: str | os.PathLike[str]) -> tuple[Batch, LossConfig, dict[str, Any]]:
+    """(the Batch, its config, info) of a step file; info holds step, micro, rank, meta and the
+    display tensors (``row_rewards``, ``row_groups``) under ``tensors``."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    data = Path(path).read_bytes()
+    try:
+        tensors = load(data)
+    except SafetensorError as exc:
+        raise GrpoInputError("file", "a valid safetensors file", got=str(exc)[:200]) from exc
+    fields, info = step_request(tensors, read_metadata(data))
+    return Batch(**fields), config_from_dict(info["config"]), info
+
+
+def with_overrides(config: LossConfig, preset: str | None = None, **overrides: Any) -> LossConfig:
+    """A stored config under the user's flags: a preset replaces it; fields override it."""
+    if preset is not None:
+        return LossConfig.from_preset(preset, **overrides)
+    unknown = sorted(set(overrides) - set(FIELD_NAMES))
+    if unknown:
+        raise GrpoInputError(unknown[0], f"a LossConfig field: one of {', '.join(FIELD_NAMES)}")
+    return dataclasses.replace(config, **overrides)
