@@ -70,9 +70,7 @@ class Rollout:
 
 
 @torch.no_grad()
-def sample(
-    policy: Policy, prompts: Tensor, max_length: int, temperature: float, generator: torch.Generator
-) -> Rollout:
+def sample(policy: Policy, prompts: Tensor, max_length: int, temperature: float, generator: torch.Generator) -> Rollout:
     """Complete each prompt (B, P) token by token at ``temperature``, up to ``max_length`` tokens.
 
     Rows that emitted <eos> keep emitting <eos> (padding, masked out); sampling stops early when

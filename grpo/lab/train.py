@@ -40,7 +40,7 @@ METRICS: tuple[str, ...] = (
     "completions/mean_length",
     "completions/min_length",
     "completions/max_length",
-    "advantage/std",
+    "lens/advantage/std",
     "frac_reward_zero_std",
     "grad_norm",
 )
@@ -58,7 +58,7 @@ class LabConfig:
     task: str = _f(DEFAULT_TASK, "The synthetic task (grpo.lab.TASKS).")
     steps: int = _f(150, "Optimiser steps.", ge=1)
     seed: int = _f(0, "Fixes the initial policy, the prompts and every sample.", ge=0)
-    loss: LossConfig = _f(LossConfig(), "The loss (any preset and override).")
+    loss: LossConfig = field(default=LossConfig(), metadata={"doc": "The loss (any preset and override)."})
     num_iterations: int = _f(1, "Optimiser steps per rollout (TRL num_iterations); > 1 reuses samples.", ge=1)
     prompts_per_step: int = _f(8, "Prompts sampled per rollout.", ge=1)
     group_size: int = _f(8, "Completions per prompt (TRL num_generations).", ge=2)

@@ -1,0 +1,88 @@
+"""Benchmark: optimiser steps per second of the default lab run, beside bench/core.py's evaluate.
+
+The issue's target is >= 5 steps/s on the slower machines of this kind, where bench/core.py's
+``evaluate`` (256 x 4096, torch's default threads) takes about 40 ms. Both are timed here in one
+process, interleaved, so the figure scales to that machine: scaled = steps/s x (evaluate ms / 40).
+The lab step runs as in the server's workers: one torch thread, every step saved to a run.
+
+    .venv/bin/python bench/lab.py [--steps 60] [--rounds 3] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from core import ragged_batch
+
+import grpo
+from grpo.lab import LabConfig, Trainer
+from grpo.runs import RunWriter
+
+REFERENCE_MS = 40.0  # bench/core.py's evaluate on the slower machines the target was set on
+
+
+def evaluate_ms(repeats: int, threads: int) -> float:
+    """Median ms of bench/core.py's evaluate (article preset, 256 x 4096 ragged)."""
+    torch.set_num_threads(threads)
+    t = ragged_batch(256, 4096)
+    batch = grpo.Batch(
+        per_token_logps=t["logp"],
+        old_per_token_logps=t["old"],
+        ref_per_token_logps=t["ref"],
+        completion_mask=t["mask"],
+        advantages=t["adv"],
+    )
+    config = grpo.LossConfig.from_preset("article")
+    grpo.evaluate(batch, config)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        grpo.evaluate(batch, config)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def lab_steps_per_second(steps: int, threads: int, save: bool) -> float:
+    torch.set_num_threads(threads)
+    config = LabConfig(steps=steps)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(config, RunWriter(tmp, "lab", config.loss) if save else None)
+        trainer.step()  # warm-up: first-call allocations
+        start = time.perf_counter()
+        for _ in range(steps):
+            trainer.step()
+        return steps / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of the lab step (server workers: 1)")
+    args = parser.parse_args()
+    default_threads = torch.get_num_threads()
+    ref, rates, bare = [], [], []
+    for _ in range(args.rounds):  # interleaved, so machine noise hits both alike
+        ref.append(evaluate_ms(7, default_threads))
+        rates.append(lab_steps_per_second(args.steps, args.threads, save=True))
+        bare.append(lab_steps_per_second(args.steps, args.threads, save=False))
+    ref_ms, rate, bare_rate = statistics.median(ref), statistics.median(rates), statistics.median(bare)
+    scaled = rate * ref_ms / REFERENCE_MS
+    print(f"torch {torch.__version__}; lab steps at {args.threads} thread(s), evaluate at {default_threads}")
+    print(f"bench/core.py evaluate (reference)   : {ref_ms:8.2f} ms   (target machine: ~{REFERENCE_MS:.0f} ms)")
+    print(f"default lab run, every step saved    : {rate:8.2f} steps/s ({1e3 / rate:.1f} ms/step)")
+    print(f"default lab run, nothing saved       : {bare_rate:8.2f} steps/s")
+    print(f"scaled to the ~40 ms machine         : {scaled:8.2f} steps/s   (target >= 5)")
+
+
+if __name__ == "__main__":
+    main()
