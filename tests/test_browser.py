@@ -50,7 +50,7 @@ def server() -> Iterator[str]:
     cmd = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(200):
+    for _ in range(1200):  # 120 s: importing torch on a loaded 2-core machine takes tens of seconds
         try:
             urllib.request.urlopen(f"{url}/healthz", timeout=1)
             break
@@ -94,7 +94,7 @@ class Page:
         self.page.goto(f"{self.server}/{query}")
         self.wait_drawn(0)
 
-    def wait_for(self, expression: str, timeout: float = 20.0) -> None:
+    def wait_for(self, expression: str, timeout: float = 60.0) -> None:
         """Poll a JS expression until it is truthy (wait_for_function would eval in-page: the CSP forbids it)."""
         deadline = time.monotonic() + timeout
         while not self.page.evaluate(expression):
@@ -112,13 +112,20 @@ class Page:
     def last(self) -> dict[str, Any]:
         return dict(self.page.evaluate("window.grpoLens.last"))
 
+    def current_chart(self, chart_id: str) -> None:
+        """Scroll a chart into view and wait until it shows the current state (charts off screen
+        are brought up to date when they come into view)."""
+        self.page.evaluate(f"document.getElementById('{chart_id}').scrollIntoView({{block: 'center'}})")
+        self.wait_for(f"window.grpoLens.isCurrent('{chart_id}')")
+
     def chart_data(self, chart_id: str) -> list[dict[str, Any]]:
+        self.current_chart(chart_id)
         js = f"document.getElementById('{chart_id}').data.map(t => ({{name: t.name, x: t.x, y: t.y, z: t.z}}))"
         return list(self.page.evaluate(js))
 
     def heatmap(self, field: str) -> list[list[float | None]]:
-        """The z grid of one panel of the heatmap figure."""
-        return next(t["z"] for t in self.chart_data("heatmaps") if t["name"] == field)
+        """The z grid of one heatmap."""
+        return list(self.chart_data(f"heat-{field}")[0]["z"])
 
     def check_clean(self) -> None:
         assert self.errors == [], self.errors
@@ -142,18 +149,27 @@ def _api_loss(server: str, body: dict[str, Any]) -> dict[str, Any]:
         return dict(json.load(r))
 
 
-CHARTS_WITH_DATA = """
-[...document.querySelectorAll('.chart')].map(el => [el.id, Boolean(el.data && el.data.some(t =>
-    ['x', 'y', 'z'].some(k => Array.isArray(t[k]) && t[k].length > 0))) && el.querySelector('.main-svg') !== null])
-"""
+CHART_HAS_DATA = """(id) => { const el = document.getElementById(id); return Boolean(el.data && el.data.some(t =>
+    ['x', 'y', 'z'].some(k => Array.isArray(t[k]) && t[k].length > 0))) && el.querySelector('.main-svg') !== null; }"""
+
+
+def scroll_through(page: Page) -> dict[str, bool]:
+    """Scroll to every chart in page order; each must come up to date; returns id -> has data."""
+    page.wait_for("Number(document.body.dataset.experiments || 0) > 0")
+    ids = page.page.evaluate("[...document.querySelectorAll('.chart')].map(el => el.id)")
+    seen = {}
+    for chart_id in ids:
+        page.current_chart(chart_id)
+        seen[chart_id] = bool(page.page.evaluate(CHART_HAS_DATA, chart_id))
+    return seen
 
 
 def test_opens_on_the_article_example_with_every_chart_drawn(page: Page) -> None:
     page.open()
-    page.wait_for("Number(document.body.dataset.experiments || 0) > 0 && document.body.dataset.compared")
-    charts = dict(page.page.evaluate(CHARTS_WITH_DATA))
-    assert len(charts) >= 15  # heatmaps, 2 contribution, clip curves, gradients, 3 compare, 8 experiments
+    charts = scroll_through(page)
+    assert len(charts) >= 19  # 5 heatmaps, 2 contribution, clip curves, gradients, 3 compare, 8 experiments
     assert all(charts.values()), [k for k, v in charts.items() if not v]
+    page.page.evaluate("window.scrollTo(0, 0)")
     # The numbers on the page are the API's: the article example under the article preset.
     expected = _api_loss(page.server, {**SCENARIOS["article"].request, "config": {"preset": "article"}})
     assert page.last()["loss"] == expected["loss"]
@@ -188,7 +204,13 @@ def test_moving_a_control_redraws_and_the_url_reproduces_the_view(page: Page, br
     try:
         other.page.goto(url)
         other.wait_drawn(0)
-        for chart in ("heatmaps", "contrib-rows", "contrib-tokens", "grad-tokens", "clip-curves"):
+        for chart in (
+            *(f"heat-{f}" for f in ("ratio", "surrogate", "kl", "loss", "grad")),
+            "contrib-rows",
+            "contrib-tokens",
+            "grad-tokens",
+            "clip-curves",
+        ):
             assert other.chart_data(chart) == page.chart_data(chart), chart
         assert other.last()["loss"] == page.last()["loss"]
         assert other.page.input_value("#cfg-beta") == "0.5"
@@ -292,9 +314,10 @@ def test_token_strings_are_shown_as_text_never_as_html(page: Page) -> None:
     assert page.page.locator("img[src=x]").count() == 0
     assert page.page.input_value("[aria-label='row 0 token 0 text']") == evil
     # Hover labels carry the string escaped for Plotly, so it is drawn as written.
-    custom = page.page.evaluate("document.getElementById('heatmaps').data[0].customdata[0][0][10]")
+    page.current_chart("heat-ratio")
+    custom = page.page.evaluate("document.getElementById('heat-ratio').data[0].customdata[0][0][10]")
     assert custom == '&lt;img src=x onerror="window.__pwned=1"&gt;'
-    page.page.hover("#heatmaps .nsewdrag", position={"x": 20, "y": 20})
+    page.page.hover("#heat-ratio .nsewdrag", position={"x": 20, "y": 20})
     assert page.page.evaluate("window.__pwned === undefined")
     page.check_clean()
 
@@ -355,4 +378,36 @@ def test_page_and_docs_headers_and_offline_assets(page: Page) -> None:
     page.page.goto(f"{page.server}/docs")
     page.page.wait_for_selector(".opblock", timeout=20_000)
     assert page.page.locator(".opblock").count() >= 6
+    page.check_clean()
+
+
+def _masked(response: dict[str, Any], field: str) -> list[list[float | None]]:
+    """The response's per-token field as the heatmap shows it: None where a position does not count."""
+    t = response["tokens"]
+    width = max(len(r) for r in t[field])
+    return [
+        [row[j] if j < len(row) and t["mask"][k][j] else None for j in range(width)] for k, row in enumerate(t[field])
+    ]
+
+
+def test_a_control_move_redraws_the_view_on_screen_and_a_view_scrolled_to_later_is_current(page: Page) -> None:
+    page.open()
+    page.current_chart("heat-loss")
+    before = page.drawn()
+    page.page.fill("#cfg-beta", "0.5")
+    page.wait_drawn(before)
+    data = page.last()
+    assert data["config"]["beta"] == 0.5
+    # The view on screen was redrawn with the new response before anything was scrolled.
+    assert page.page.evaluate("window.grpoLens.isCurrent('heat-loss')")
+    z = page.page.evaluate("document.getElementById('heat-loss').data[0].z")
+    assert z == _masked(data, "loss")
+    # A view far below, scrolled to afterwards, shows the new state, not the one before the move.
+    grads = page.chart_data("grad-tokens")
+    kl_part = [
+        v for k, row in enumerate(data["tokens"]["grad_kl"]) for j, v in enumerate(row) if data["tokens"]["mask"][k][j]
+    ]
+    assert grads[1]["name"] == "KL part" and grads[1]["y"] == kl_part
+    # Scrolling through the page shows every chart drawn with the current state.
+    assert all(scroll_through(page).values())
     page.check_clean()

@@ -1,6 +1,7 @@
 // Chart functions: the API's JSON in, Plotly {data, layout} out. No numbers are computed here.
 
-import { LABELS, REGION_COLORS, fmt, plotlyText } from "./format.js";
+import { REGION_COLORS, fmt, plotlyText } from "./format.js";
+import { LABELS } from "./labels.js";
 
 const FONT = { family: "system-ui, sans-serif", size: 12 };
 const base = (title, extra = {}) => ({
@@ -55,36 +56,26 @@ export const HEATMAPS = [
   { field: "grad", title: "Gradient ∂loss/∂logp (blue: descent raises the log-prob)", mid: 0 },
 ];
 
-// The five heatmaps as stacked panels of one figure (one Plotly.react call, a shared position axis).
-export function heatmaps(data, customdata) {
-  const n = HEATMAPS.length;
+// One heatmap figure per field (each drawn on its own, when it is on screen).
+export function heatmap(data, spec, customdata) {
+  const z = grid(data, data.tokens[spec.field]);
   const rows = data.token_rows.length;
-  const panel = Math.min(240, 28 + Math.max(rows, 2) * (rows <= 16 ? 24 : 4)); // pixels per panel
-  const gap = 44;
-  const height = n * panel + (n - 1) * gap + 70;
-  const layout = base("", { height, margin: { l: 110, r: 30, t: 30, b: 44 }, plot_bgcolor: "#e3e6eb", annotations: [] });
-  const traces = HEATMAPS.map((spec, i) => {
-    const z = grid(data, data.tokens[spec.field]);
-    const top = 1 - (i * (panel + gap)) / (height - 70);
-    const bottom = top - panel / (height - 70);
-    const axis = i === 0 ? "" : String(i + 1);
-    layout[`yaxis${axis}`] = { domain: [bottom, top], autorange: "reversed", showgrid: false, automargin: true };
-    layout.annotations.push({ text: spec.title, xref: "paper", yref: "paper", x: 0, y: top, yanchor: "bottom", xanchor: "left", showarrow: false, font: { size: 12 } });
-    const trace = {
-      type: "heatmap", z, y: rowLabels(data), customdata, hovertemplate: HOVER, hoverongaps: false, name: spec.field,
-      yaxis: `y${axis}`, xaxis: "x",
-      colorbar: { thickness: 10, len: (bottom - top) === 0 ? 1 : (top - bottom), y: (top + bottom) / 2, yanchor: "middle" },
-      xgap: z[0].length <= 64 ? 1 : 0, ygap: rows <= 64 ? 1 : 0,
-    };
-    if (rows * z[0].length > 4096) trace.zsmooth = "fast"; // one pixel per cell, scaled: fast for big grids
-    if (spec.mid === null) Object.assign(trace, { colorscale: "YlOrRd", reversescale: true, zmin: 0 });
-    else Object.assign(trace, { colorscale: DIVERGING, zmid: spec.mid });
-    if (spec.range) Object.assign(trace, { zmin: spec.range[0], zmax: spec.range[1] });
-    return trace;
+  const width = z[0].length;
+  const height = Math.min(240, 28 + Math.max(rows, 2) * (rows <= 16 ? 24 : 4)) + 74;
+  const trace = {
+    type: "heatmap", z, y: rowLabels(data), customdata, hovertemplate: HOVER, hoverongaps: false, name: spec.field,
+    colorbar: { thickness: 10 }, xgap: width <= 64 ? 1 : 0, ygap: rows <= 64 ? 1 : 0,
+  };
+  if (rows * width > 4096) trace.zsmooth = "fast"; // one pixel per cell, scaled: fast for big grids
+  if (spec.mid === null) Object.assign(trace, { colorscale: "YlOrRd", reversescale: true, zmin: 0 });
+  else Object.assign(trace, { colorscale: DIVERGING, zmid: spec.mid });
+  if (spec.range) Object.assign(trace, { zmin: spec.range[0], zmax: spec.range[1] });
+  const layout = base(spec.title, {
+    height, margin: { l: 110, r: 30, t: 30, b: 40 }, plot_bgcolor: "#e3e6eb",
+    xaxis: { title: { text: "position" }, showgrid: false, zeroline: false, dtick: width <= 40 ? 1 : undefined },
+    yaxis: { autorange: "reversed", showgrid: false, automargin: true },
   });
-  const width = Math.max(...traces.map((t) => t.z[0].length));
-  layout.xaxis = { title: { text: "position" }, showgrid: false, zeroline: false, dtick: width <= 40 ? 1 : undefined, anchor: `y${n}` };
-  return { data: traces, layout };
+  return { data: [trace], layout };
 }
 
 export function contributionRows(data) {

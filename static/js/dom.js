@@ -33,3 +33,30 @@ export function download(filename, text, type = "application/json") {
   a.remove();
   setTimeout(() => URL.revokeObjectURL(url), 1000);
 }
+
+// plotly.js (4.6 MB) is loaded after the first view is on screen, not before: the summary needs
+// none of it. A chart drawn earlier waits for it.
+let plotlyLoading = null;
+export function loadPlotly() {
+  if (!plotlyLoading) {
+    plotlyLoading = window.Plotly ? Promise.resolve() : new Promise((resolve, reject) => {
+      const script = el("script", { src: "/vendor/plotly.min.js" });
+      script.addEventListener("load", resolve);
+      script.addEventListener("error", () => reject(new Error("plotly.js did not load")));
+      document.head.append(script);
+    });
+  }
+  return plotlyLoading;
+}
+
+// Draw (or update in place) one Plotly figure in the element with this id.
+export function plot(id, spec) {
+  const draw = () => Plotly.react(document.getElementById(id), spec.data, spec.layout, { responsive: true, displaylogo: false, toImageButtonOptions: { filename: `grpo-lens-${id}` } });
+  return window.Plotly ? draw() : loadPlotly().then(draw);
+}
+
+export function setStatus(text, kind = "") {
+  const node = $("#status");
+  node.textContent = text;
+  node.className = `status ${kind}`;
+}

@@ -1,4 +1,4 @@
-// Formatting and display labels: the only place numbers are turned into text.
+// Formatting: the only place numbers are turned into text. Labels live in labels.js.
 
 export function fmt(x, digits = 4) {
   if (x === null || x === undefined) return "–";
@@ -18,28 +18,6 @@ export function pct(x) {
 export function plotlyText(s) {
   return String(s ?? "").replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 }
-
-// Display labels for the API's field names (one map for the whole page).
-export const LABELS = {
-  ratio: "ratio π/π_old",
-  clipped_ratio: "clipped ratio",
-  surrogate: "surrogate (objective term)",
-  kl: "KL estimate",
-  weight: "aggregation weight",
-  loss: "loss share",
-  grad: "∂loss/∂logp",
-  grad_policy: "∂loss/∂logp, policy part",
-  grad_kl: "∂loss/∂logp, KL part",
-  policy_loss: "policy part",
-  kl_loss: "KL part (β·KL)",
-  advantage: "advantage",
-  reward: "reward",
-  length: "tokens",
-  sequence_ratio: "sequence ratio",
-  clip_fraction: "clipped tokens",
-  group: "group",
-  objective: "objective J = −loss",
-};
 
 export const REGION_COLORS = {
   trust: "#4c78a8",

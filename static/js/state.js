@@ -1,4 +1,5 @@
-// The page's one state object, read from and written to the URL. Names match the API's.
+// The page's one state object. The top-level fields are read from and written to the URL (names
+// match the API's); `state.ui` holds what the page keeps for this visit only.
 
 export const state = {
   scenario: "article", // a scenario's name; its request is the input unless `input` is set
@@ -7,6 +8,13 @@ export const state = {
   row: -1, // the row shown in per-token views (-1: every row, for small batches)
   compare: ["article", "trl-dapo", "trl-dr_grpo"],
   compare_edits: false,
+  ui: {
+    options: null, // /api/v1/options: fields, presets, scenarios, glossary
+    last: null, // the latest /api/v1/loss response
+    uploadFile: null, // a binary upload whose batch only the server holds
+    drawCount: 0, // how many times the views were drawn (tests and the benchmark wait on it)
+    rowSort: { key: null, dir: 1 }, // the rows table's sort column and direction
+  },
 };
 
 export const URL_INPUT_LIMIT = 6000; // characters of encoded input that still fit a link
@@ -70,3 +78,17 @@ export function writeURL() {
   history.replaceState(null, "", `${location.pathname}?${params}${location.hash}`);
   return fits;
 }
+
+// Lookups into the options.
+export const scenarios = () => new Map(state.ui.options.scenarios.map((s) => [s.name, s]));
+export const glossary = () => new Map(state.ui.options.glossary.flatMap((g) => g.keys.map((key) => [key, g])));
+
+// The request the page evaluates: the edited input, else the scenario's.
+export function currentRequest() {
+  if (state.input) return state.input;
+  const s = scenarios().get(state.scenario) || scenarios().get("article");
+  return s.request;
+}
+
+// True while the batch is a binary upload that only the server holds.
+export const fromUpload = () => Boolean(state.ui.uploadFile && !state.input);

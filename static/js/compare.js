@@ -1,0 +1,65 @@
+// Compare: the same batch under several presets, side by side (POST /api/v1/compare).
+
+import { postJSON } from "./api.js";
+import * as charts from "./charts.js";
+import { $, clear, el, plot } from "./dom.js";
+import { fmt } from "./format.js";
+import { COMPARE_ROWS } from "./labels.js";
+import * as redraw from "./redraw.js";
+import { currentRequest, fromUpload, state, writeURL } from "./state.js";
+
+const ALL_TOKENS_LIMIT = 400; // tokens: the per-token compare chart shows every token up to this
+
+function buildCompareChoices() {
+  const box = $("#compare-presets");
+  for (const p of state.ui.options.presets) {
+    const input = el("input", { type: "checkbox", value: p.name, checked: state.compare.includes(p.name) });
+    input.addEventListener("change", () => {
+      state.compare = state.ui.options.presets.map((q) => q.name).filter((name) => box.querySelector(`input[value="${name}"]`).checked);
+      writeURL();
+      redraw.invalidate("compare");
+    });
+    box.append(el("label", { class: "inline", title: p.doc }, input, p.name));
+  }
+  const edits = $("#compare-edits");
+  edits.checked = state.compare_edits;
+  edits.addEventListener("change", () => { state.compare_edits = edits.checked; writeURL(); redraw.invalidate("compare"); });
+}
+
+// The compare charts are views of the compare response, fetched only when one of them is on
+// screen (or in idle time) after the batch or the settings changed.
+export function setup() {
+  redraw.setRefresh("compare", runCompare);
+  redraw.register("compare-rows", "compare", (data) => plot("compare-rows", charts.compareRows(data.results, names(data))));
+  redraw.register("compare-weights", "compare", (data) => plot("compare-weights", charts.compareWeights(data.results, names(data), data.lengths)));
+  redraw.register("compare-grads", "compare", (data) => {
+    const tokens = data.lengths.reduce((a, b) => a + b, 0);
+    if (tokens <= ALL_TOKENS_LIMIT && data.results[0].tokens_complete) return plot("compare-grads", charts.compareGrads(data.results, names(data), data.text));
+    if (window.Plotly) Plotly.purge("compare-grads"); // too many tokens for one bar each: no chart rather than an old one
+    return null;
+  });
+  buildCompareChoices();
+}
+
+const names = (data) => data.results.map((r) => r.config.preset);
+
+async function runCompare() {
+  if (!state.compare.length || fromUpload()) return;
+  const { preset, ...edits } = state.config;
+  const configs = state.compare.map((name) => ({ ...(state.compare_edits ? edits : {}), preset: name }));
+  try {
+    const data = await postJSON("compare", "/api/v1/compare", { ...currentRequest(), configs });
+    if (!data) return;
+    renderCompare(data);
+  } catch (err) {
+    clear($("#compare-table")).append(el("tr", {}, el("td", { class: "error", text: err.message })));
+  }
+}
+
+async function renderCompare(data) {
+  const table = clear($("#compare-table"));
+  table.append(el("thead", {}, el("tr", {}, el("th", { text: "" }), ...names(data).map((n) => el("th", { scope: "col", text: n })))));
+  table.append(el("tbody", {}, ...COMPARE_ROWS.map(([label, get]) => el("tr", {}, el("td", { text: label }), ...data.results.map((r) => el("td", { class: "num", text: fmt(get(r), 5) }))))));
+  await redraw.publish("compare", data);
+  document.body.dataset.compared = String((Number(document.body.dataset.compared) || 0) + 1);
+}

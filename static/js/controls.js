@@ -1,0 +1,90 @@
+// The loss settings: one control per LossConfig field of /api/v1/options, grouped; the preset.
+
+import { $, clear, el } from "./dom.js";
+import { GROUP_TITLES, SUMMARY } from "./labels.js";
+import { state } from "./state.js";
+
+const inputs = new Map(); // field name (and "name:on", "name:touched", "name:label") -> element
+
+// `onChange(delay)` recomputes after `delay` ms (number fields wait for typing to pause).
+export function buildControls(onChange) {
+  const { options } = state.ui;
+  const container = clear($("#control-groups"));
+  const groups = new Map();
+  for (const field of options.fields) {
+    if (field.group === "preset") continue;
+    if (!groups.has(field.group)) groups.set(field.group, []);
+    groups.get(field.group).push(field);
+  }
+  for (const [group, fields] of groups) {
+    const fieldset = el("fieldset", { class: "control-group" }, el("legend", { text: GROUP_TITLES[group] || group }));
+    for (const field of fields) fieldset.append(buildControl(field, onChange));
+    container.append(fieldset);
+  }
+  const preset = clear($("#preset"));
+  for (const p of options.presets) preset.append(el("option", { value: p.name, text: p.name, title: p.doc }));
+  preset.addEventListener("change", (e) => { state.config = { preset: e.target.value }; onChange(0); });
+}
+
+function buildControl(field, onChange) {
+  const id = `cfg-${field.name}`;
+  const desc = el("span", { id: `${id}-doc`, class: "visually-hidden", text: field.doc });
+  const label = el("label", { for: id, title: field.doc, text: field.name });
+  const touched = el("div", { class: "touched", hidden: true });
+  let input;
+  let widget;
+  const changed = (value) => {
+    state.config[field.name] = value;
+    onChange(field.type === "number" || field.type === "integer" ? 180 : 0);
+  };
+  if (field.type === "choice") {
+    input = el("select", { id, "aria-describedby": desc.id, onchange: () => changed(input.value) }, ...field.choices.map((c) => el("option", { value: c, text: c })));
+    widget = input;
+  } else if (field.type === "boolean") {
+    input = el("input", { id, type: "checkbox", "aria-describedby": desc.id, onchange: () => changed(input.checked) });
+    widget = input;
+  } else {
+    input = el("input", { id, type: "number", step: "any", "aria-describedby": desc.id });
+    const read = () => (input.value === "" ? null : Number(input.value));
+    input.addEventListener("input", () => { if (input.value !== "" && Number.isFinite(Number(input.value))) changed(read()); });
+    widget = input;
+    if (field.nullable) {
+      const on = el("input", { type: "checkbox", "aria-label": `${field.name} on`, title: "on / off" });
+      on.addEventListener("change", () => {
+        input.disabled = !on.checked;
+        if (on.checked && input.value === "") input.value = String(field.gt !== undefined ? Math.max(field.gt * 2, 1) : 1);
+        changed(on.checked ? read() : null);
+      });
+      widget = el("span", { class: "nullable" }, on, input);
+      inputs.set(`${field.name}:on`, on);
+    }
+  }
+  inputs.set(field.name, input);
+  inputs.set(`${field.name}:touched`, touched);
+  inputs.set(`${field.name}:label`, label);
+  return el("div", { class: "control" }, label, widget, desc, touched);
+}
+
+// Show the resolved config of a response: values, which differ from the preset, clamp counts.
+export function renderControls(data) {
+  const { options } = state.ui;
+  const config = data.config;
+  const preset = options.presets.find((p) => p.name === config.preset)?.config || {};
+  $("#preset").value = config.preset;
+  for (const field of options.fields) {
+    const input = inputs.get(field.name);
+    if (!input) continue;
+    const value = config[field.name];
+    const active = document.activeElement === input;
+    if (field.type === "boolean") input.checked = Boolean(value);
+    else if (!active) input.value = value === null || value === undefined ? "" : String(value);
+    const on = inputs.get(`${field.name}:on`);
+    if (on) { on.checked = value !== null; input.disabled = value === null; }
+    const edited = JSON.stringify(value) !== JSON.stringify(preset[field.name]);
+    inputs.get(`${field.name}:label`).classList.toggle("edited", edited);
+    const touched = inputs.get(`${field.name}:touched`);
+    const n = data.clamp_counts[field.name];
+    touched.hidden = !n;
+    touched.textContent = n ? SUMMARY.touched(n) : "";
+  }
+}

@@ -1,0 +1,250 @@
+// The input editor: scenario picker, table editor, JSON box, file upload, import and export.
+
+import { $, clear, download, el, setStatus } from "./dom.js";
+import { CELL_LABELS, INPUT, SCENARIO } from "./labels.js";
+import { currentRequest, fromUpload, scenarios, state } from "./state.js";
+
+const TABLE_EDIT_LIMIT = 400; // tokens: past this, edit as JSON or upload a file
+const PER_TOKEN = Object.keys(CELL_LABELS);
+const ROW_FIELDS = [...PER_TOKEN, "completion_mask", "tokens", "entropies"];
+
+// `recompute(delay)` schedules a recompute; `computeNow()` runs one at once.
+let hooks = { recompute: () => {}, computeNow: () => {} };
+
+export function setup(h) {
+  hooks = h;
+  buildScenarios();
+  setupTabs();
+  renderScenarioNotes();
+  renderInputTable();
+  renderJSONBox();
+  $("#apply-json").addEventListener("click", applyJSON);
+  $("#upload-file").addEventListener("change", (e) => onUpload(e.target.files[0]));
+  $("#import-input").addEventListener("change", (e) => importInput(e.target.files[0]));
+  $("#export-input").addEventListener("click", exportInput);
+}
+
+function editableInput() {
+  if (!state.input) state.input = structuredClone(currentRequest());
+  state.ui.uploadFile = null;
+  return state.input;
+}
+
+// A structural change (rows, tokens, which fields exist): redraw the table after the event that
+// caused it has finished (removing a focused input inside its own change event breaks blur).
+function inputChanged() {
+  setTimeout(renderInputTable, 0);
+  valueChanged();
+}
+
+// A value changed: the table already shows it.
+function valueChanged() {
+  renderJSONBox();
+  renderScenarioNotes();
+  hooks.recompute(250);
+}
+
+function numberCell(value, onValue, attrs = {}) {
+  const input = el("input", { type: "number", step: "any", value: value ?? "", ...attrs });
+  input.addEventListener("change", () => onValue(input.value === "" ? null : Number(input.value)));
+  return input;
+}
+
+export function renderInputTable() {
+  const host = clear($("#input-table"));
+  if (fromUpload()) {
+    host.append(el("p", { class: "muted", text: INPUT.fromFile(state.ui.uploadFile.name) }));
+    return;
+  }
+  const req = currentRequest();
+  const rows = req.per_token_logps;
+  const total = rows.reduce((n, r) => n + r.length, 0);
+  if (total > TABLE_EDIT_LIMIT) {
+    host.append(el("p", { class: "muted", text: INPUT.tooLarge(rows.length, total) }));
+    return;
+  }
+  const target = req.rewards ? "rewards" : "advantages";
+  const prompt = Array.isArray(req.prompt_lengths) ? req.prompt_lengths : rows.map(() => req.prompt_lengths || 0);
+  const meta = el("div", { class: "batch-meta" },
+    el("label", { for: "in-target", text: INPUT.perRow }),
+    el("select", { id: "in-target", onchange: (e) => switchTarget(e.target.value, rows) },
+      el("option", { value: "rewards", text: INPUT.targetRewards, selected: target === "rewards" }),
+      el("option", { value: "advantages", text: INPUT.targetAdvantages, selected: target === "advantages" })),
+    el("label", { for: "in-group", text: INPUT.groupSize }),
+    numberCell(req.group_size ?? "", (v) => { const inp = editableInput(); if (v) inp.group_size = v; else delete inp.group_size; inputChanged(); }, { id: "in-group", min: 1, step: 1, placeholder: INPUT.groupSizeAll }),
+  );
+  host.append(meta);
+  rows.forEach((row, i) => host.append(inputRow(req, row, i, target, prompt[i])));
+  host.append(el("div", { class: "row-buttons" },
+    el("button", { type: "button", onclick: () => { const inp = editableInput(); addRow(inp); inputChanged(); }, text: INPUT.addRow })));
+}
+
+function switchTarget(target, rows) {
+  const inp = editableInput();
+  const other = target === "rewards" ? "advantages" : "rewards";
+  inp[target] = inp[other] || rows.map(() => 0);
+  delete inp[other];
+  inputChanged();
+}
+
+function inputRow(req, row, i, target, promptLength) {
+  const n = row.length;
+  const gridNode = el("div", { class: "tok-grid", style: `--n:${n}` });
+  gridNode.append(el("span", { class: "lab", text: INPUT.token }));
+  for (let j = 0; j < n; j += 1) {
+    const text = el("input", { type: "text", class: `tok-text ${j < promptLength ? "prompt" : ""}`, value: req.tokens ? req.tokens[i][j] : "", "aria-label": `row ${i} token ${j} text`, title: j < promptLength ? INPUT.tokenPrompt : "" });
+    text.addEventListener("change", () => {
+      const inp = editableInput();
+      if (!inp.tokens) inp.tokens = inp.per_token_logps.map((r) => r.map(() => ""));
+      inp.tokens[i][j] = text.value;
+      valueChanged();
+    });
+    gridNode.append(text);
+  }
+  for (const name of PER_TOKEN) {
+    gridNode.append(el("span", { class: "lab", text: CELL_LABELS[name] }));
+    for (let j = 0; j < n; j += 1) {
+      const values = req[name];
+      gridNode.append(numberCell(values ? values[i][j] : "", (v) => setCell(name, i, j, v), {
+        max: 0, "aria-label": `row ${i} ${CELL_LABELS[name]} ${j}`, placeholder: values ? "" : INPUT.sameAsLogp, class: j < promptLength ? "prompt" : "",
+      }));
+    }
+  }
+  const header = el("header", {},
+    el("strong", { text: `row ${i}` }),
+    el("label", { text: target === "rewards" ? INPUT.reward : INPUT.advantage }, numberCell(req[target][i], (v) => { const inp = editableInput(); inp[target][i] = v ?? 0; valueChanged(); }, { "aria-label": `row ${i} ${target}` })),
+    el("button", { type: "button", class: "small", title: INPUT.addTokenTitle, onclick: () => { resizeRow(i, 1); }, text: INPUT.addToken }),
+    el("button", { type: "button", class: "small", title: INPUT.removeTokenTitle, disabled: n <= 1, onclick: () => { resizeRow(i, -1); }, text: INPUT.removeToken }),
+    el("button", { type: "button", class: "small", title: INPUT.removeRowTitle, disabled: req.per_token_logps.length <= 1, onclick: () => removeRow(i), text: INPUT.removeRow }),
+  );
+  return el("div", { class: "input-row" }, header, gridNode);
+}
+
+function setCell(name, i, j, value) {
+  const inp = editableInput();
+  const created = !inp[name];
+  if (created) inp[name] = inp.per_token_logps.map((r) => r.slice());
+  inp[name][i][j] = value ?? inp.per_token_logps[i][j];
+  if (created) inputChanged(); // the other cells of the new field now show values
+  else valueChanged();
+}
+
+function resizeRow(i, delta) {
+  const inp = editableInput();
+  for (const name of ROW_FIELDS) {
+    if (!inp[name]) continue;
+    if (delta > 0) inp[name][i].push(name === "tokens" ? "" : name === "completion_mask" ? 1 : (inp[name][i].at(-1) ?? -1));
+    else inp[name][i].pop();
+  }
+  inputChanged();
+}
+
+function addRow(inp) {
+  const last = inp.per_token_logps.length - 1;
+  for (const name of ROW_FIELDS) if (inp[name]) inp[name].push(inp[name][last].slice());
+  for (const name of ["rewards", "advantages"]) if (inp[name]) inp[name].push(0);
+  if (Array.isArray(inp.prompt_lengths)) inp.prompt_lengths.push(inp.prompt_lengths[last]);
+  delete inp.group_size;
+}
+
+function removeRow(i) {
+  const inp = editableInput();
+  for (const name of [...ROW_FIELDS, "rewards", "advantages"]) if (inp[name]) inp[name].splice(i, 1);
+  if (Array.isArray(inp.prompt_lengths)) inp.prompt_lengths.splice(i, 1);
+  delete inp.group_size;
+  state.row = -1;
+  inputChanged();
+}
+
+export function renderJSONBox() {
+  if (fromUpload()) return;
+  $("#json-box").value = JSON.stringify({ ...currentRequest(), config: state.config }, null, 1);
+}
+
+function applyJSON() {
+  let body;
+  try {
+    body = JSON.parse($("#json-box").value);
+  } catch (err) {
+    $("#json-error").textContent = INPUT.notJSON(err.message);
+    return;
+  }
+  if (!body || typeof body !== "object" || Array.isArray(body)) {
+    $("#json-error").textContent = INPUT.notObject;
+    return;
+  }
+  const { config, ...input } = body;
+  if (config) state.config = { preset: "article", ...config };
+  state.input = input;
+  state.ui.uploadFile = null;
+  state.row = -1;
+  renderInputTable();
+  hooks.computeNow();
+}
+
+async function onUpload(file) {
+  if (!file) return;
+  $("#upload-error").textContent = "";
+  if (file.name.toLowerCase().endsWith(".json")) {
+    $("#json-box").value = await file.text();
+    applyJSON();
+    return;
+  }
+  state.ui.uploadFile = file;
+  state.input = null;
+  state.row = -1;
+  $("#upload-info").textContent = INPUT.uploaded(file.name, file.size);
+  renderInputTable();
+  hooks.computeNow();
+}
+
+function exportInput() {
+  if (fromUpload()) {
+    setStatus(INPUT.fileHoldsBatch, "error");
+    return;
+  }
+  download("grpo-lens-input.json", JSON.stringify({ ...currentRequest(), config: state.config }, null, 1));
+}
+
+async function importInput(file) {
+  if (!file) return;
+  $("#json-box").value = await file.text();
+  applyJSON();
+}
+
+// --- scenarios and tabs -------------------------------------------------------------------------
+function buildScenarios() {
+  const select = clear($("#scenario"));
+  for (const s of state.ui.options.scenarios) select.append(el("option", { value: s.name, text: s.title }));
+  select.value = state.scenario;
+  select.addEventListener("change", () => {
+    const s = scenarios().get(select.value);
+    state.scenario = s.name;
+    state.input = null;
+    state.ui.uploadFile = null;
+    state.row = -1;
+    state.config = { preset: s.preset, ...s.overrides };
+    renderScenarioNotes();
+    renderInputTable();
+    renderJSONBox();
+    hooks.computeNow();
+  });
+}
+
+export function renderScenarioNotes() {
+  const s = scenarios().get(state.scenario);
+  $("#scenario-title").textContent = s ? s.title + (state.input ? SCENARIO.edited : "") : SCENARIO.yourBatch;
+  $("#scenario-text").textContent = s ? s.notes : "";
+}
+
+function setupTabs() {
+  const tabs = ["table", "json", "upload"];
+  for (const name of tabs) {
+    $(`#tab-${name}`).addEventListener("click", () => {
+      for (const other of tabs) {
+        $(`#tab-${other}`).setAttribute("aria-selected", String(other === name));
+        $(`#input-${other}`).hidden = other !== name;
+      }
+    });
+  }
+}

@@ -1,0 +1,122 @@
+// Every label the page writes itself (the server's sentences and docs come with the data): one
+// place, so a name is spelled once and a display text changes in one line.
+
+// Display labels for the API's field names.
+export const LABELS = {
+  ratio: "ratio π/π_old",
+  clipped_ratio: "clipped ratio",
+  surrogate: "surrogate (objective term)",
+  kl: "KL estimate",
+  weight: "aggregation weight",
+  loss: "loss share",
+  grad: "∂loss/∂logp",
+  grad_policy: "∂loss/∂logp, policy part",
+  grad_kl: "∂loss/∂logp, KL part",
+  policy_loss: "policy part",
+  kl_loss: "KL part (β·KL)",
+  advantage: "advantage",
+  reward: "reward",
+  length: "tokens",
+  sequence_ratio: "sequence ratio",
+  clip_fraction: "clipped tokens",
+  group: "group",
+  objective: "objective J = −loss",
+};
+
+// Summary cards: [API field, label].
+export const SUMMARY_CARDS = [
+  ["loss", "loss"],
+  ["objective", LABELS.objective],
+  ["policy_loss", LABELS.policy_loss],
+  ["kl_loss", LABELS.kl_loss],
+];
+
+// Legends of the control groups (a field's group comes from /api/v1/options).
+export const GROUP_TITLES = {
+  policy: "policy objective",
+  kl: "KL penalty",
+  aggregation: "aggregation",
+  advantage: "advantages",
+  runtime: "runtime",
+};
+
+// Per-token inputs of the table editor: API field -> row label.
+export const CELL_LABELS = {
+  per_token_logps: "logp",
+  old_per_token_logps: "old",
+  ref_per_token_logps: "ref",
+};
+
+export const INPUT = {
+  perRow: "per row",
+  targetRewards: "rewards (advantages computed)",
+  targetAdvantages: "advantages (given)",
+  groupSize: "group size",
+  groupSizeAll: "all rows",
+  token: "token",
+  tokenPrompt: "prompt position (excluded)",
+  sameAsLogp: "= logp",
+  reward: "reward ",
+  advantage: "advantage ",
+  addRow: "+ row",
+  addToken: "+ token",
+  addTokenTitle: "add a token at the end",
+  removeToken: "− token",
+  removeTokenTitle: "remove the last token",
+  removeRow: "remove row",
+  removeRowTitle: "remove this row",
+  tooLarge: (rows, total) => `${rows} rows, ${total} tokens: too many to edit as a table. Use the JSON tab or upload a file.`,
+  fromFile: (name) => `The batch comes from the file ${name}; the server holds it. Edit a JSON copy via the JSON tab, or pick a scenario.`,
+  uploaded: (name, size) => `${name}, ${size} bytes: evaluated by the server on every change.`,
+  notJSON: (msg) => `Not valid JSON: ${msg}`,
+  notObject: "Expected a JSON object with the /api/v1/loss fields.",
+  fileHoldsBatch: "This batch lives in the uploaded file; keep that file.",
+};
+
+export const STATUS = {
+  computing: "computing…",
+  done: (loss, ms) => `loss ${loss} · computed and drawn in ${ms} ms`,
+  tooLargeForLink: " · input too large for the link: use Export input",
+  error: (msg) => `error: ${msg}`,
+  linkCopied: "link copied",
+  linkCopiedSettingsOnly: "link copied (settings only: the input is too large; export it)",
+  copyAddressBar: "copy the address bar: it holds the whole view",
+};
+
+export const SUMMARY = {
+  noClamp: "No clamp touched any token.",
+  clamps: (list) => `Clamps that touched tokens: ${list}.`,
+  touched: (n) => `touched ${n} token${n === 1 ? "" : "s"}`,
+  largeBatch: (positions, row) => `This batch has ${positions} positions, more than the per-token limit: showing the per-row overview and the tokens of row ${row} (pick another row below or in the rows table).`,
+};
+
+export const ROWS = {
+  row: "row",
+  allRows: "all rows",
+  rowN: (i) => `row ${i}`,
+};
+
+export const SCENARIO = {
+  yourBatch: "Your batch",
+  edited: " (edited)",
+};
+
+// The compare table: [label, (result) -> value].
+export const COMPARE_ROWS = [
+  ["loss", (r) => r.loss],
+  [LABELS.policy_loss, (r) => r.policy_loss],
+  ["KL part", (r) => r.kl_loss],
+  ["clip_ratio/region_mean", (r) => r.metrics["clip_ratio/region_mean"]],
+  ["kl", (r) => r.metrics.kl],
+  ["lens/grad_norm_logps", (r) => r.metrics["lens/grad_norm_logps"]],
+  ["aggregation", (r) => r.config.aggregation],
+  ["objective", (r) => r.config.objective],
+];
+
+export const GLOSSARY_HEAD = ["TRL", "verl", "OpenRLHF", "what it means", "healthy"];
+
+export const EXPERIMENTS = {
+  article: (text) => `Article: ${text}`,
+  printed: "article printed",
+  failed: (msg) => `Could not load the experiments: ${msg}`,
+};

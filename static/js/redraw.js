@@ -1,0 +1,124 @@
+// Draws what is on screen first. Each chart is a view fed by one source (the loss response, the
+// compare response, an experiment). When a source gets new data, the views on screen are drawn at
+// once; the others when they scroll into view, or one by one once the page has been quiet for a
+// while (idle time). A view records the number of the data it shows (data-seq), so a test can see
+// that every chart shows the current state.
+
+const QUIET_MS = 800; // idle drawing starts this long after the last new data
+const MARGIN = "150px 0px"; // a view this close to the viewport counts as on screen
+
+const views = new Map(); // element id -> { id, node, source, draw, seq (asked), shown (drawn), visible }
+const sources = new Map(); // name -> { seq, data, stale, refresh }
+let quietTimer = null;
+let idleHandle = null;
+let generation = 0; // bumped by new data: an idle round from before it stops
+
+const observer = new IntersectionObserver((entries) => {
+  for (const entry of entries) {
+    const view = views.get(entry.target.id);
+    if (!view) continue;
+    view.visible = entry.isIntersecting;
+    if (view.visible) bringUpToDate(view);
+  }
+}, { rootMargin: MARGIN });
+
+function source(name) {
+  if (!sources.has(name)) sources.set(name, { seq: 0, data: null, stale: false, refresh: null });
+  return sources.get(name);
+}
+
+// A view: `draw(data)` draws the element `id` from its source's data (returns Plotly's promise).
+export function register(id, sourceName, draw) {
+  const node = document.getElementById(id);
+  const view = { id, node, source: sourceName, draw, seq: 0, shown: 0, visible: false };
+  views.set(id, view);
+  observer.observe(node);
+  return view;
+}
+
+// A source whose data is fetched only when one of its views is needed (e.g. compare): `refresh()`
+// fetches and then calls publish(name, data).
+export function setRefresh(name, refresh) {
+  source(name).refresh = refresh;
+}
+
+// The source's data no longer matches the state: fetch again now if a view of it is on screen,
+// else when one comes into view (or in idle time).
+export function invalidate(name) {
+  const s = source(name);
+  s.stale = true;
+  if ([...views.values()].some((v) => v.source === name && v.visible)) refreshSource(s);
+}
+
+function refreshSource(s) {
+  if (!s.refresh || !s.stale) return;
+  s.stale = false;
+  s.refresh();
+}
+
+function bringUpToDate(view) {
+  const s = source(view.source);
+  if (s.stale) refreshSource(s);
+  if (s.data === null || view.seq === s.seq) return null;
+  const seq = s.seq;
+  view.seq = seq;
+  return Promise.resolve(view.draw(s.data)).then(() => {
+    if (view.seq === seq) view.shown = seq;
+  });
+}
+
+// New data for a source: draw its views on screen now (resolves when they are drawn); the rest
+// later. Returns the data's number.
+export async function publish(name, data) {
+  const s = source(name);
+  s.seq += 1;
+  s.data = data;
+  const shown = [...views.values()].filter((v) => v.source === name && v.visible);
+  await Promise.all(shown.map(bringUpToDate));
+  scheduleIdle();
+  return s.seq;
+}
+
+// The number of a source's latest data.
+export const currentSeq = (name) => source(name).seq;
+
+// True when the view shows its source's latest data (tests wait on this after scrolling to it).
+export function isCurrent(id) {
+  const view = views.get(id);
+  const s = view && sources.get(view.source);
+  return Boolean(s && !s.stale && s.data !== null && view.shown === s.seq);
+}
+
+// Idle time: once nothing new arrived for QUIET_MS, draw the stale views one per idle callback,
+// so a visible redraw never waits behind an off-screen one for long.
+function scheduleIdle() {
+  generation += 1;
+  const mine = generation;
+  clearTimeout(quietTimer);
+  if (idleHandle !== null) cancelIdleCallback(idleHandle);
+  idleHandle = null;
+  quietTimer = setTimeout(() => { idleHandle = requestIdleCallback(() => drawOneStale(mine)); }, QUIET_MS);
+}
+
+function drawOneStale(mine) {
+  idleHandle = null;
+  if (mine !== generation) return;
+  for (const s of sources.values()) {
+    if (s.stale && s.refresh) return refreshSource(s); // its publish schedules the next round
+  }
+  const view = [...views.values()].find((v) => sources.get(v.source)?.data !== null && v.seq !== sources.get(v.source).seq);
+  if (!view) return;
+  Promise.resolve(bringUpToDate(view)).then(() => {
+    if (mine === generation) idleHandle = requestIdleCallback(() => drawOneStale(mine));
+  });
+}
+
+// The views of a source on screen now (the benchmark's floor redraws exactly these).
+export function visibleViews(name) {
+  return [...views.values()].filter((v) => v.source === name && v.visible);
+}
+
+// Draw the views of a source that are on screen with `data`, nothing else (the benchmark's floor).
+export function drawOnScreen(name, data) {
+  return Promise.all(visibleViews(name).map((v) => v.draw(data)));
+}

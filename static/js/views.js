@@ -1,0 +1,114 @@
+// The views of one /api/v1/loss response: summary, per-token charts, the rows table.
+
+import * as charts from "./charts.js";
+import { $, clear, el, plot } from "./dom.js";
+import { fmt, pct } from "./format.js";
+import { LABELS, ROWS, SUMMARY, SUMMARY_CARDS } from "./labels.js";
+import * as redraw from "./redraw.js";
+import { glossary, state } from "./state.js";
+
+const ALL_TOKENS_LIMIT = 400; // tokens: per-token bar charts show every row up to this
+
+let hooks = { pickRow: () => {} };
+
+export function renderSummary(data) {
+  const card = (label, value) => el("div", { class: "card" }, el("div", { class: "label", text: label }), el("div", { class: "value", text: fmt(value, 5) }));
+  clear($("#summary-cards")).append(...SUMMARY_CARDS.map(([key, label]) => card(label, data[key])));
+  clear($("#explanation")).append(...data.explanation.map((s) => el("li", { text: s })));
+  clear($("#warnings")).append(...data.warnings.map((s) => el("li", { text: s })));
+  const meanings = glossary();
+  const explained = new Set(); // a term covering several keys is explained on its first row
+  clear($("#metrics-table tbody")).append(
+    ...Object.entries(data.metrics).map(([name, value]) => {
+      const term = meanings.get(name);
+      const text = term && !explained.has(term) ? term.meaning : "";
+      if (term) explained.add(term);
+      return el("tr", { title: term?.meaning }, el("td", { text: name }), el("td", { class: "num", text: fmt(value, 5) }), el("td", { class: "muted", text }));
+    }),
+  );
+  const touched = Object.entries(data.clamp_counts).filter(([, n]) => n > 0);
+  $("#clamp-counts").textContent = touched.length ? SUMMARY.clamps(touched.map(([k, n]) => `${k} ${n}`).join(", ")) : SUMMARY.noClamp;
+}
+
+// Positions in data.token_rows whose tokens the per-token charts show: every row of a small
+// batch (unless one was picked), else the picked row.
+function tokenRowsShown(data) {
+  const small = data.tokens_complete && data.num_positions <= ALL_TOKENS_LIMIT;
+  if (small && state.row < 0) return data.token_rows.map((_, k) => k);
+  const k = data.token_rows.indexOf(Math.max(state.row, 0));
+  return [k >= 0 ? k : 0];
+}
+
+function fillRowPickers(data) {
+  const small = data.tokens_complete && data.num_positions <= ALL_TOKENS_LIMIT;
+  for (const id of ["#contrib-row", "#grad-row"]) {
+    const select = clear($(id));
+    if (small) select.append(el("option", { value: -1, text: ROWS.allRows, selected: state.row < 0 }));
+    data.rows.loss.forEach((_, i) => select.append(el("option", { value: i, text: ROWS.rowN(i), selected: i === state.row })));
+  }
+}
+
+// Hover data is built once per response and shared by the five heatmaps.
+const hoverCache = new WeakMap();
+function hoverOf(data) {
+  if (!hoverCache.has(data)) hoverCache.set(data, charts.hoverData(data));
+  return hoverCache.get(data);
+}
+
+// The chart views of a /api/v1/loss response: element id -> how it is drawn.
+const CHART_VIEWS = [
+  ...charts.HEATMAPS.map((spec) => [`heat-${spec.field}`, (data) => plot(`heat-${spec.field}`, charts.heatmap(data, spec, hoverOf(data)))]),
+  ["contrib-rows", (data) => plot("contrib-rows", charts.contributionRows(data))],
+  ["contrib-tokens", (data) => plot("contrib-tokens", charts.contributionTokens(data, tokenRowsShown(data)))],
+  ["grad-tokens", (data) => plot("grad-tokens", charts.gradientTokens(data, tokenRowsShown(data)))],
+  ["clip-curves", (data) => plot("clip-curves", charts.clipCurves(data))],
+];
+
+export function setup(h) {
+  hooks = h;
+  const host = $("#heatmaps");
+  for (const spec of charts.HEATMAPS) host.append(el("div", { class: "chart heatmap", id: `heat-${spec.field}` }));
+  for (const [id, draw] of CHART_VIEWS) redraw.register(id, "loss", draw);
+}
+
+// A new response: the DOM views at once, the charts on screen now and the others when seen.
+export function renderViews(data) {
+  const note = $("#large-note");
+  note.hidden = data.tokens_complete;
+  note.textContent = data.tokens_complete ? "" : SUMMARY.largeBatch(data.num_positions, data.token_rows[0]);
+  fillRowPickers(data);
+  return redraw.publish("loss", data);
+}
+
+// --- rows table ---------------------------------------------------------------------------------
+const ROW_COLUMNS = ["group", "reward", "advantage", "length", "loss", "policy_loss", "kl_loss", "sequence_ratio", "clip_fraction"];
+
+export function renderRowsTable(data) {
+  const sort = state.ui.rowSort;
+  const table = clear($("#rows-table"));
+  const head = el("tr", {}, el("th", { scope: "col", text: ROWS.row }));
+  for (const key of ROW_COLUMNS) {
+    const th = el("th", { scope: "col", class: "num", tabindex: 0, text: LABELS[key] || key, "aria-sort": sort.key === key ? (sort.dir > 0 ? "ascending" : "descending") : "none" });
+    const resort = () => { state.ui.rowSort = { key, dir: sort.key === key ? -sort.dir : 1 }; renderRowsTable(data); };
+    th.addEventListener("click", resort);
+    th.addEventListener("keydown", (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); resort(); } });
+    head.append(th);
+  }
+  table.append(el("thead", {}, head));
+  const order = data.rows.loss.map((_, i) => i);
+  if (sort.key) {
+    const v = data.rows[sort.key] || [];
+    order.sort((a, b) => ((v[a] ?? -Infinity) - (v[b] ?? -Infinity)) * sort.dir);
+  }
+  const body = el("tbody");
+  for (const i of order) {
+    const cells = ROW_COLUMNS.map((key) => {
+      const v = data.rows[key] ? data.rows[key][i] : null;
+      return el("td", { class: "num", text: key === "clip_fraction" ? pct(v) : fmt(v) });
+    });
+    const pick = () => hooks.pickRow(i);
+    const tr = el("tr", { class: i === state.row ? "selected" : "", tabindex: 0, onclick: pick, onkeydown: (e) => { if (e.key === "Enter") pick(); } }, el("td", { text: String(i) }), ...cells);
+    body.append(tr);
+  }
+  table.append(body);
+}
