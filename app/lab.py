@@ -11,11 +11,13 @@ import contextlib
 import dataclasses
 import json
 import math
+import re
 import secrets
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
@@ -28,6 +30,7 @@ from app.lab_workers import LabManager, LabRun
 from app.schemas import ConfigRequest
 from app.settings import Settings, get_settings
 from grpo.lab import COMPARISONS, DEFAULT_TASK, METRICS, TASKS, LabConfig
+from grpo.runs import load_step
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 KEEPALIVE_SECONDS = 10.0
@@ -241,3 +244,37 @@ async def _stream(manager: LabManager, run: LabRun) -> AsyncIterator[bytes]:
 def _finite(data: dict[str, Any]) -> dict[str, Any]:
     """NaN and infinities as null: the browser's JSON.parse takes nothing else."""
     return {k: v if not isinstance(v, float) or math.isfinite(v) else None for k, v in data.items()}
+
+
+@router.get(
+    "/api/v1/lab/runs/{run_id}/steps/{step}",
+    summary="One saved step of a lab run as a /api/v1/loss request (ragged rows, advantages, tokens) and its config",
+)
+async def step_input(run_id: str, step: int, request: Request, settings: SettingsDep) -> JSONResponse:
+    if not re.match(RUN_NAME, run_id):
+        raise HTTPException(404, f"no run {run_id!r}")
+    path = settings.runs_dir / run_id / "steps" / f"{step:06d}-000.safetensors"
+    if step < 1 or not path.is_file():
+        raise HTTPException(404, f"run {run_id!r} has no saved step {step}")
+    return JSONResponse(await asyncio.to_thread(_step_request, path))
+
+
+def _step_request(path: Path) -> dict[str, Any]:
+    """A step file as the dashboard's input: each row cut to its counted tokens."""
+    batch, config, info = load_step(path)
+    lengths = batch.mask.sum(-1).tolist()
+    tokens = info["meta"].get("tokens")
+
+    def rows(value: Any) -> list[list[float]]:
+        return [row[:n] for row, n in zip(value.tolist(), lengths, strict=True)]
+
+    body: dict[str, Any] = {
+        "per_token_logps": rows(batch.per_token_logps),
+        "old_per_token_logps": rows(batch.old_per_token_logps),
+        "ref_per_token_logps": rows(batch.ref_per_token_logps),
+        "advantages": [float(a) for a in batch.advantages.tolist()],  # type: ignore[union-attr]
+    }
+    if isinstance(tokens, list) and len(tokens) == len(lengths):
+        body["tokens"] = [row[:n] for row, n in zip(tokens, lengths, strict=True)]
+    fields = {k: v for k, v in config.to_dict().items() if k not in ("device", "dtype")}
+    return {"request": body, "config": fields | {"preset": fields.get("preset") or "article"}, "meta": info["meta"]}

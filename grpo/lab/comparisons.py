@@ -45,7 +45,7 @@ COMPARISONS: dict[str, Comparison] = {
             "answer is penalised less per token than a short one: mean length climbs. Dr. GRPO divides by a "
             "constant and drops the std scaling: every token weighs the same and lengths do not climb.",
             ("completions/mean_length", "completions/max_length", "reward"),
-            (LabConfig(task="length", loss=_ARTICLE), LabConfig(task="length", loss=_DR_GRPO)),
+            (LabConfig(task="length", loss=_ARTICLE, steps=100), LabConfig(task="length", loss=_DR_GRPO, steps=100)),
         ),
         Comparison(
             "kl-leash",
