@@ -18,6 +18,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import queue
 import signal
 import threading
 import time
@@ -32,6 +33,7 @@ from grpo.runs import write_atomic
 log = logging.getLogger("grpo_lens.lab")
 TERMINAL = ("done", "error", "cancelled", "interrupted")
 CANCEL_FILE = "cancel"
+WATCHDOG_SECONDS = 2.0
 
 
 # --- the worker process -----------------------------------------------------------------------
@@ -243,11 +245,22 @@ class LabManager:
         return worker
 
     def _read_events(self) -> None:
-        """Dispatcher thread: worker events -> the event loop."""
-        while (item := self._events.get()) is not None:
-            assert self._loop is not None
-            with contextlib.suppress(RuntimeError):  # the loop closed under us: the server is gone
-                self._loop.call_soon_threadsafe(self._on_event, *item)
+        """Dispatcher thread: worker events -> the event loop; a worker that died mid-run (killed,
+        out of memory) turns into an ``error`` event for its run, and its slot is freed."""
+        assert self._loop is not None
+        while True:
+            try:
+                item = self._events.get(timeout=WATCHDOG_SECONDS)
+            except queue.Empty:
+                item = ()
+            if item is None:
+                return
+            dead = [(w.run, w.process.exitcode) for w in list(self.workers) if w.run and not w.process.is_alive()]
+            items = [item] if item else []
+            items += [(run, "error", {"message": f"the worker process died (exit code {code})"}) for run, code in dead]
+            for run_id, event, data in items:
+                with contextlib.suppress(RuntimeError):  # the loop closed under us: the server is gone
+                    self._loop.call_soon_threadsafe(self._on_event, run_id, event, data)
 
     def _on_event(self, run_id: str, event: str, data: dict[str, Any]) -> None:
         run = self.runs.get(run_id)
@@ -255,6 +268,9 @@ class LabManager:
             return
         run.add(event, data)
         if event in TERMINAL:
+            if event == "error":
+                with contextlib.suppress(OSError, ValueError):
+                    _set_status(run.run_dir, "error")
             for w in self.workers:
                 if w.run == run_id:
                     w.run = None

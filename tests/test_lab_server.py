@@ -63,7 +63,7 @@ def lab_server(runs_dir: Path, **settings: str) -> Iterator[tuple[str, subproces
                 proc.wait()
 
 
-def read_events(response: httpx.Response, until: str | None = None) -> Iterator[Event]:
+def read_events(response: httpx.Response) -> Iterator[Event]:
     """Parse an SSE stream: (event, data) pairs; comment lines (keep-alives) are skipped."""
     event, data = "message", ""
     for line in response.iter_lines():
@@ -75,8 +75,6 @@ def read_events(response: httpx.Response, until: str | None = None) -> Iterator[
             data = line.removeprefix("data: ")
         elif line == "" and data:
             yield event, json.loads(data)
-            if event == until:
-                return
             event, data = "message", ""
 
 
@@ -137,10 +135,13 @@ def test_cancel_keeps_the_steps_and_frees_the_worker(http: httpx.Client, server:
     assert http.post("/api/v1/lab/runs", json={"steps": 2, "name": "after"}).status_code == 202
     assert http.get("/api/v1/lab/runs/after").json()["queue_position"] == 1
     with http.stream("GET", "/api/v1/lab/runs/long/events") as response:
-        for event, _ in read_events(response, until="step"):
+        events = read_events(response)
+        for event, _ in events:
             assert event != "done"
+            if event == "step":
+                break
         assert http.delete("/api/v1/lab/runs/long").status_code in (200, 202)
-        tail = [e for e, _ in read_events(response)]
+        tail = [e for e, _ in events]
     assert tail[-1] == "cancelled"
     after = stream(http, "after")
     assert ("queued", {"position": 1}) in after
@@ -157,6 +158,18 @@ def test_cancelling_a_queued_run(http: httpx.Client) -> None:
     assert [e for e, _ in stream(http, "waiting")][-1] == "cancelled"
     http.delete("/api/v1/lab/runs/busy")
     assert [e for e, _ in stream(http, "busy")][-1] == "cancelled"
+
+
+def test_a_killed_worker_is_an_error_and_frees_its_slot(http: httpx.Client) -> None:
+    http.post("/api/v1/lab/runs", json={"steps": 2000, "name": "doomed"})
+    http.post("/api/v1/lab/runs", json={"steps": 1, "name": "next"})
+    with http.stream("GET", "/api/v1/lab/runs/doomed/events") as response:
+        events = read_events(response)
+        started = next(d for e, d in events if e == "started")
+        os.kill(started["pid"], signal.SIGKILL)
+        last = list(events)[-1]
+    assert last[0] == "error" and "died" in last[1]["message"]
+    assert [e for e, _ in stream(http, "next")][-1] == "done"
 
 
 @pytest.mark.parametrize(
