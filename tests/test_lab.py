@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -12,6 +13,16 @@ import grpo
 from grpo.lab import COMPARISONS, METRICS, TASKS, LabConfig, Trainer, get_task, init_policy, sample, train
 from grpo.lab.policy import EOS, TOKEN_ID, VOCAB
 from grpo.runs import RunWriter, load_run, load_step
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """One torch thread, as in the server's lab workers: the tiny model's ops are faster without
+    intra-op threads on a small machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def ids(text: str) -> list[int]:
