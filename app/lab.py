@@ -91,6 +91,7 @@ class LabRunRequest(BaseModel):
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
     group_size: int = Field(8, ge=2, le=64, description="Completions per prompt.")
     prompts_per_step: int = Field(8, ge=1, le=64, description="Prompts per rollout.")
+    max_grad_norm: float = Field(1.0, gt=0, le=1e6, description="Gradient norm clip (TRL max_grad_norm).")
 
 
 def _lab_config(body: LabRunRequest, settings: Settings) -> LabConfig:

@@ -135,18 +135,25 @@ def main() -> None:
         latency_under_lab(args.port, args.requests)
         return
     default_threads = torch.get_num_threads()
-    ref, rates, bare = [], [], []
-    for _ in range(args.rounds):  # interleaved, so machine noise hits both alike
+    ref, ref_one, rates, bare = [], [], [], []
+    for _ in range(args.rounds):  # interleaved, so machine noise hits all alike
         ref.append(evaluate_ms(7, default_threads))
+        ref_one.append(evaluate_ms(7, 1))
         rates.append(lab_steps_per_second(args.steps, args.threads, save=True))
         bare.append(lab_steps_per_second(args.steps, args.threads, save=False))
-    ref_ms, rate, bare_rate = statistics.median(ref), statistics.median(rates), statistics.median(bare)
-    scaled = rate * ref_ms / REFERENCE_MS
-    print(f"torch {torch.__version__}; lab steps at {args.threads} thread(s), evaluate at {default_threads}")
-    print(f"bench/core.py evaluate (reference)   : {ref_ms:8.2f} ms   (target machine: ~{REFERENCE_MS:.0f} ms)")
+    ref_ms, ref_one_ms = statistics.median(ref), statistics.median(ref_one)
+    rate, bare_rate = statistics.median(rates), statistics.median(bare)
+    # On a loaded machine threads wait on each other and inflate one reference: the faster of the
+    # two is the machine's speed, and the conservative scale (a slower reference scales up more).
+    scale_ms = min(ref_ms, ref_one_ms)
+    print(f"torch {torch.__version__}; lab steps at {args.threads} thread(s)")
+    print(
+        f"bench/core.py evaluate, {default_threads} threads     : {ref_ms:8.2f} ms   (target: ~{REFERENCE_MS:.0f} ms)"
+    )
+    print(f"bench/core.py evaluate, 1 thread      : {ref_one_ms:8.2f} ms")
     print(f"default lab run, every step saved    : {rate:8.2f} steps/s ({1e3 / rate:.1f} ms/step)")
     print(f"default lab run, nothing saved       : {bare_rate:8.2f} steps/s")
-    print(f"scaled to the ~40 ms machine         : {scaled:8.2f} steps/s   (target >= 5)")
+    print(f"scaled to the ~40 ms machine         : {rate * scale_ms / REFERENCE_MS:8.2f} steps/s   (target >= 5)")
 
 
 if __name__ == "__main__":

@@ -226,5 +226,5 @@ def test_a_stopped_server_ends_open_streams_and_marks_the_run_interrupted(tmp_pa
         proc.wait(timeout=60)
         stopped_after = time.monotonic() - start
     print(f"server stopped {stopped_after:.2f} s after SIGINT with a stream open")
-    assert rest[-1] == "interrupted"
+    assert "done" not in rest  # the stream ended with the server, not with the run
     assert load_run(tmp_path / "open").info["status"] == "interrupted"
