@@ -6,8 +6,8 @@ whose positions the events report. A worker sends each step's metrics back over 
 dispatcher thread hands them to the event loop, where every run keeps its events in order so a
 late subscriber replays them. Cancelling writes a ``cancel`` file into the run's directory, which
 the worker checks after every step (a queued run is dropped from the queue at once); the steps
-so far stay as a run. On start, lab runs left ``queued`` or ``running`` by a previous process are
-marked ``interrupted``.
+so far stay as a run. Stopping the server terminates the workers at once. On start, lab runs
+left ``queued`` or ``running`` by a previous process are marked ``interrupted``.
 """
 
 from __future__ import annotations
@@ -153,29 +153,28 @@ class LabManager:
         return marked
 
     def stop(self, timeout: float = 1.0) -> None:
-        """Cancel every run, stop the workers (terminate those that do not stop in ``timeout``);
-        runs that had not finished are marked ``interrupted``."""
+        """Stop every worker now (their steps so far are on disk: each file was written atomically)
+        and mark the runs that had not finished ``interrupted``."""
         self.closing = True
         unfinished = [run for run in self.runs.values() if not run.finished]
         for run in unfinished:
-            (run.run_dir / CANCEL_FILE).touch(exist_ok=True)
             run.add("interrupted", {"reason": "the server stopped"})
         for w in self.workers:
-            with contextlib.suppress(Exception):
-                w.jobs.put(None)
+            if w.process.is_alive():
+                w.process.terminate()
         deadline = time.monotonic() + timeout
         for w in self.workers:
             w.process.join(max(0.0, deadline - time.monotonic()))
             if w.process.is_alive():
-                w.process.terminate()
-                w.process.join(1.0)
+                w.process.kill()
+            w.jobs.cancel_join_thread()  # nothing left to deliver: never block the exit on it
         if self._events is not None:
+            self._events.cancel_join_thread()
             with contextlib.suppress(Exception):
                 self._events.put(None)
         for run in unfinished:
             with contextlib.suppress(OSError, ValueError):
                 _set_status(run.run_dir, "interrupted")
-                (run.run_dir / CANCEL_FILE).unlink(missing_ok=True)
 
     # --- runs ---------------------------------------------------------------------------
     def submit(self, run_id: str, fields: dict[str, Any], info: dict[str, Any]) -> LabRun:
