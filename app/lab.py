@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 import grpo
 from app.errors import config_error
 from app.lab_workers import LabManager, LabRun
-from app.schemas import ConfigRequest
+from app.schemas import ConfigRequest, ErrorResponse
 from app.settings import Settings, get_settings
 from grpo.lab import COMPARISONS, DEFAULT_TASK, METRICS, TASKS, LabConfig
 from grpo.runs import load_step
@@ -40,14 +40,7 @@ RUN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    settings = get_settings()
-    manager = LabManager(
-        settings.runs_dir,
-        settings.lab_max_concurrent,
-        settings.lab_max_seconds,
-        settings.lab_torch_threads,
-        settings.lab_nice,
-    )
+    manager = _new_manager(get_settings())
     manager.start(asyncio.get_running_loop())
     app.state.lab = manager
     _close_streams_on_exit(manager)
@@ -74,6 +67,7 @@ def _close_streams_on_exit(manager: LabManager) -> None:
 
 
 router = APIRouter(lifespan=lifespan, tags=["lab"])
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorResponse, "description": "No such lab run or step"}}
 
 
 class LabRunRequest(BaseModel):
@@ -112,8 +106,24 @@ def _lab_config(body: LabRunRequest, settings: Settings) -> LabConfig:
 
 
 def _manager(request: Request) -> LabManager:
-    manager: LabManager = request.app.state.lab
+    """The app's LabManager (made by the lifespan; made here when the app runs without one, as
+    under an in-process test client: it spawns no worker until a run is submitted)."""
+    state = request.app.state
+    if not hasattr(state, "lab"):
+        state.lab = _new_manager(get_settings())
+        state.lab.start(asyncio.get_running_loop())
+    manager: LabManager = state.lab
     return manager
+
+
+def _new_manager(settings: Settings) -> LabManager:
+    return LabManager(
+        settings.runs_dir,
+        settings.lab_max_concurrent,
+        settings.lab_max_seconds,
+        settings.lab_torch_threads,
+        settings.lab_nice,
+    )
 
 
 def _run(request: Request, run_id: str) -> LabRun:
@@ -177,7 +187,15 @@ def _run_request(config: LabConfig) -> dict[str, Any]:
     return fields | {"config": loss | {"preset": loss.get("preset") or "article"}}
 
 
-@router.post("/api/v1/lab/runs", status_code=202, summary="Start a lab run (queued when the workers are busy)")
+@router.post(
+    "/api/v1/lab/runs",
+    status_code=202,
+    summary="Start a lab run (queued when the workers are busy)",
+    responses={
+        409: {"model": ErrorResponse, "description": "A run of that name exists"},
+        429: {"model": ErrorResponse, "description": "The queue is full (a setting)"},
+    },
+)
 async def start_run(body: LabRunRequest, request: Request, settings: SettingsDep) -> JSONResponse:
     manager = _manager(request)
     config = _lab_config(body, settings)
@@ -191,18 +209,23 @@ async def start_run(body: LabRunRequest, request: Request, settings: SettingsDep
     return JSONResponse(_summary(manager, run), status_code=202)
 
 
-@router.get("/api/v1/lab/runs", summary="The lab runs of this server process, with queue positions")
+@router.get("/api/v1/lab/queue", summary="The lab runs of this server process, with queue positions")
 async def list_lab_runs(request: Request) -> JSONResponse:
     manager = _manager(request)
     return JSONResponse({"runs": [_summary(manager, r) for r in manager.runs.values()]})
 
 
-@router.get("/api/v1/lab/runs/{run_id}", summary="One lab run's status")
+@router.get("/api/v1/lab/runs/{run_id}/status", summary="One lab run's status and queue position", responses=NOT_FOUND)
 async def get_lab_run(run_id: str, request: Request) -> JSONResponse:
     return JSONResponse(_summary(_manager(request), _run(request, run_id)))
 
 
-@router.delete("/api/v1/lab/runs/{run_id}", summary="Cancel a lab run (its steps so far stay as a run)")
+@router.delete(
+    "/api/v1/lab/runs/{run_id}",
+    status_code=202,
+    summary="Cancel a lab run (its steps so far stay as a run)",
+    responses={**NOT_FOUND, 200: {"description": "The run had already finished: its status"}},
+)
 async def cancel_run(run_id: str, request: Request) -> JSONResponse:
     manager = _manager(request)
     run = manager.cancel(_run(request, run_id).id)
@@ -213,6 +236,7 @@ async def cancel_run(run_id: str, request: Request) -> JSONResponse:
     "/api/v1/lab/runs/{run_id}/events",
     summary="Server-Sent Events: queued, started, one step per optimiser step, then done, error or cancelled",
     response_class=StreamingResponse,
+    responses=NOT_FOUND,
 )
 async def events(run_id: str, request: Request) -> StreamingResponse:
     manager, run = _manager(request), _run(request, run_id)
@@ -250,6 +274,7 @@ def _finite(data: dict[str, Any]) -> dict[str, Any]:
 @router.get(
     "/api/v1/lab/runs/{run_id}/steps/{step}",
     summary="One saved step of a lab run as a /api/v1/loss request (ragged rows, advantages, tokens) and its config",
+    responses=NOT_FOUND,
 )
 async def step_input(run_id: str, step: int, request: Request, settings: SettingsDep) -> JSONResponse:
     if not re.match(RUN_NAME, run_id):

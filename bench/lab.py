@@ -107,10 +107,10 @@ def latency_under_lab(port: int, n: int) -> None:
                     client.post("/api/v1/lab/runs", json={"steps": 1000, "seed": i}).json()["id"]
                     for i in range(concurrent)
                 ]
-                while not all(client.get(f"/api/v1/lab/runs/{i}").json()["steps_done"] > 0 for i in ids):
+                while not all(client.get(f"/api/v1/lab/runs/{i}/status").json()["steps_done"] > 0 for i in ids):
                     time.sleep(0.5)
                 busy = latencies(client, body, n)
-                done = [client.get(f"/api/v1/lab/runs/{i}").json()["steps_done"] for i in ids]
+                done = [client.get(f"/api/v1/lab/runs/{i}/status").json()["steps_done"] for i in ids]
                 for i in ids:
                     client.delete(f"/api/v1/lab/runs/{i}")
         finally:

@@ -133,7 +133,7 @@ def test_cancel_keeps_the_steps_and_frees_the_worker(http: httpx.Client, server:
     """One worker: the second run queues (position 1) until the first is cancelled, then runs."""
     assert http.post("/api/v1/lab/runs", json={"steps": 2000, "name": "long"}).status_code == 202
     assert http.post("/api/v1/lab/runs", json={"steps": 2, "name": "after"}).status_code == 202
-    assert http.get("/api/v1/lab/runs/after").json()["queue_position"] == 1
+    assert http.get("/api/v1/lab/runs/after/status").json()["queue_position"] == 1
     with http.stream("GET", "/api/v1/lab/runs/long/events") as response:
         events = read_events(response)
         for event, _ in events:
