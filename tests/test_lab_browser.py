@@ -89,7 +89,8 @@ def test_a_run_grows_its_charts_and_a_point_opens_the_step(page: Any) -> None:
     wait_for(page, f"Number(document.body.dataset.drawn) > {drawn}", 60_000)
     opened = page.evaluate("window.grpoLens.last")
     assert len(opened["rows"]["loss"]) == 64  # 8 prompts x 8 completions
-    assert "step 5" in page.text_content("#lab-opened")
+    assert "Step 5 of lab run" in page.text_content("#lab-opened")
+    assert page.text_content("#scenario-title").endswith("step 5")
     page.locator("#view-heatmaps").screenshot(path=str(ARTIFACTS / "lab-opened-step.png"))
 
 
