@@ -47,12 +47,13 @@ function buildCharts() {
   for (const metric of orderedMetrics()) box.append(el("div", { class: "chart lab-chart", id: chartId(metric) }));
   loadPlotly().then(() => {
     const layout = (title) => ({
-      title: { text: title, font: { size: 13 } }, height: 240, margin: { l: 50, r: 50, t: 30, b: 20 },
-      xaxis: { title: { text: "" }, rangemode: "tozero" }, showlegend: true, legend: { orientation: "h", y: -0.15 },
-      hovermode: "closest",
+      title: { text: title, font: { size: 13 } }, height: 220, margin: { l: 50, r: 50, t: 30, b: 25 },
+      xaxis: { rangemode: "tozero" }, showlegend: false, hovermode: "closest", // the run list above is the key
+
     });
     Plotly.newPlot(OVERLAY, [], {
-      ...layout("reward and loss (the loss is not progress)"),
+      ...layout("reward (solid, left axis) and loss (dotted, right axis): the loss is not progress"),
+      height: 300, showlegend: true, legend: { orientation: "h", y: -0.12 }, margin: { l: 50, r: 60, t: 30, b: 40 },
       yaxis: { title: { text: "reward" } }, yaxis2: { title: { text: "loss" }, overlaying: "y", side: "right" },
     }, { responsive: true, displaylogo: false });
     $(`#${OVERLAY}`).on("plotly_click", openPoint);
