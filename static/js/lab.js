@@ -43,8 +43,8 @@ export async function setup(hooks) {
 
 function buildCharts() {
   const box = clear($("#lab-charts"));
-  box.append(el("div", { class: "chart lab-chart", id: OVERLAY }));
-  for (const metric of orderedMetrics()) box.append(el("div", { class: "chart lab-chart", id: chartId(metric) }));
+  box.append(el("div", { class: "lab-chart", id: OVERLAY }));
+  for (const metric of orderedMetrics()) box.append(el("div", { class: "lab-chart", id: chartId(metric) }));
   loadPlotly().then(() => {
     const layout = (title) => ({
       title: { text: title, font: { size: 13 } }, height: 220, margin: { l: 50, r: 50, t: 30, b: 25 },
