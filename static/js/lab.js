@@ -152,6 +152,8 @@ function onEvent(run, kind, data) {
   if (kind === "queued") run.status = `queued (position ${data.position})`;
   else if (kind === "started") run.status = "running";
   else {
+    cancelAnimationFrame(lab.frame);
+    flush(); // every step on the charts before the run says it has finished
     run.status = kind;
     run.reason = data.reason || data.message || "";
     run.source.close();
