@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
@@ -39,7 +40,6 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Device when a request does not name one; auto: a GPU when there is one, else the CPU."
     )
-    runs_dir: str = Field("./runs", description="Where runs live (captured, lab, uploaded): one directory each.")
     threads: int = Field(4, ge=1, description="Threads for small requests (parse, check, compute), in the server.")
     large_request_bytes: int = Field(
         1024 * 1024, ge=0, description="Bodies of this size and larger are handled in a worker process."
@@ -70,6 +70,15 @@ class Settings(BaseSettings):
         30.0, gt=0, description="Seconds a client has to send a request's headers, and its body (dropped after)."
     )
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads per computation (0: torch's default).")
+    runs_dir: Path = Field(Path("runs"), description="Where runs live (captured and lab), one directory each.")
+    lab_max_concurrent: int = Field(
+        2, ge=1, description="Lab runs training at once (one worker process each); the rest queue."
+    )
+    lab_max_queue: int = Field(32, ge=0, description="Lab runs waiting at most (429 beyond).")
+    lab_max_steps: int = Field(1000, ge=1, description="Most optimiser steps one lab run may ask for (422 beyond).")
+    lab_max_seconds: float = Field(300.0, gt=0, description="A lab run stops after this many seconds of training.")
+    lab_torch_threads: int = Field(1, ge=1, description="torch threads per lab worker process.")
+    lab_nice: int = Field(10, ge=0, le=19, description="os.nice increment of lab worker processes (lower priority).")
 
     @field_validator("allowed_hosts", "forwarded_allow_ips", "cors_origins", mode="before")
     @classmethod

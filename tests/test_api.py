@@ -272,6 +272,13 @@ def test_openapi_lists_every_route(api: TestClient) -> None:
         "/api/v1/runs/{run}/download",
         "/api/v1/runs/{run}/replay",
         "/healthz",
+        "/api/v1/lab/tasks",
+        "/api/v1/lab/runs",
+        "/api/v1/lab/queue",
+        "/api/v1/lab/runs/{run_id}",
+        "/api/v1/lab/runs/{run_id}/status",
+        "/api/v1/lab/runs/{run_id}/events",
+        "/api/v1/lab/runs/{run_id}/steps/{step}",
     }
     loss = schema["paths"]["/api/v1/loss"]["post"]
     assert {"200", "413", "422"} <= set(loss["responses"])

@@ -8,6 +8,7 @@ import { buildControls, renderControls } from "./controls.js";
 import { $, download, el, loadPlotly, setStatus } from "./dom.js";
 import { fmt } from "./format.js";
 import * as input from "./input.js";
+import * as lab from "./lab.js";
 import { EXPERIMENTS, STATUS } from "./labels.js";
 import { currentSeq, drawOnScreen, invalidate, isCurrent } from "./redraw.js";
 import { buildGlossary, loadExperiments } from "./reference.js";
@@ -108,6 +109,22 @@ async function copyLink() {
   }
 }
 
+// A lab step's batch (an /api/v1/loss request and its config) becomes the input of every view.
+function openBatch(request, config, title, note) {
+  state.scenario = "";
+  state.input = request;
+  state.config = config;
+  state.row = -1;
+  state.ui.uploadFile = null;
+  input.renderInputTable();
+  input.renderJSONBox();
+  input.renderScenarioNotes();
+  $("#scenario-title").textContent = title;
+  $("#scenario-text").textContent = note;
+  compute();
+  $("#summary").scrollIntoView();
+}
+
 async function init() {
   state.ui.options = await getJSON("/api/v1/options");
   readURL(state.ui.options.fields);
@@ -126,6 +143,7 @@ async function init() {
   await compute(first);
   await loadPlotly();
   setupRuns().catch((err) => { $("#run-info").textContent = err.message; });
+  lab.setup({ presets: () => state.ui.options.presets, openBatch }).catch((err) => { $("#lab-error").textContent = err.message; });
   loadExperiments().catch((err) => { $("#experiments").textContent = EXPERIMENTS.failed(err.message); });
 }
 

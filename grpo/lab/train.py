@@ -1,0 +1,211 @@
+"""The lab's GRPO loop: sample groups, score them, and step the policy on ``grpo.compute_loss``.
+
+One call to ``Trainer.step`` is one optimiser step. Every ``num_iterations`` steps a fresh
+rollout is sampled (its log-probs become ``old_per_token_logps``); the steps in between reuse it,
+so ratios leave 1 and clipping appears, as with TRL's ``num_iterations`` / verl's ppo_epochs.
+The reference policy is a frozen copy of the initial one. Each step's batch and metrics can be
+saved to a run (``grpo.runs.RunWriter``), so any step opens in the breakdown views.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+import grpo
+from grpo.batch import Batch
+from grpo.config import LossConfig
+from grpo.errors import GrpoInputError
+from grpo.lab.policy import VOCAB, Policy, Rollout, frozen_copy, init_policy, sample
+from grpo.lab.tasks import DEFAULT_TASK, Task, get_task
+from grpo.logits import token_logprobs
+
+METRICS: tuple[str, ...] = (
+    "reward",
+    "reward_std",
+    "loss",
+    "policy_loss",
+    "kl_loss",
+    "kl",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "entropy",
+    "completions/mean_length",
+    "completions/min_length",
+    "completions/max_length",
+    "lens/advantage/std",
+    "frac_reward_zero_std",
+    "grad_norm",
+)
+"""What every step logs, under the trainers' names (TRL's where it has one)."""
+
+
+def _f(default: Any, doc: str, **bounds: float) -> Any:
+    return field(default=default, metadata={"doc": doc, **bounds})
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    """A lab run: the task, the loss, and the few knobs of the loop around it."""
+
+    task: str = _f(DEFAULT_TASK, "The synthetic task (grpo.lab.TASKS).")
+    steps: int = _f(150, "Optimiser steps.", ge=1)
+    seed: int = _f(0, "Fixes the initial policy, the prompts and every sample.", ge=0)
+    loss: LossConfig = field(default=LossConfig(), metadata={"doc": "The loss (any preset and override)."})
+    num_iterations: int = _f(1, "Optimiser steps per rollout (TRL num_iterations); > 1 reuses samples.", ge=1)
+    prompts_per_step: int = _f(8, "Prompts sampled per rollout.", ge=1)
+    group_size: int = _f(8, "Completions per prompt (TRL num_generations).", ge=2)
+    temperature: float = _f(1.0, "Sampling temperature (the log-probs are taken at it too).", gt=0.0)
+    learning_rate: float = _f(3e-3, "Adam learning rate.", gt=0.0)
+    max_grad_norm: float = _f(1.0, "Gradient norm clip (TRL max_grad_norm).", gt=0.0)
+    hidden: int = _f(64, "GRU width of the policy (64: about 20k parameters).", ge=4)
+
+    def __post_init__(self) -> None:
+        get_task(self.task)
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("task", "loss"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise GrpoInputError(f.name, "a finite number", got=repr(value))
+            if f.type == "int" and not isinstance(value, int):
+                raise GrpoInputError(f.name, "an integer", got=repr(value))
+            if "ge" in f.metadata and value < f.metadata["ge"]:
+                raise GrpoInputError(f.name, f"a number >= {f.metadata['ge']}", got=repr(value))
+            if "gt" in f.metadata and value <= f.metadata["gt"]:
+                raise GrpoInputError(f.name, f"a number > {f.metadata['gt']}", got=repr(value))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class StepWriter(Protocol):
+    """What the loop needs of a run store writer (grpo.runs.RunWriter)."""
+
+    def write_step(self, step: int, micro: int, tensors: dict[str, Tensor], meta: dict[str, Any]) -> Any: ...
+
+
+@dataclass
+class _Sampled:
+    rollout: Rollout
+    rewards: Tensor
+    ref_logps: Tensor
+    old_logps: Tensor | None = None
+    """Set by the rollout's first step: the policy has not moved since sampling, so it is that
+    step's log-probs, detached (as TRL does); one forward pass fewer per rollout."""
+
+
+class Trainer:
+    """The policy, its frozen reference, the optimiser and the sample stream of one run."""
+
+    def __init__(self, config: LabConfig, writer: StepWriter | None = None) -> None:
+        self.config = config
+        self.task: Task = get_task(config.task)
+        self.policy: Policy = init_policy(config.seed, config.hidden)
+        self.reference: Policy = frozen_copy(self.policy)
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.learning_rate)
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.writer = writer
+        self.step_count = 0
+        self._sampled: _Sampled | None = None
+
+    def _logps(self, policy: Policy, rollout: Rollout) -> grpo.TokenLogprobs:
+        logits, _ = policy(rollout.tokens)
+        return token_logprobs(logits, rollout.tokens, rollout.prompt_length, temperature=self.config.temperature)
+
+    @torch.no_grad()
+    def _sample(self) -> _Sampled:
+        c, task = self.config, self.task
+        prompts = task.prompts(c.prompts_per_step, self.generator).repeat_interleave(c.group_size, dim=0)
+        rollout = sample(self.policy, prompts, task.max_completion_length, c.temperature, self.generator)
+        ref = self._logps(self.reference, rollout).logps
+        mask = rollout.completion_mask
+        return _Sampled(rollout, task.rewards(rollout.tokens, mask), ref * mask)
+
+    def step(self) -> dict[str, float]:
+        """One optimiser step; returns its metrics (METRICS, plus ``step`` and ``iteration``)."""
+        c = self.config
+        iteration = self.step_count % c.num_iterations
+        if iteration == 0 or self._sampled is None:
+            self._sampled = self._sample()
+        s = self._sampled
+        self.step_count += 1
+        mask = s.rollout.completion_mask
+        current = self._logps(self.policy, s.rollout)
+        logps = current.logps * mask
+        if s.old_logps is None:
+            s.old_logps = logps.detach()
+        batch = Batch(
+            per_token_logps=logps,
+            old_per_token_logps=s.old_logps,
+            ref_per_token_logps=s.ref_logps,
+            completion_mask=mask,
+            rewards=s.rewards,
+            group_size=c.group_size,
+            entropies=current.entropies.detach() * mask,
+        )
+        loss = grpo.compute_loss(batch, c.loss)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), c.max_grad_norm))
+        self.optimizer.step()
+
+        breakdown = grpo.evaluate(dataclasses.replace(batch, per_token_logps=batch.logp.detach()), c.loss)
+        metrics = _step_metrics(breakdown, grad_norm) | {"step": self.step_count, "iteration": iteration + 1}
+        if self.writer is not None:
+            self._save(batch, breakdown, metrics)
+        return metrics
+
+    def _save(self, batch: Batch, breakdown: grpo.Breakdown, metrics: dict[str, float]) -> None:
+        assert self.writer is not None and self._sampled is not None
+        s = self._sampled
+        assert s.old_logps is not None
+        tensors = {
+            "per_token_logps": batch.logp.detach(),
+            "old_per_token_logps": s.old_logps,
+            "ref_per_token_logps": s.ref_logps,
+            "completion_mask": s.rollout.completion_mask,
+            "advantages": breakdown.advantages.detach(),
+            "row_rewards": s.rewards,
+            "row_groups": torch.arange(s.rewards.shape[0]) // self.config.group_size,
+        }
+        P = s.rollout.prompt_length
+        rows = s.rollout.tokens.tolist()
+        meta = {
+            "loss": metrics["loss"],
+            "metrics": metrics,
+            "task": self.config.task,
+            "prompts": [" ".join(VOCAB[t] for t in row[:P]) for row in rows],
+            "tokens": [[VOCAB[t] for t in row[P:]] for row in rows],
+        }
+        self.writer.write_step(self.step_count, 0, tensors, meta)
+
+
+def _step_metrics(breakdown: grpo.Breakdown, grad_norm: float) -> dict[str, float]:
+    m = breakdown.metrics
+    return {
+        **{name: m[name] for name in METRICS if name in m},
+        "loss": float(breakdown.loss),
+        "policy_loss": float(breakdown.policy_loss),
+        "kl_loss": float(breakdown.kl_loss),
+        "grad_norm": grad_norm,
+    }
+
+
+def run(config: LabConfig, writer: StepWriter | None = None) -> Iterator[dict[str, float]]:
+    """The run's steps, one metrics dict per optimiser step; stop iterating to stop training."""
+    trainer = Trainer(config, writer)
+    for _ in range(config.steps):
+        yield trainer.step()
+
+
+def train(config: LabConfig, writer: StepWriter | None = None) -> list[dict[str, float]]:
+    """Every step's metrics of a whole run."""
+    return list(run(config, writer))

@@ -1,0 +1,269 @@
+// The Lab view: start GRPO runs on the server's synthetic tasks and watch every logged metric grow
+// live. Steps arrive as Server-Sent Events (no polling); each animation frame appends the new points
+// with Plotly.extendTraces (no full redraw per step). Runs overlay in distinct colours, the legend
+// names what differs between them, and a click on a point opens that step's batch in the breakdown
+// views. The numbers all come from the server; this module only draws them.
+
+import { ApiError, getJSON } from "./api.js";
+import { $, clear, el, loadPlotly } from "./dom.js";
+import { fmt } from "./format.js";
+
+const COLOURS = ["#2f5bd3", "#e45756", "#1a7f4b", "#f58518", "#8e44ad", "#17becf", "#8c564b", "#bcbd22"];
+const TERMINAL = new Set(["done", "error", "cancelled", "interrupted"]);
+const OVERLAY = "lab-overlay"; // the "loss is not progress" chart: reward and loss on one figure
+
+const lab = {
+  info: null, // /api/v1/lab/tasks
+  runs: [], // {id, body, colour, status, steps, source, traces: {metric: index}}
+  pending: [], // [run, event data] not drawn yet
+  frame: 0,
+  focus: [], // the current comparison's metrics (drawn first)
+  hooks: null,
+};
+
+const chartId = (metric) => `lab-chart-${metric.replace(/[^a-z0-9]+/gi, "-")}`;
+
+export async function setup(hooks) {
+  lab.hooks = hooks;
+  lab.info = await getJSON("/api/v1/lab/tasks");
+  const task = $("#lab-task");
+  for (const t of lab.info.tasks) task.append(el("option", { value: t.name, text: `${t.name}: ${t.doc}` }));
+  task.value = lab.info.default;
+  const preset = $("#lab-preset");
+  for (const p of hooks.presets()) preset.append(el("option", { value: p.name, text: p.name, title: p.doc }));
+  preset.value = "article";
+  const canned = $("#lab-comparisons");
+  for (const c of lab.info.comparisons) {
+    canned.append(el("button", { type: "button", text: c.title, dataset: { comparison: c.name }, onclick: () => startComparison(c) }));
+  }
+  $("#lab-start").addEventListener("click", startFromForm);
+  $("#lab-clear").addEventListener("click", clearRuns);
+  buildCharts();
+}
+
+function buildCharts() {
+  const box = clear($("#lab-charts"));
+  box.append(el("div", { class: "lab-chart", id: OVERLAY }));
+  for (const metric of orderedMetrics()) box.append(el("div", { class: "lab-chart", id: chartId(metric) }));
+  loadPlotly().then(() => {
+    const layout = (title) => ({
+      title: { text: title, font: { size: 13 } }, height: 220, margin: { l: 50, r: 50, t: 30, b: 25 },
+      xaxis: { rangemode: "tozero" }, showlegend: false, hovermode: "closest", // the run list above is the key
+
+    });
+    Plotly.newPlot(OVERLAY, [], {
+      ...layout("reward (solid, left axis) and loss (dotted, right axis): the loss is not progress"),
+      height: 300, showlegend: true, legend: { orientation: "h", y: -0.12 }, margin: { l: 50, r: 60, t: 30, b: 40 },
+      yaxis: { title: { text: "reward" } }, yaxis2: { title: { text: "loss" }, overlaying: "y", side: "right" },
+    }, { responsive: true, displaylogo: false });
+    $(`#${OVERLAY}`).on("plotly_click", openPoint);
+    for (const metric of orderedMetrics()) {
+      Plotly.newPlot(chartId(metric), [], layout(metric), { responsive: true, displaylogo: false });
+      $(`#${chartId(metric)}`).on("plotly_click", openPoint);
+    }
+    for (const run of lab.runs) addTraces(run);
+  });
+}
+
+function orderedMetrics() {
+  const all = lab.info.metrics;
+  return [...lab.focus.filter((m) => all.includes(m)), ...all.filter((m) => !lab.focus.includes(m))];
+}
+
+// --- starting runs ------------------------------------------------------------------------------
+function formBody() {
+  let overrides = {};
+  const text = $("#lab-overrides").value.trim();
+  if (text) overrides = JSON.parse(text);
+  return {
+    task: $("#lab-task").value,
+    config: { ...overrides, preset: $("#lab-preset").value },
+    seed: Number($("#lab-seed").value),
+    steps: Number($("#lab-steps").value),
+    num_iterations: Number($("#lab-iterations").value),
+  };
+}
+
+async function startFromForm() {
+  $("#lab-error").textContent = "";
+  let body;
+  try {
+    body = formBody();
+  } catch (err) {
+    $("#lab-error").textContent = `overrides: ${err.message}`;
+    return;
+  }
+  await startRun(body);
+}
+
+async function startComparison(comparison) {
+  $("#lab-watch-title").textContent = comparison.title;
+  $("#lab-watch-text").textContent = comparison.watch;
+  $("#lab-watch").hidden = false;
+  clearRuns();
+  lab.focus = comparison.overlay ? [] : comparison.metrics;
+  buildCharts();
+  for (const body of comparison.runs) await startRun(body);
+}
+
+async function startRun(body) {
+  const response = await fetch("/api/v1/lab/runs", {
+    method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body),
+  });
+  const data = await response.json();
+  if (!response.ok) {
+    $("#lab-error").textContent = new ApiError(response.status, data.detail).message;
+    return;
+  }
+  const run = { id: data.id, body: data.lab, colour: COLOURS[lab.runs.length % COLOURS.length], status: data.status, steps: 0 };
+  lab.runs.push(run);
+  addTraces(run);
+  renameTraces();
+  renderRunList();
+  run.source = new EventSource(`/api/v1/lab/runs/${encodeURIComponent(run.id)}/events`);
+  for (const kind of ["queued", "started", "step", "done", "error", "cancelled", "interrupted"]) {
+    run.source.addEventListener(kind, (e) => onEvent(run, kind, JSON.parse(e.data)));
+  }
+}
+
+function clearRuns() {
+  for (const run of lab.runs) {
+    run.source?.close();
+    if (!TERMINAL.has(run.status)) fetch(`/api/v1/lab/runs/${encodeURIComponent(run.id)}`, { method: "DELETE" });
+  }
+  lab.runs = [];
+  lab.pending = [];
+  renderRunList();
+  if (window.Plotly) {
+    for (const id of [OVERLAY, ...lab.info.metrics.map(chartId)]) {
+      const node = document.getElementById(id);
+      if (node?.data?.length) Plotly.deleteTraces(node, node.data.map((_, i) => i));
+    }
+  }
+}
+
+// --- events -> charts ---------------------------------------------------------------------------
+function onEvent(run, kind, data) {
+  if (kind === "step") {
+    lab.pending.push([run, data]);
+    if (!lab.frame) lab.frame = requestAnimationFrame(flush);
+    return;
+  }
+  if (kind === "queued") run.status = `queued (position ${data.position})`;
+  else if (kind === "started") run.status = "running";
+  else {
+    cancelAnimationFrame(lab.frame);
+    flush(); // every step on the charts before the run says it has finished
+    run.status = kind;
+    run.reason = data.reason || data.message || "";
+    run.source.close();
+  }
+  renderRunList();
+}
+
+// One extendTraces per chart per frame, with every point that arrived since the last frame.
+function flush() {
+  lab.frame = 0;
+  if (!window.Plotly || !lab.pending.length) return;
+  const batch = lab.pending;
+  lab.pending = [];
+  const byRun = new Map();
+  for (const [run, data] of batch) {
+    if (!lab.runs.includes(run) || !run.traces) continue;
+    if (!byRun.has(run)) byRun.set(run, []);
+    byRun.get(run).push(data);
+    run.steps = data.step;
+  }
+  const charts = new Map(); // chart id -> {x: [], y: [], idx: []}
+  const add = (id, index, xs, ys) => {
+    if (!charts.has(id)) charts.set(id, { x: [], y: [], idx: [] });
+    const c = charts.get(id);
+    c.x.push(xs); c.y.push(ys); c.idx.push(index);
+  };
+  for (const [run, steps] of byRun) {
+    const xs = steps.map((d) => d.step);
+    for (const metric of lab.info.metrics) add(chartId(metric), run.traces[metric], xs, steps.map((d) => d[metric]));
+    add(OVERLAY, run.traces.overlayReward, xs, steps.map((d) => d.reward));
+    add(OVERLAY, run.traces.overlayLoss, xs, steps.map((d) => d.loss));
+  }
+  for (const [id, c] of charts) Plotly.extendTraces(id, { x: c.x, y: c.y }, c.idx);
+  renderRunList();
+  document.body.dataset.labPoints = String(Number(document.body.dataset.labPoints || 0) + batch.length);
+}
+
+function addTraces(run) {
+  if (!window.Plotly) return;
+  run.traces = {};
+  const base = { x: [], y: [], mode: "lines+markers", marker: { size: 4 }, line: { color: run.colour, width: 2 }, meta: run.id };
+  for (const metric of lab.info.metrics) {
+    const node = document.getElementById(chartId(metric));
+    run.traces[metric] = node.data.length;
+    Plotly.addTraces(node, { ...base, name: run.id });
+  }
+  const overlay = document.getElementById(OVERLAY);
+  run.traces.overlayReward = overlay.data.length;
+  Plotly.addTraces(overlay, { ...base, name: `${run.id}: reward` });
+  run.traces.overlayLoss = overlay.data.length;
+  Plotly.addTraces(overlay, { ...base, name: `${run.id}: loss`, yaxis: "y2", line: { ...base.line, dash: "dot" } });
+}
+
+// The legend names what differs between the runs on the page (their request fields).
+function flatten(body) {
+  const out = {};
+  for (const [k, v] of Object.entries(body)) {
+    if (k === "config") for (const [ck, cv] of Object.entries(v)) out[ck] = cv;
+    else out[k] = v;
+  }
+  return out;
+}
+
+export function runLabels(runs) {
+  const flat = runs.map((r) => flatten(r.body));
+  const keys = [...new Set(flat.flatMap(Object.keys))].filter((k) => k !== "preset" && new Set(flat.map((f) => JSON.stringify(f[k]))).size > 1);
+  return runs.map((r, i) => (keys.length ? keys.map((k) => `${k}=${flat[i][k]}`).join(" · ") : r.id));
+}
+
+function renameTraces() {
+  if (!window.Plotly) return;
+  const labels = runLabels(lab.runs);
+  for (const metric of lab.info.metrics) {
+    const node = document.getElementById(chartId(metric));
+    Plotly.restyle(node, { name: labels }, lab.runs.map((r) => r.traces[metric]));
+  }
+  const overlay = document.getElementById(OVERLAY);
+  Plotly.restyle(overlay, { name: lab.runs.flatMap((_, i) => [`${labels[i]}: reward`, `${labels[i]}: loss`]) },
+    lab.runs.flatMap((r) => [r.traces.overlayReward, r.traces.overlayLoss]));
+}
+
+function renderRunList() {
+  const list = clear($("#lab-runs"));
+  const labels = runLabels(lab.runs);
+  lab.runs.forEach((run, i) => {
+    const cancel = TERMINAL.has(run.status) ? null : el("button", {
+      type: "button", text: "Cancel", onclick: () => fetch(`/api/v1/lab/runs/${encodeURIComponent(run.id)}`, { method: "DELETE" }),
+    });
+    list.append(el("li", { dataset: { run: run.id, status: run.status } },
+      el("span", { class: "swatch", style: `background:${run.colour}` }),
+      el("strong", { text: labels[i] }), " ",
+      el("span", { class: "muted", text: `${run.id} · ${run.status}${run.reason ? ` (${run.reason})` : ""} · step ${run.steps}/${run.body.steps}` }),
+      " ", cancel));
+  });
+}
+
+// --- a point -> that step's batch in the breakdown views -------------------------------------
+async function openPoint(event) {
+  const point = event.points?.[0];
+  if (!point) return;
+  const runId = point.data.meta;
+  const step = point.x;
+  try {
+    const data = await getJSON(`/api/v1/lab/runs/${encodeURIComponent(runId)}/steps/${step}`);
+    const note = `Step ${step} of lab run ${runId} (${data.meta.task}): reward ${fmt(data.meta.metrics.reward)}, loss ${fmt(data.meta.loss)}.`;
+    $("#lab-opened").textContent = `Opened in the views above. ${note}`;
+    lab.hooks.openBatch(data.request, data.config, `Lab run ${runId}, step ${step}`, note);
+  } catch (err) {
+    $("#lab-error").textContent = err.message;
+  }
+}
+
+window.grpoLab = lab;
