@@ -21,6 +21,34 @@ export const LABELS = {
   clip_fraction: "clipped tokens",
   group: "group",
   objective: "objective J = −loss",
+  clippedCell: "clipped (flat: no policy gradient)",
+  rowCounted: (i, n) => `r${i} (${n})`,
+  rowCountedAxis: "row (counted tokens)",
+  compareGradsTitle: "∂loss/∂logp per token, per preset (each panel its own scale)",
+  compareWeightsTitle: "Weight of one token of each row, per preset (each panel its own scale)",
+};
+
+export const COMPARE = {
+  lengthsHead: "What each weighting does to long vs short answers:",
+  normaliser: "max_completion_length (L): Dr. GRPO's constant, for every compared preset",
+  normaliserOwn: "each preset's own",
+};
+
+export const HEATMAP_TITLES = {
+  ratio: "Importance ratio π/π_old (white at 1; the colour saturates outside 0 to 2)",
+  surrogate: "Surrogate: each token's objective term (white at 0)",
+  kl: "KL estimate to the reference (white at 0; blue = negative, which only k1 can be)",
+  loss: "Weighted loss share (sums to the loss; white at 0)",
+  grad: "Gradient ∂loss/∂logp (white at 0; blue: descent raises the log-prob)",
+};
+
+// Hover text on what the clip did to a token, by region.
+export const REGION_HOVER = {
+  trust: "ratio used as is (no clip bound acted)",
+  clip_low: "clipped at the low bound 1 − ε_low",
+  clip_high: "clipped at the high bound 1 + ε_high",
+  dual_clip: "dual clip: the objective is capped at c·A",
+  masked: "does not count",
 };
 
 // Summary cards: [API field, label].
@@ -99,6 +127,23 @@ export const ROWS = {
 export const SCENARIO = {
   yourBatch: "Your batch",
   edited: " (edited)",
+  editedNote: "Edited by hand: the scenario's notes no longer describe it; the summary does.",
+  json: "A batch given as JSON",
+  jsonNote: "Applied from the JSON tab; the summary says what the numbers show.",
+  file: (name) => `From the file ${name}`,
+  importNote: "Imported from an exported input file.",
+  uploadNote: "Uploaded; the server evaluates the file on every change.",
+  loaded: (kind, title, name) => ({
+    scenario: `Loaded: ${title}`,
+    edited: `Loaded: ${title}, edited`,
+    json: "Loaded: JSON input",
+    import: `Loaded: imported ${name}`,
+    upload: `Loaded: uploaded ${name}`,
+  })[kind],
+};
+
+export const STALE = {
+  note: "The last request failed: everything below still shows the batch and settings from before it.",
 };
 
 // The compare table: [label, (result) -> value].
@@ -108,7 +153,7 @@ export const COMPARE_ROWS = [
   ["KL part", (r) => r.kl_loss],
   ["clip_ratio/region_mean", (r) => r.metrics["clip_ratio/region_mean"]],
   ["kl", (r) => r.metrics.kl],
-  ["grad_norm", (r) => r.metrics.grad_norm],
+  ["lens/grad_norm_logps", (r) => r.metrics["lens/grad_norm_logps"] ?? r.metrics.grad_norm],
   ["aggregation", (r) => r.config.aggregation],
   ["objective", (r) => r.config.objective],
 ];
