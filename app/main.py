@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 
-from app import api, errors, pages
+from app import api, errors, export, pages
 from app.middleware import BodyLimit, SecurityHeaders
 from app.settings import get_settings
 
@@ -37,6 +37,7 @@ app = FastAPI(
 app.state.limiter = anyio.CapacityLimiter(settings.threads)
 errors.install(app)
 app.include_router(api.router)
+app.include_router(export.router)
 app.include_router(pages.router)
 app.mount("/static", StaticFiles(directory=pages.ROOT / "static"), name="static")
 app.mount("/vendor/swagger-ui", StaticFiles(directory=pages.ROOT / "vendor" / "swagger-ui"), name="swagger-ui")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_browser import ARTIFACTS, Page, _masked, browser, page, server  # noqa: F401  (fixtures)
+from test_browser import ARTIFACTS, Page, _api_loss, _masked, browser, page, server  # noqa: F401  (fixtures)
 
 from grpo.examples import SCENARIOS
 
@@ -167,4 +167,27 @@ def test_10_log_ticks_sticky_row_labels(page: Page) -> None:
     assert page.page.evaluate("getComputedStyle(document.querySelector('.tok-grid .lab')).position") == "sticky"
     ARTIFACTS.mkdir(exist_ok=True)
     page.page.screenshot(path=str(ARTIFACTS / "clipping.png"))
+    page.check_clean()
+
+
+def test_9_upload_tab_lists_tensors_examples_and_exports(page: Page, tmp_path: Path) -> None:
+    page.open()
+    page.page.click("#tab-upload")
+    listing = page.page.inner_text("#upload-help")
+    for name in ("per_token_logps", "(B, T)", "group_size", "() scalar", "bfloat16", "token_ids"):
+        assert name in listing, name
+    links = page.page.evaluate("[...document.querySelectorAll('#upload-help a')].map(a => a.getAttribute('href'))")
+    assert links == [f"/api/v1/examples/{f}" for f in ("json", "jsonl", "safetensors", "npz")]
+    paths = []
+    for fmt in ("safetensors", "npz"):  # both exported from the scenario, then read back
+        with page.page.expect_download() as info:
+            page.page.click(f"#export-{fmt}")
+        paths.append(tmp_path / f"input.{fmt}")
+        paths[-1].write_bytes(Path(info.value.path()).read_bytes())
+    expected = _api_loss(page.server, {**SCENARIOS["article"].request, "config": {"preset": "article"}})["loss"]
+    for path in paths:
+        before = page.drawn()
+        page.page.set_input_files("#upload-file", str(path))
+        page.wait_drawn(before)
+        assert page.last()["loss"] == expected
     page.check_clean()

@@ -1,7 +1,7 @@
 // The input editor: scenario picker, table editor, JSON box, file upload, import and export.
 
 import { $, clear, download, el, setStatus } from "./dom.js";
-import { CELL_LABELS, INPUT, SCENARIO } from "./labels.js";
+import { CELL_LABELS, INPUT, SCENARIO, UPLOAD } from "./labels.js";
 import { currentRequest, fromUpload, scenarios, state } from "./state.js";
 
 const TABLE_EDIT_LIMIT = 400; // tokens: past this, edit as JSON or upload a file
@@ -22,6 +22,34 @@ export function setup(h) {
   $("#upload-file").addEventListener("change", (e) => onUpload(e.target.files[0]));
   $("#import-input").addEventListener("change", (e) => importInput(e.target.files[0]));
   $("#export-input").addEventListener("click", exportInput);
+  for (const fmt of ["safetensors", "npz"]) $(`#export-${fmt}`).addEventListener("click", () => exportFile(fmt));
+  buildUploadHelp();
+}
+
+// The upload tab lists the tensors a file may hold, links an example of each format, and says
+// what lower-precision inputs mean.
+function buildUploadHelp() {
+  const table = el("table", { class: "metrics upload-fields" },
+    el("thead", {}, el("tr", {}, ...UPLOAD.head.map((h) => el("th", { scope: "col", text: h })))),
+    el("tbody", {}, ...UPLOAD.fields.map((row) => el("tr", {}, ...row.map((text) => el("td", { text }))))));
+  const links = ["json", "jsonl", "safetensors", "npz"].map((fmt) => el("a", { href: `/api/v1/examples/${fmt}`, download: `grpo-lens-example.${fmt}`, text: fmt }));
+  clear($("#upload-help")).append(table,
+    el("p", { class: "muted", text: UPLOAD.precision }),
+    el("p", {}, UPLOAD.examples, " ", ...links.flatMap((a, i) => (i ? [" · ", a] : [a]))));
+}
+
+// safetensors and NPZ are written by the server (POST /api/v1/export/{fmt}), JSON here.
+async function exportFile(fmt) {
+  if (fromUpload()) {
+    setStatus(INPUT.fileHoldsBatch, "error");
+    return;
+  }
+  const response = await fetch(`/api/v1/export/${fmt}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(currentRequest()) });
+  if (!response.ok) {
+    setStatus(INPUT.exportFailed(fmt, response.status), "error");
+    return;
+  }
+  download(`grpo-lens-input.${fmt}`, await response.blob(), "application/octet-stream");
 }
 
 function editableInput() {

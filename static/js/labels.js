@@ -99,6 +99,7 @@ export const INPUT = {
   notJSON: (msg) => `Not valid JSON: ${msg}`,
   notObject: "Expected a JSON object with the /api/v1/loss fields.",
   fileHoldsBatch: "This batch lives in the uploaded file; keep that file.",
+  exportFailed: (fmt, status) => `Export as ${fmt} failed (HTTP ${status}).`,
 };
 
 export const STATUS = {
@@ -164,4 +165,25 @@ export const EXPERIMENTS = {
   article: (text) => `Article: ${text}`,
   printed: "article printed",
   failed: (msg) => `Could not load the experiments: ${msg}`,
+};
+
+// The upload tab: what a batch file may hold (the server reads these names; verl's and the
+// article's names are accepted too).
+export const UPLOAD = {
+  head: ["name", "shape", "dtype", ""],
+  fields: [
+    ["per_token_logps", "(B, T)", "float", "required: the current policy's log-probs"],
+    ["old_per_token_logps", "(B, T)", "float", "optional: the sampling policy's (default: = per_token_logps)"],
+    ["ref_per_token_logps", "(B, T)", "float", "optional: the reference's (default: no KL)"],
+    ["completion_mask", "(B, T)", "0/1", "optional: 0 on padding and tokens that do not count"],
+    ["rewards or advantages", "(B,)", "float", "exactly one of them"],
+    ["group_size", "() scalar", "int", "optional: consecutive rows per prompt"],
+    ["prompt_lengths", "() or (B,)", "int", "optional: leading positions to exclude"],
+    ["entropies", "(B, T)", "float", "optional: for the entropy metric"],
+    ["tokens", "(B, T)", "strings", "optional, JSON/NPZ only: display text"],
+    ["logits + token_ids", "(B, T, V) + (B, T)", "float + int", "instead of log-probs (.pt, safetensors, NPZ): shifted and gathered; ref_logits, old_logits, prompt_length, temperature optional"],
+  ],
+  precision: "Inputs stored as bfloat16 or float16 are widened to float64 before the computation: the rounding they carry (bfloat16 keeps about 3 significant digits, so a log-prob of -1.2345 arrives as -1.234375) is already in every number shown.",
+  examples: "Example files (the article's batch):",
+  exportAs: "Export input as",
 };
