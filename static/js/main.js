@@ -9,7 +9,7 @@ import { $, download, loadPlotly, setStatus } from "./dom.js";
 import { fmt } from "./format.js";
 import * as input from "./input.js";
 import { EXPERIMENTS, STALE, STATUS } from "./labels.js";
-import { currentSeq, drawOnScreen, invalidate, isCurrent } from "./redraw.js";
+import { currentSeq, drawOnScreen, hold, invalidate, isCurrent } from "./redraw.js";
 import { buildGlossary, loadExperiments } from "./reference.js";
 import { currentRequest, readURL, scenarios, state, writeURL } from "./state.js";
 import * as views from "./views.js";
@@ -42,6 +42,7 @@ async function fetchLoss() {
 // `pending`: a request already in flight for the current state (the first one, sent while the
 // page builds its controls).
 async function compute(pending = null) {
+  hold(); // no idle drawing while the answer is on its way
   const fits = writeURL();
   const started = performance.now();
   setStatus(STATUS.computing, "busy");
