@@ -12,6 +12,7 @@ from grpo.export import FORMATS, export_batch
 
 router = APIRouter()
 Format = Literal["json", "jsonl", "safetensors", "npz"]
+FILE = {200: {"description": "The batch file", "content": {media: {} for media in sorted(set(FORMATS.values()))}}}
 
 
 def _file(fields: dict[str, object], fmt: str, name: str) -> Response:
@@ -19,11 +20,18 @@ def _file(fields: dict[str, object], fmt: str, name: str) -> Response:
     return Response(export_batch(fields, fmt), media_type=FORMATS[fmt], headers=headers)
 
 
-@router.post("/api/v1/export/{fmt}", summary="The batch as a file the upload reads back")
+@router.post(
+    "/api/v1/export/{fmt}", summary="The batch as a file the upload reads back", response_class=Response, responses=FILE
+)
 def export(fmt: Format, body: BatchRequest) -> Response:
     return _file({**body.batch_fields(), "tokens": body.tokens}, fmt, "grpo-lens-input")
 
 
-@router.get("/api/v1/examples/{fmt}", summary="The article's example batch as a file of this format")
+@router.get(
+    "/api/v1/examples/{fmt}",
+    summary="The article's example batch as a file of this format",
+    response_class=Response,
+    responses=FILE,
+)
 def example(fmt: Format) -> Response:
     return _file(dict(ARTICLE_EXAMPLE), fmt, "grpo-lens-example")

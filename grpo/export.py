@@ -11,6 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from grpo.errors import GrpoInputError
+from grpo.requests import batch_from_request
+
 FORMATS: dict[str, str] = {
     "json": "application/json",
     "jsonl": "application/x-ndjson",
@@ -82,8 +85,22 @@ def to_jsonl(fields: dict[str, Any]) -> bytes:
     return "\n".join(json.dumps(line) for line in lines).encode() + b"\n"
 
 
+def check(fields: dict[str, Any]) -> None:
+    """The same checks as an evaluation (shapes, values), plus display strings one per token."""
+    batch_from_request({k: v for k, v in fields.items() if k != "tokens"})
+    tokens, rows = fields.get("tokens"), fields["per_token_logps"]
+    if tokens is None:
+        return
+    if len(tokens) != len(rows):
+        raise GrpoInputError("tokens", f"{len(rows)} rows like per_token_logps", got=f"{len(tokens)}")
+    for i, (text, row) in enumerate(zip(tokens, rows, strict=True)):
+        if len(text) != len(row):
+            raise GrpoInputError("tokens", f"{len(row)} strings like per_token_logps[{i}]", row=i, got=f"{len(text)}")
+
+
 def export_batch(fields: dict[str, Any], fmt: str) -> bytes:
-    """The batch as a file of format ``fmt`` (one of FORMATS)."""
+    """The batch as a file of format ``fmt`` (one of FORMATS), after the checks an evaluation makes."""
+    check(fields)
     if fmt == "safetensors":
         return to_safetensors(fields)
     if fmt == "npz":

@@ -59,3 +59,17 @@ def test_export_rejects_an_unknown_format_and_a_bad_batch() -> None:
     assert client.get("/api/v1/examples/pickle").status_code == 422
     r = client.post("/api/v1/export/npz", json={"per_token_logps": "nope"})
     assert r.status_code == 422 and "per_token_logps" in r.text
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"per_token_logps": [[-0.5]], "old_per_token_logps": [[-0.5, -1.0]], "rewards": [1.0]}, "old_per_token_logps"),
+        ({"per_token_logps": [[-0.5, -1.0]], "rewards": [1.0], "tokens": [["a"]]}, "tokens"),
+        ({"per_token_logps": [[-0.5]], "rewards": []}, "rewards"),
+    ],
+)
+def test_export_checks_the_batch_like_an_evaluation(body: dict[str, Any], field: str) -> None:
+    for fmt in FORMATS:
+        r = client.post(f"/api/v1/export/{fmt}", json=body)
+        assert r.status_code == 422 and field in r.text, (fmt, r.text)
