@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import APIRouter, Response
 
@@ -12,7 +12,9 @@ from grpo.export import FORMATS, export_batch
 
 router = APIRouter()
 Format = Literal["json", "jsonl", "safetensors", "npz"]
-FILE = {200: {"description": "The batch file", "content": {media: {} for media in sorted(set(FORMATS.values()))}}}
+FILE: dict[int | str, dict[str, Any]] = {
+    200: {"description": "The batch file", "content": {media: {} for media in sorted(set(FORMATS.values()))}}
+}
 
 
 def _file(fields: dict[str, object], fmt: str, name: str) -> Response:
