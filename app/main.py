@@ -15,13 +15,13 @@ from fastapi.staticfiles import StaticFiles
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from app import api, errors, lab, pages, runs
+from app import api, errors, export, lab, pages, runs
 from app.auth import RequireToken
 from app.lanes import Lanes
 from app.middleware import BodyLimit, SecurityHeaders
 from app.settings import Settings, get_settings
 
-ROUTERS = [api.router, runs.router, lab.router, pages.router]  # a new router: one line here
+ROUTERS = [api.router, export.router, runs.router, lab.router, pages.router]  # a new router: one line here
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

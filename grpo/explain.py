@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from grpo.loss import Breakdown
-from grpo.objectives import REGIONS
+from grpo.objectives import OBJECTIVES, REGIONS
 
 NEAR_ZERO = 0.01  # a loss below this share of the total size of its per-token terms is "small next to them"
 
@@ -111,7 +111,7 @@ def _clip_sentence(bd: Breakdown) -> str | None:
     """Tokens on a flat part of the clipped surrogate, with the range of their own ratios."""
     flat = _counted(bd) & (bd.tokens.region > REGIONS.index("trust"))
     n_flat, n = int(flat.sum()), int(_counted(bd).sum())
-    if not n_flat or bd.config.objective != "clip":
+    if not n_flat or not OBJECTIVES.entry(bd.config.objective).flat:  # '' where no token goes flat
         return None
     ratios = bd.tokens.ratio[flat]
     lo, hi = float(ratios.min()), float(ratios.max())

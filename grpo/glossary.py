@@ -46,16 +46,17 @@ GLOSSARY: tuple[Term, ...] = (
     _t(
         ("clip_ratio/low_mean", "clip_ratio/low_min"),
         ("clip_ratio/low_mean, clip_ratio/low_min", "—", "—"),
-        "Fraction of tokens with A < 0 whose ratio fell below 1 - ε_low (clipped on the low side). TRL's "
-        "low_min is the smallest of the processes' fractions: on one batch (one process) it equals low_mean.",
+        "low_mean: share of ALL counted tokens (not of the A < 0 ones) that have A < 0 and a ratio below "
+        "1 - ε_low, i.e. clipped on the low side: Σ [A < 0 and r < 1 - ε_low] / N. low_min (TRL): the same "
+        "indicator averaged within each sequence, then the smallest of those per-sequence fractions.",
         "Small; compare with high_mean to see which side clipping acts on. Not verl's pg_clipfrac_lower.",
     ),
     _t(
         ("clip_ratio/high_mean", "clip_ratio/high_max"),
         ("clip_ratio/high_mean, clip_ratio/high_max", "—", "—"),
-        "Fraction of tokens with A > 0 whose ratio rose above 1 + ε_high (clipped on the high side; DAPO's "
-        "clip-higher raises ε_high to let these grow). TRL's high_max is the largest of the processes' "
-        "fractions: on one batch it equals high_mean.",
+        "high_mean: share of ALL counted tokens that have A > 0 and a ratio above 1 + ε_high, i.e. clipped on the "
+        "high side: Σ [A > 0 and r > 1 + ε_high] / N (DAPO's clip-higher raises ε_high to let these grow). "
+        "high_max (TRL): the largest per-sequence fraction of such tokens.",
         "Small. If it dominates, raising ε_high (clip-higher) lets good tokens move further.",
     ),
     _t(
@@ -74,8 +75,11 @@ GLOSSARY: tuple[Term, ...] = (
     _t(
         ("kl",),
         ("kl", "actor/kl_loss", "kl"),
-        "Mean per-token estimate of KL(π_θ ‖ π_ref) over the tokens that count (k3 unless chosen otherwise; "
-        "TRL multiplies it by the ratio when use_bias_correction_kl is on).",
+        "Mean per-token estimate of KL(π_θ ‖ π_ref) over the counted tokens, a plain token mean whatever the "
+        "aggregation: kl = Σ kl_t / N (k3 unless chosen otherwise; TRL multiplies it by the ratio when "
+        "use_bias_correction_kl is on). verl's actor/kl_loss is the same estimate aggregated like the loss "
+        "(e.g. a mean of per-row means), so the two differ when rows differ in length; the KL part of the loss "
+        "is beta × actor/kl_loss.",
         "Starts at 0 and grows slowly. Sudden spikes mean the policy is leaving the reference; a few tokens "
         "with π ≪ π_ref can dominate (k3 grows exponentially).",
     ),
@@ -86,11 +90,50 @@ GLOSSARY: tuple[Term, ...] = (
         "0 on-policy; small (|value| below about 0.01) when updates are well-sized.",
     ),
     _t(
-        ("actor/pg_loss", "actor/kl_loss", "actor/kl_coef"),
+        ("actor/pg_clipfrac",),
+        ("clip_ratio/region_mean", "actor/pg_clipfrac", "clip_ratio"),
+        "verl's clip fraction: the share of counted tokens where the clipped candidate was the one used, "
+        "Σ [clip(r)·A < r·A] / N, i.e. tokens on a flat part of the surrogate.",
+        "As clip_ratio/region_mean: 0 on-policy, a few percent at most.",
+    ),
+    _t(
+        ("actor/kl_loss",),
+        ("— (TRL logs kl)", "actor/kl_loss", "—"),
+        "The KL estimate aggregated with the loss's own aggregation (seq-mean-token-mean: Σ_i (Σ_t kl_it / |o_i|) / "
+        "B); the loss's KL part is beta × actor/kl_loss. kl is instead the plain token mean Σ kl_t / N.",
+        "Behaves like kl; equal to it when every row has the same length or the aggregation is token-mean.",
+    ),
+    _t(
+        ("actor/pg_loss", "actor/kl_coef"),
         ("— (TRL logs the total loss)", "actor/pg_loss, actor/kl_loss, actor/kl_coef", "policy_loss, kl"),
         "verl's parts of the loss: the aggregated policy loss, the aggregated KL before its coefficient, and the "
         "coefficient beta (kl_loss_coef); loss = pg_loss + kl_coef · kl_loss.",
         "pg_loss near 0 on-policy; kl_loss behaves like kl.",
+    ),
+    _t(
+        (),
+        ("advantage estimator: group / batch / none", "adv_estimator (grpo, ...)", "advantage_estimator"),
+        "group: A_i = (R_i − mean_g R) / (std_g R + eps), per group of completions of one prompt (GRPO). batch: "
+        "centred per group, divided by the std of the whole batch. none: A_i = R_i − mean_g R, centred and not "
+        "divided by any std (Dr. GRPO), so the scale follows the rewards.",
+        "group is the default; none avoids the question-level difficulty bias of the std; the std is the "
+        "unbiased one, eps as each trainer sets it.",
+    ),
+    _t(
+        (),
+        ("KL estimator: k1 / k2 / k3", "kl_loss_type: kl / mse / low_var_kl", "kl_estimator"),
+        "With x = ref − logp per token: k1 = −x = logp − ref (unbiased, negative wherever π < π_ref, gradient "
+        "1 per token); k2 = x² / 2 (never negative, gradient −x); k3 = eˣ − x − 1 (never negative, unbiased, "
+        "gradient 1 − eˣ, grows exponentially when π ≪ π_ref). Schulman's approximations of KL(π_θ ‖ π_ref).",
+        "k3 is TRL's and verl's default (verl clamps it to ±10); k1 can make beta·KL negative.",
+    ),
+    _t(
+        (),
+        ("aggregation: loss_type", "loss_agg_mode", "—"),
+        "How per-token terms ℓ_it become the loss. seq-mean-token-mean: (1/B) Σ_i (1/|o_i|) Σ_t ℓ_it (GRPO). "
+        "token-mean: Σ_it ℓ_it / Σ_i |o_i| (DAPO). seq-mean-token-sum: (1/B) Σ_i Σ_t ℓ_it. seq-mean-token-sum-norm: "
+        "Σ_it ℓ_it / (B · L) with L = max_completion_length (Dr. GRPO).",
+        "Per-sequence means weigh a short row's tokens more (length bias); token-mean and Dr. GRPO's constant do not.",
     ),
     _t(
         ("entropy",),

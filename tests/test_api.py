@@ -263,6 +263,8 @@ def test_openapi_lists_every_route(api: TestClient) -> None:
         "/api/v1/loss",
         "/api/v1/compare",
         "/api/v1/upload",
+        "/api/v1/export/{fmt}",
+        "/api/v1/examples/{fmt}",
         "/api/v1/options",
         "/api/v1/experiments",
         "/api/v1/experiments/{name}",

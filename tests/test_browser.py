@@ -99,7 +99,10 @@ class Page:
         deadline = time.monotonic() + timeout
         while not self.page.evaluate(expression):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"still false after {timeout} s: {expression}")
+                status = self.page.evaluate("document.getElementById('status')?.textContent")
+                raise TimeoutError(
+                    f"still false after {timeout} s: {expression} (status: {status}; errors: {self.errors})"
+                )
             time.sleep(0.05)
 
     def drawn(self) -> int:

@@ -1,7 +1,7 @@
 // Chart functions: the API's JSON in, Plotly {data, layout} out. No numbers are computed here.
 
 import { REGION_COLORS, fmt, plotlyText } from "./format.js";
-import { LABELS } from "./labels.js";
+import { HEATMAP_TITLES, LABELS, REGION_HOVER } from "./labels.js";
 
 const FONT = { family: "system-ui, sans-serif", size: 12 };
 const base = (title, extra = {}) => ({
@@ -32,29 +32,54 @@ function grid(data, values) {
 
 const HOVER_FIELDS = ["ratio", "clipped_ratio", "surrogate", "kl", "weight", "loss", "grad", "grad_policy", "grad_kl"];
 
-// Per cell: the numbers (formatted by Plotly's hovertemplate, not here), the region, the token.
+// Per cell: the numbers (formatted by Plotly's hovertemplate, not here), the region, the token,
+// and what the clip did: a bound is named only where it acted (the clipped ratio elsewhere is
+// the clamp's value, which the objective did not use).
 export function hoverData(data) {
   const t = data.tokens;
   const columns = HOVER_FIELDS.map((f) => t[f]);
   return t.ratio.map((row, k) =>
-    row.map((_, j) => [...columns.map((c) => c[k][j]), t.region[k][j], plotlyText(t.text ? t.text[k][j] : "")]),
+    row.map((_, j) => {
+      const region = t.region[k][j];
+      const clip = REGION_HOVER[region] + (region.startsWith("clip") ? ` (${fmt(t.clipped_ratio[k][j])})` : "");
+      return [...columns.map((c) => c[k][j]), region, plotlyText(t.text ? t.text[k][j] : ""), clip];
+    }),
   );
 }
 
 const HOVER =
   "%{y}, position %{x}<br>token: <b>%{customdata[10]}</b> · region: %{customdata[9]}<br>" +
-  "ratio %{customdata[0]:.4g} · clipped %{customdata[1]:.4g}<br>" +
+  "ratio %{customdata[0]:.4g} · %{customdata[11]}<br>" +
   "surrogate %{customdata[2]:.4g} · KL %{customdata[3]:.4g}<br>" +
   "weight %{customdata[4]:.4g} · loss share %{customdata[5]:.4g}<br>" +
   "∂loss/∂logp %{customdata[6]:.4g} (policy %{customdata[7]:.4g}, KL %{customdata[8]:.4g})<extra></extra>";
 
+// Signed quantities on a diverging scale centred at 0 (the KL too: k1 goes negative).
 export const HEATMAPS = [
-  { field: "ratio", title: "Importance ratio π/π_old (white at 1; the colour saturates outside 0 to 2)", mid: 1, range: [0, 2] },
-  { field: "surrogate", title: "Surrogate: each token's objective term (white at 0)", mid: 0 },
-  { field: "kl", title: "KL estimate to the reference", mid: null },
-  { field: "loss", title: "Weighted loss share (sums to the loss)", mid: 0 },
-  { field: "grad", title: "Gradient ∂loss/∂logp (blue: descent raises the log-prob)", mid: 0 },
+  { field: "ratio", title: HEATMAP_TITLES.ratio, mid: 1, range: [0, 2] },
+  { field: "surrogate", title: HEATMAP_TITLES.surrogate, mid: 0 },
+  { field: "kl", title: HEATMAP_TITLES.kl, mid: 0 },
+  { field: "loss", title: HEATMAP_TITLES.loss, mid: 0 },
+  { field: "grad", title: HEATMAP_TITLES.grad, mid: 0 },
 ];
+
+const CLIP_MARK_LIMIT = 3000; // past this many clipped cells, one SVG mark each would be slow: hover says it
+
+// Cells on a flat part of the objective, as marks over the heatmap (or null when too many).
+function clippedMarks(data) {
+  const t = data.tokens;
+  const labels = rowLabels(data);
+  const x = [];
+  const y = [];
+  t.region.forEach((row, k) => row.forEach((g, j) => {
+    if (g !== "trust" && g !== "masked") { x.push(j); y.push(labels[k]); }
+  }));
+  if (!x.length || x.length > CLIP_MARK_LIMIT) return null;
+  return {
+    type: "scatter", mode: "markers", x, y, name: LABELS.clippedCell, hoverinfo: "skip", showlegend: true,
+    marker: { symbol: "x-thin-open", size: 9, color: "#1d2330", line: { width: 1.5 } },
+  };
+}
 
 // One heatmap figure per field (each drawn on its own, when it is on screen).
 export function heatmap(data, spec, customdata) {
@@ -67,15 +92,16 @@ export function heatmap(data, spec, customdata) {
     colorbar: { thickness: 10 }, xgap: width <= 64 ? 1 : 0, ygap: rows <= 64 ? 1 : 0,
   };
   if (rows * width > 4096) trace.zsmooth = "fast"; // one pixel per cell, scaled: fast for big grids
-  if (spec.mid === null) Object.assign(trace, { colorscale: "YlOrRd", reversescale: true, zmin: 0 });
-  else Object.assign(trace, { colorscale: DIVERGING, zmid: spec.mid });
+  Object.assign(trace, { colorscale: DIVERGING, zmid: spec.mid });
   if (spec.range) Object.assign(trace, { zmin: spec.range[0], zmax: spec.range[1] });
+  const marks = clippedMarks(data);
   const layout = base(spec.title, {
     height, margin: { l: 110, r: 30, t: 30, b: 40 }, plot_bgcolor: "#e3e6eb",
+    showlegend: Boolean(marks), legend: { orientation: "h", x: 1, xanchor: "right", y: 1.02, yanchor: "bottom" },
     xaxis: { title: { text: "position" }, showgrid: false, zeroline: false, dtick: width <= 40 ? 1 : undefined },
     yaxis: { autorange: "reversed", showgrid: false, automargin: true },
   });
-  return { data: [trace], layout };
+  return { data: marks ? [trace, marks] : [trace], layout };
 }
 
 export function contributionRows(data) {
@@ -159,6 +185,8 @@ export function gradientTokens(data, ks) {
   };
 }
 
+const LOG_TICKS = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000];
+
 // The objective against the ratio for A > 0 (left) and A < 0 (right), one figure of two panels.
 // `options` is /api/v1/options (the objective's axis title comes from its registry entry).
 export function clipCurves(data, options) {
@@ -203,7 +231,9 @@ export function clipCurves(data, options) {
     (cfg.dual_clip ? ` · dual clip ${fmt(cfg.dual_clip)}` : "") + (cfg.delta ? ` · delta ${fmt(cfg.delta)}` : "") +
     (c.truncated ? " · the first 500 tokens shown" : "");
   const yTitle = options.registries.objective.find((o) => o.name === cfg.objective)?.axis || "objective"; // from the registry
-  const xaxis = (domain) => ({ type: "log", domain, title: { text: "ratio π/π_old (log scale)" } });
+  // Log-axis ticks written out (Plotly's own read "2 5 1 2 5 10" for 0.2 0.5 1 2 5 10).
+  const ticks = LOG_TICKS.filter((v) => v >= c.x[0] && v <= c.x[c.x.length - 1]);
+  const xaxis = (domain) => ({ type: "log", domain, title: { text: "ratio π/π_old (log scale)" }, tickvals: ticks, ticktext: ticks.map(String) });
   return {
     data: traces,
     layout: base(`Objective per unit advantage · ${settings}`, {
@@ -223,33 +253,51 @@ export function compareRows(results, names) {
   };
 }
 
-// Per token of each row: its aggregation weight (the same for every counted token of a row).
-export function compareWeights(results, names, lengths) {
-  const x = lengths.map((n, i) => `row ${i} (${n} tok)`);
+// Per token of each row: its aggregation weight (the same for every counted token of a row), one
+// panel per preset with its own scale: Dr. GRPO's 1/(B·L) would be invisible beside 1/|o_i|.
+export function compareWeights(results, names) {
+  const counted = results[0].rows.length;
+  const x = counted.map((n, i) => LABELS.rowCounted(i, n));
   const firstWeight = (r) => r.tokens.weight.map((row, i) => {
     const j = r.tokens.region[i].findIndex((g) => g !== "masked");
     return j >= 0 ? row[j] : 0;
   });
-  return {
-    data: results.map((r, n) => ({ type: "bar", name: names[n], x, y: firstWeight(r) })),
-    layout: base("Weight of one token of each row: per-sequence means favour short rows, Dr. GRPO's constant does not", {
-      barmode: "group", height: 300, legend: { orientation: "h", y: -0.25 }, yaxis: { title: { text: "aggregation weight" } },
-    }),
-  };
+  const n = results.length;
+  const gap = 0.06;
+  const width = (1 - gap * (n - 1)) / n;
+  const layout = base(LABELS.compareWeightsTitle, { height: 320, showlegend: false, annotations: [], margin: { l: 60, r: 20, t: 56, b: 70 } });
+  const data = results.map((r, k) => {
+    const axis = k === 0 ? "" : String(k + 1);
+    const x0 = k * (width + gap);
+    layout[`xaxis${axis}`] = { domain: [x0, x0 + width], anchor: `y${axis}`, type: "category", title: { text: LABELS.rowCountedAxis } };
+    layout[`yaxis${axis}`] = { anchor: `x${axis}`, exponentformat: "e", title: k === 0 ? { text: LABELS.weight } : undefined };
+    layout.annotations.push({ text: names[k], xref: "paper", yref: "paper", x: x0 + width / 2, y: 1.02, xanchor: "center", yanchor: "bottom", showarrow: false, font: { size: 12 } });
+    return { type: "bar", name: names[k], x, y: firstWeight(r), xaxis: `x${axis}`, yaxis: `y${axis}` };
+  });
+  return { data, layout };
 }
 
+// ∂loss/∂logp per token, one panel per preset stacked (each its own scale: a preset whose weights
+// are 1000× smaller would otherwise draw no visible bar).
 export function compareGrads(results, names, text) {
   const labels = [];
   const keys = [];
   results[0].tokens.region.forEach((row, i) => row.forEach((g, j) => {
     if (g !== "masked") { labels.push(`r${i}:${j} ${plotlyText(text ? text[i][j] : "")}`); keys.push([i, j]); }
   }));
-  return {
-    data: results.map((r, n) => ({ type: "bar", name: names[n], x: labels, y: keys.map(([i, j]) => r.tokens.grad[i][j]) })),
-    layout: base("∂loss/∂logp per token, per preset", {
-      barmode: "group", height: 320, legend: { orientation: "h", y: -0.35 }, xaxis: { type: "category", automargin: true },
-    }),
-  };
+  const n = results.length;
+  const gap = 0.08;
+  const height = (1 - gap * (n - 1)) / n;
+  const layout = base(LABELS.compareGradsTitle, { height: 140 + 130 * n, showlegend: false, annotations: [] });
+  const data = results.map((r, k) => {
+    const axis = k === 0 ? "" : String(k + 1);
+    const top = 1 - k * (height + gap);
+    layout[`yaxis${axis}`] = { domain: [top - height, top], anchor: "x", exponentformat: "e" };
+    layout.annotations.push({ text: names[k], xref: "paper", yref: "paper", x: 0, y: top, xanchor: "left", yanchor: "bottom", showarrow: false, font: { size: 12 } });
+    return { type: "bar", name: names[k], x: labels, y: keys.map(([i, j]) => r.tokens.grad[i][j]), xaxis: "x", yaxis: `y${axis}` };
+  });
+  layout.xaxis = { type: "category", automargin: true, anchor: `y${n === 1 ? "" : n}` };
+  return { data, layout };
 }
 
 const SERIES_STYLE = {

@@ -4,7 +4,7 @@ import { postJSON } from "./api.js";
 import * as charts from "./charts.js";
 import { $, clear, el, plot } from "./dom.js";
 import { fmt } from "./format.js";
-import { COMPARE_ROWS } from "./labels.js";
+import { COMPARE, COMPARE_ROWS } from "./labels.js";
 import * as redraw from "./redraw.js";
 import { currentRequest, fromUpload, state, writeURL } from "./state.js";
 
@@ -21,6 +21,20 @@ function buildCompareChoices() {
     });
     box.append(el("label", { class: "inline", title: p.doc }, input, p.name));
   }
+  // The normaliser constant as a control: Dr. GRPO's L (max_completion_length) for every preset.
+  const field = state.ui.options.fields.find((f) => f.name === "max_completion_length");
+  if (field) {
+    const own = [...new Set(state.ui.options.presets.map((p) => p.config.max_completion_length).filter(Boolean))];
+    const input = el("input", { id: "compare-L", type: "number", min: 1, step: 1, value: state.compare_constants.max_completion_length ?? "", placeholder: `${COMPARE.normaliserOwn}${own.length ? `: ${own.join(", ")}` : ""}`, title: field.doc });
+    input.addEventListener("change", () => {
+      const v = input.value === "" ? null : Number(input.value);
+      if (v === null) delete state.compare_constants.max_completion_length;
+      else state.compare_constants.max_completion_length = v;
+      writeURL();
+      redraw.invalidate("compare");
+    });
+    $("#compare-constants").append(el("label", { for: "compare-L", text: COMPARE.normaliser }), input);
+  }
   const edits = $("#compare-edits");
   edits.checked = state.compare_edits;
   edits.addEventListener("change", () => { state.compare_edits = edits.checked; writeURL(); redraw.invalidate("compare"); });
@@ -31,7 +45,7 @@ function buildCompareChoices() {
 export function setup() {
   redraw.setRefresh("compare", runCompare);
   redraw.register("compare-rows", "compare", (data) => plot("compare-rows", charts.compareRows(data.results, names(data))));
-  redraw.register("compare-weights", "compare", (data) => plot("compare-weights", charts.compareWeights(data.results, names(data), data.lengths)));
+  redraw.register("compare-weights", "compare", (data) => plot("compare-weights", charts.compareWeights(data.results, names(data))));
   redraw.register("compare-grads", "compare", (data) => {
     const tokens = data.lengths.reduce((a, b) => a + b, 0);
     if (tokens <= ALL_TOKENS_LIMIT && data.results[0].tokens_complete) return plot("compare-grads", charts.compareGrads(data.results, names(data), data.text));
@@ -46,7 +60,8 @@ const names = (data) => data.results.map((r) => r.config.preset);
 async function runCompare() {
   if (!state.compare.length || fromUpload()) return;
   const { preset, ...edits } = state.config;
-  const configs = state.compare.map((name) => ({ ...(state.compare_edits ? edits : {}), preset: name }));
+  const constants = state.compare_constants;
+  const configs = state.compare.map((name) => ({ ...(state.compare_edits ? edits : {}), ...constants, preset: name }));
   try {
     const data = await postJSON("compare", "/api/v1/compare", { ...currentRequest(), configs });
     if (!data) return;
@@ -60,6 +75,9 @@ async function renderCompare(data) {
   const table = clear($("#compare-table"));
   table.append(el("thead", {}, el("tr", {}, el("th", { text: "" }), ...names(data).map((n) => el("th", { scope: "col", text: n })))));
   table.append(el("tbody", {}, ...COMPARE_ROWS.map(([label, get]) => el("tr", {}, el("td", { text: label }), ...data.results.map((r) => el("td", { class: "num", text: fmt(get(r), 5) }))))));
+  // One computed sentence per preset (the library's, from its explanation) on length weighting.
+  const lengths = data.results.map((r, k) => [names(data)[k], r.explanation.find((t) => t.startsWith("Per token, the shortest row"))]).filter(([, t]) => t);
+  clear($("#compare-lengths")).append(...(lengths.length ? [el("li", { class: "head", text: COMPARE.lengthsHead })] : []), ...lengths.map(([n, t]) => el("li", {}, el("strong", { text: `${n}: ` }), t)));
   await redraw.publish("compare", data);
   document.body.dataset.compared = String((Number(document.body.dataset.compared) || 0) + 1);
 }

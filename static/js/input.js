@@ -1,7 +1,7 @@
 // The input editor: scenario picker, table editor, JSON box, file upload, import and export.
 
 import { $, clear, download, el, setStatus } from "./dom.js";
-import { CELL_LABELS, INPUT, SCENARIO } from "./labels.js";
+import { CELL_LABELS, INPUT, SCENARIO, UPLOAD } from "./labels.js";
 import { currentRequest, fromUpload, scenarios, state } from "./state.js";
 
 const TABLE_EDIT_LIMIT = 400; // tokens: past this, edit as JSON or upload a file
@@ -18,15 +18,44 @@ export function setup(h) {
   renderScenarioNotes();
   renderInputTable();
   renderJSONBox();
-  $("#apply-json").addEventListener("click", applyJSON);
+  $("#apply-json").addEventListener("click", () => applyJSON());
   $("#upload-file").addEventListener("change", (e) => onUpload(e.target.files[0]));
   $("#import-input").addEventListener("change", (e) => importInput(e.target.files[0]));
   $("#export-input").addEventListener("click", exportInput);
+  for (const fmt of ["safetensors", "npz"]) $(`#export-${fmt}`).addEventListener("click", () => exportFile(fmt));
+  buildUploadHelp();
+}
+
+// The upload tab lists the tensors a file may hold, links an example of each format, and says
+// what lower-precision inputs mean.
+function buildUploadHelp() {
+  const table = el("table", { class: "metrics upload-fields" },
+    el("thead", {}, el("tr", {}, ...UPLOAD.head.map((h) => el("th", { scope: "col", text: h })))),
+    el("tbody", {}, ...UPLOAD.fields.map((row) => el("tr", {}, ...row.map((text) => el("td", { text }))))));
+  const links = ["json", "jsonl", "safetensors", "npz"].map((fmt) => el("a", { href: `/api/v1/examples/${fmt}`, download: `grpo-lens-example.${fmt}`, text: fmt }));
+  clear($("#upload-help")).append(table,
+    el("p", { class: "muted", text: UPLOAD.precision }),
+    el("p", {}, UPLOAD.examples, " ", ...links.flatMap((a, i) => (i ? [" · ", a] : [a]))));
+}
+
+// safetensors and NPZ are written by the server (POST /api/v1/export/{fmt}), JSON here.
+async function exportFile(fmt) {
+  if (fromUpload()) {
+    setStatus(INPUT.fileHoldsBatch, "error");
+    return;
+  }
+  const response = await fetch(`/api/v1/export/${fmt}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(currentRequest()) });
+  if (!response.ok) {
+    setStatus(INPUT.exportFailed(fmt, response.status), "error");
+    return;
+  }
+  download(`grpo-lens-input.${fmt}`, await response.blob(), "application/octet-stream");
 }
 
 function editableInput() {
   if (!state.input) state.input = structuredClone(currentRequest());
   state.ui.uploadFile = null;
+  if (state.ui.origin.kind !== "edited") state.ui.origin = { kind: "edited", name: "" };
   return state.input;
 }
 
@@ -79,10 +108,14 @@ export function renderInputTable() {
     el("button", { type: "button", onclick: () => { const inp = editableInput(); addRow(inp); inputChanged(); }, text: INPUT.addRow })));
 }
 
+// Rewards -> advantages carries the advantages the server computed for this batch (not the raw
+// rewards); advantages -> rewards carries the rewards it was given, if any. The loss stays the same.
 function switchTarget(target, rows) {
   const inp = editableInput();
   const other = target === "rewards" ? "advantages" : "rewards";
-  inp[target] = inp[other] || rows.map(() => 0);
+  const last = state.ui.last;
+  const computed = last && last.rows.advantage.length === rows.length ? last.rows[target === "advantages" ? "advantage" : "reward"] : null;
+  inp[target] = (computed && computed.every((v) => v !== null) ? computed.slice() : null) || inp[other] || rows.map(() => 0);
   delete inp[other];
   inputChanged();
 }
@@ -161,7 +194,7 @@ export function renderJSONBox() {
   $("#json-box").value = JSON.stringify({ ...currentRequest(), config: state.config }, null, 1);
 }
 
-function applyJSON() {
+function applyJSON(origin = { kind: "json", name: "" }) {
   let body;
   try {
     body = JSON.parse($("#json-box").value);
@@ -176,6 +209,7 @@ function applyJSON() {
   const { config, ...input } = body;
   if (config) state.config = { preset: "article", ...config };
   state.input = input;
+  state.ui.origin = origin;
   state.ui.uploadFile = null;
   state.row = -1;
   renderInputTable();
@@ -187,10 +221,11 @@ async function onUpload(file) {
   $("#upload-error").textContent = "";
   if (file.name.toLowerCase().endsWith(".json")) {
     $("#json-box").value = await file.text();
-    applyJSON();
+    applyJSON({ kind: "upload", name: file.name });
     return;
   }
   state.ui.uploadFile = file;
+  state.ui.origin = { kind: "upload", name: file.name };
   state.input = null;
   state.row = -1;
   $("#upload-info").textContent = INPUT.uploaded(file.name, file.size);
@@ -209,7 +244,7 @@ function exportInput() {
 async function importInput(file) {
   if (!file) return;
   $("#json-box").value = await file.text();
-  applyJSON();
+  applyJSON({ kind: "import", name: file.name });
 }
 
 // --- scenarios and tabs -------------------------------------------------------------------------
@@ -222,6 +257,7 @@ function buildScenarios() {
     state.scenario = s.name;
     state.input = null;
     state.ui.uploadFile = null;
+    state.ui.origin = { kind: "scenario", name: "" };
     state.row = -1;
     state.config = { preset: s.preset, ...s.overrides };
     renderScenarioNotes();
@@ -231,10 +267,21 @@ function buildScenarios() {
   });
 }
 
+// The notes and the header name what is loaded: a scenario, an edited one, a JSON batch, a file.
 export function renderScenarioNotes() {
   const s = scenarios().get(state.scenario);
-  $("#scenario-title").textContent = s ? s.title + (state.input ? SCENARIO.edited : "") : SCENARIO.yourBatch;
-  $("#scenario-text").textContent = s ? s.notes : "";
+  const { kind, name } = state.ui.origin;
+  const title = s ? s.title : SCENARIO.yourBatch;
+  const text = {
+    scenario: [title, s ? s.notes : ""],
+    edited: [title + SCENARIO.edited, SCENARIO.editedNote],
+    json: [SCENARIO.json, SCENARIO.jsonNote],
+    import: [SCENARIO.file(name), SCENARIO.importNote],
+    upload: [SCENARIO.file(name), SCENARIO.uploadNote],
+  }[kind];
+  $("#scenario-title").textContent = text[0];
+  $("#scenario-text").textContent = text[1];
+  $("#loaded").textContent = SCENARIO.loaded(kind, title, name);
 }
 
 function setupTabs() {

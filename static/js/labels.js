@@ -21,6 +21,34 @@ export const LABELS = {
   clip_fraction: "clipped tokens",
   group: "group",
   objective: "objective J = −loss",
+  clippedCell: "clipped (flat: no policy gradient)",
+  rowCounted: (i, n) => `r${i} (${n})`,
+  rowCountedAxis: "row (counted tokens)",
+  compareGradsTitle: "∂loss/∂logp per token, per preset (each panel its own scale)",
+  compareWeightsTitle: "Weight of one token of each row, per preset (each panel its own scale)",
+};
+
+export const COMPARE = {
+  lengthsHead: "What each weighting does to long vs short answers:",
+  normaliser: "max_completion_length (L): Dr. GRPO's constant, for every compared preset",
+  normaliserOwn: "each preset's own",
+};
+
+export const HEATMAP_TITLES = {
+  ratio: "Importance ratio π/π_old (white at 1; the colour saturates outside 0 to 2)",
+  surrogate: "Surrogate: each token's objective term (white at 0)",
+  kl: "KL estimate to the reference (white at 0; blue = negative, which only k1 can be)",
+  loss: "Weighted loss share (sums to the loss; white at 0)",
+  grad: "Gradient ∂loss/∂logp (white at 0; blue: descent raises the log-prob)",
+};
+
+// Hover text on what the clip did to a token, by region.
+export const REGION_HOVER = {
+  trust: "ratio used as is (no clip bound acted)",
+  clip_low: "clipped at the low bound 1 − ε_low",
+  clip_high: "clipped at the high bound 1 + ε_high",
+  dual_clip: "dual clip: the objective is capped at c·A",
+  masked: "does not count",
 };
 
 // Summary cards: [API field, label].
@@ -71,6 +99,7 @@ export const INPUT = {
   notJSON: (msg) => `Not valid JSON: ${msg}`,
   notObject: "Expected a JSON object with the /api/v1/loss fields.",
   fileHoldsBatch: "This batch lives in the uploaded file; keep that file.",
+  exportFailed: (fmt, status) => `Export as ${fmt} failed (HTTP ${status}).`,
 };
 
 export const STATUS = {
@@ -99,6 +128,23 @@ export const ROWS = {
 export const SCENARIO = {
   yourBatch: "Your batch",
   edited: " (edited)",
+  editedNote: "Edited by hand: the scenario's notes no longer describe it; the summary does.",
+  json: "A batch given as JSON",
+  jsonNote: "Applied from the JSON tab; the summary says what the numbers show.",
+  file: (name) => `From the file ${name}`,
+  importNote: "Imported from an exported input file.",
+  uploadNote: "Uploaded; the server evaluates the file on every change.",
+  loaded: (kind, title, name) => ({
+    scenario: `Loaded: ${title}`,
+    edited: `Loaded: ${title}, edited`,
+    json: "Loaded: JSON input",
+    import: `Loaded: imported ${name}`,
+    upload: `Loaded: uploaded ${name}`,
+  })[kind],
+};
+
+export const STALE = {
+  note: "The last request failed: everything below still shows the batch and settings from before it.",
 };
 
 // The compare table: [label, (result) -> value].
@@ -119,4 +165,25 @@ export const EXPERIMENTS = {
   article: (text) => `Article: ${text}`,
   printed: "article printed",
   failed: (msg) => `Could not load the experiments: ${msg}`,
+};
+
+// The upload tab: what a batch file may hold (the server reads these names; verl's and the
+// article's names are accepted too).
+export const UPLOAD = {
+  head: ["name", "shape", "dtype", ""],
+  fields: [
+    ["per_token_logps", "(B, T)", "float", "required: the current policy's log-probs"],
+    ["old_per_token_logps", "(B, T)", "float", "optional: the sampling policy's (default: = per_token_logps)"],
+    ["ref_per_token_logps", "(B, T)", "float", "optional: the reference's (default: no KL)"],
+    ["completion_mask", "(B, T)", "0/1", "optional: 0 on padding and tokens that do not count"],
+    ["rewards or advantages", "(B,)", "float", "exactly one of them"],
+    ["group_size", "() scalar", "int", "optional: consecutive rows per prompt"],
+    ["prompt_lengths", "() or (B,)", "int", "optional: leading positions to exclude"],
+    ["entropies", "(B, T)", "float", "optional: for the entropy metric"],
+    ["tokens", "(B, T)", "strings", "optional, JSON/NPZ only: display text"],
+    ["logits + token_ids", "(B, T, V) + (B, T)", "float + int", "instead of log-probs (.pt, safetensors, NPZ): shifted and gathered; ref_logits, old_logits, prompt_length, temperature optional"],
+  ],
+  precision: "Inputs stored as bfloat16 or float16 are widened to float64 before the computation: the rounding they carry (bfloat16 keeps about 3 significant digits, so a log-prob of -1.2345 arrives as -1.234375) is already in every number shown.",
+  examples: "Example files (the article's batch):",
+  exportAs: "Export input as",
 };

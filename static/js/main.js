@@ -9,8 +9,8 @@ import { $, download, el, loadPlotly, setStatus } from "./dom.js";
 import { fmt } from "./format.js";
 import * as input from "./input.js";
 import * as lab from "./lab.js";
-import { EXPERIMENTS, STATUS } from "./labels.js";
-import { currentSeq, drawOnScreen, invalidate, isCurrent } from "./redraw.js";
+import { EXPERIMENTS, STALE, STATUS } from "./labels.js";
+import { currentSeq, drawOnScreen, hold, invalidate, isCurrent } from "./redraw.js";
 import { buildGlossary, loadExperiments } from "./reference.js";
 import { currentRequest, readURL, scenarios, state, writeURL } from "./state.js";
 import * as runs from "./runs.js";
@@ -44,6 +44,7 @@ async function fetchLoss() {
 // `pending`: a request already in flight for the current state (the first one, sent while the
 // page builds its controls).
 async function compute(pending = null) {
+  hold(); // no idle drawing while the answer is on its way
   const fits = writeURL();
   const started = performance.now();
   setStatus(STATUS.computing, "busy");
@@ -51,16 +52,27 @@ async function compute(pending = null) {
     const data = await (pending || fetchLoss());
     if (!data) return; // a newer request superseded this one
     state.ui.last = data;
+    showFailed(false);
+    input.renderScenarioNotes();
     await render(data);
     const note = fits ? "" : STATUS.tooLargeForLink;
     setStatus(STATUS.done(fmt(data.loss), Math.round(performance.now() - started)) + note);
     $("#json-error").textContent = "";
     $("#upload-error").textContent = "";
   } catch (err) {
+    showFailed(true);
     setStatus(STATUS.error(err instanceof ApiError ? err.message.split("\n")[0] : err.message), "error");
     $("#json-error").textContent = err.message;
     if (state.ui.uploadFile) $("#upload-error").textContent = err.message;
   }
+}
+
+// A failed request leaves the previous results on screen: say so, and grey them out.
+function showFailed(failed) {
+  state.ui.failed = failed;
+  document.body.classList.toggle("stale", failed);
+  $("#stale-note").hidden = !failed;
+  $("#stale-note").textContent = failed ? STALE.note : "";
 }
 
 // The summary, controls and rows table, then the charts on screen (the rest when they are seen).
@@ -129,6 +141,7 @@ async function init() {
   state.ui.options = await getJSON("/api/v1/options");
   readURL(state.ui.options.fields);
   if (!scenarios().has(state.scenario)) state.scenario = "article";
+  if (state.input) state.ui.origin = { kind: "edited", name: "" };
   const first = fetchLoss(); // in flight while the controls are built
   first.catch(() => {}); // its error is reported by compute() below
   views.setup({ pickRow });

@@ -97,6 +97,14 @@ export function isCurrent(id) {
   return Boolean(s && !s.stale && s.data !== null && view.shown === s.seq);
 }
 
+// A new request is on its way: stop idle drawing until its data is published.
+export function hold() {
+  generation += 1;
+  clearTimeout(quietTimer);
+  if (idleHandle !== null) cancelIdleCallback(idleHandle);
+  idleHandle = null;
+}
+
 // Idle time: once nothing new arrived for QUIET_MS, draw the stale views one per idle callback,
 // so a visible redraw never waits behind an off-screen one for long.
 function scheduleIdle() {
@@ -111,10 +119,12 @@ function scheduleIdle() {
 function drawOneStale(mine) {
   idleHandle = null;
   if (mine !== generation) return;
-  for (const s of sources.values()) {
-    if (s.stale && s.refresh) return refreshSource(s); // its publish schedules the next round
-  }
-  const view = [...views.values()].find((v) => sources.get(v.source)?.data !== null && v.seq !== sources.get(v.source).seq);
+  // Only drawing here: a source fetched on demand (compare) waits until one of its views is seen,
+  // so idle time never puts a request on the server beside the user's next one.
+  const view = [...views.values()].find((v) => {
+    const s = sources.get(v.source);
+    return s && s.data !== null && !s.stale && v.seq !== s.seq;
+  });
   if (!view) return;
   Promise.resolve(bringUpToDate(view)).then(() => {
     if (mine === generation) idleHandle = requestIdleCallback(() => drawOneStale(mine));

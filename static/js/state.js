@@ -8,12 +8,15 @@ export const state = {
   row: -1, // the row shown in per-token views (-1: every row, for small batches)
   compare: ["article", "trl-dapo", "trl-dr_grpo"],
   compare_edits: false,
+  compare_constants: {}, // normaliser constants (max_completion_length) set for every compared preset
   ui: {
     options: null, // /api/v1/options: fields, presets, scenarios, glossary
     last: null, // the latest /api/v1/loss response
     uploadFile: null, // a binary upload whose batch only the server holds
     drawCount: 0, // how many times the views were drawn (tests and the benchmark wait on it)
     rowSort: { key: null, dir: 1 }, // the rows table's sort column and direction
+    origin: { kind: "scenario", name: "" }, // what is loaded: scenario, edited, json, import (name: file), upload (name: file)
+    failed: false, // the latest request failed: what is on screen is from before it
   },
 };
 
@@ -58,6 +61,8 @@ export function readURL(fields) {
   if (params.has("row")) state.row = Math.max(-1, parseInt(params.get("row"), 10) || 0);
   if (params.has("compare")) state.compare = params.get("compare").split(",").filter(Boolean);
   state.compare_edits = params.get("compare_edits") === "1";
+  const L = Number(params.get("compare_max_completion_length"));
+  if (L > 0) state.compare_constants = { max_completion_length: L };
 }
 
 // Each token's log-prob takes at least two characters of JSON ("-1,"), and base64 makes 4 of
@@ -83,6 +88,7 @@ export function writeURL() {
   if (state.row !== -1) params.set("row", String(state.row));
   params.set("compare", state.compare.join(","));
   if (state.compare_edits) params.set("compare_edits", "1");
+  if (state.compare_constants.max_completion_length) params.set("compare_max_completion_length", String(state.compare_constants.max_completion_length));
   history.replaceState(null, "", `${location.pathname}?${params}${location.hash}`);
   return fits;
 }
