@@ -24,7 +24,7 @@ from app.ingest import PER_TOKEN, Prepared, check_cost, prepare, read_json, vali
 from app.responses import breakdown_to_json, dumps
 from app.schemas import BatchRequest, CompareRequest, LossRequest, UploadForm
 from app.settings import Settings
-from grpo.io import load_file
+from grpo.io import INPUT_DTYPES, load_file, precision_notes
 from grpo.requests import batch_from_request
 
 
@@ -180,6 +180,7 @@ def upload(body: bytes, content_type: str, settings: Settings) -> dict[str, Any]
         UploadForm, {"config": given, "token_rows": _json_form("token_rows", texts["token_rows"])}, ["body"]
     )
     fields.pop("full_kl", None)
+    input_dtypes = fields.pop(INPUT_DTYPES, {})
     ignored: list[str] = []
     if isinstance(fields.get("per_token_logps", []), list):  # JSON-like uploads get /loss's checks
         prepared = prepare(fields, LossRequest, settings, ["body", "file"], dtype=_dtype(form_model.config))
@@ -198,6 +199,7 @@ def upload(body: bytes, content_type: str, settings: Settings) -> dict[str, Any]
     config = resolve_config(form_model.config, settings)
     result = loss_json(prepared, config, settings, tokens, form_model.token_rows)
     result["warnings"] += [f"Ignored {name!r} in the file: not a batch field." for name in ignored]
+    result["warnings"] += precision_notes(input_dtypes, config.dtype)
     return result
 
 

@@ -285,12 +285,28 @@ def _read_pt(data: bytes, max_bytes: int) -> dict[str, Any]:
     return _from_tensors({str(k): torch.as_tensor(v) for k, v in loaded.items()})
 
 
+INPUT_DTYPES = "input_dtypes"  # the key under which a file's tensors report the dtype they arrived in
+FLOAT_BITS = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}
+
+
+def precision_notes(input_dtypes: dict[str, str], compute_dtype: str) -> list[str]:
+    """A note for each floating-point input stored in fewer bits than the computation uses: its values
+    were rounded before GRPO Lens saw them (a bf16 log-prob carries about 3 significant digits)."""
+    bits = FLOAT_BITS.get(compute_dtype, 32)
+    return [
+        f"{name} arrived as {dtype}: its values were rounded to {FLOAT_BITS[dtype]}-bit floats before this "
+        f"{compute_dtype} computation, so ratios and KL carry that rounding."
+        for name, dtype in input_dtypes.items()
+        if FLOAT_BITS.get(dtype, 64) < bits
+    ]
+
+
 def _from_tensors(tensors: dict[str, Tensor]) -> dict[str, Any]:
     """Named tensors -> a request dict (2-D arrays per token, lists per row, ints as ints)."""
     tensors = canonical(tensors)
     if "logits" in tensors:
         return _from_logits(tensors)
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {INPUT_DTYPES: {n: str(t.dtype).removeprefix("torch.") for n, t in tensors.items()}}
     for name, t in tensors.items():
         if t.dim() == 0:
             out[name] = t.item()

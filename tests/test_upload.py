@@ -95,6 +95,24 @@ def test_tensor_formats_give_the_loss_endpoints_answer(api: TestClient, fmt: str
     assert response.json() == loss(api, body)
 
 
+def test_inputs_in_fewer_bits_than_the_computation_are_noted(api: TestClient) -> None:
+    """bf16 log-probs computed in float32 (and float32 ones in float64) were rounded before GRPO Lens saw
+    them: the answer says so, naming the tensor; inputs as precise as the computation get no note."""
+    tensors = rectangular()
+    low = {**tensors, "per_token_logps": tensors["per_token_logps"].to(torch.bfloat16)}
+    warnings = upload(api, "bf16.safetensors", save_safetensors(low)).json()["warnings"]
+    noted = [w for w in warnings if "arrived as" in w]
+    assert len(noted) == 1 and noted[0].startswith("per_token_logps arrived as bfloat16"), warnings
+    same = {k: (v.double() if v.is_floating_point() else v) for k, v in tensors.items()}
+    warnings = upload(api, "f64.safetensors", save_safetensors(same), config='{"dtype": "float64"}').json()["warnings"]
+    assert not [w for w in warnings if "arrived as" in w], warnings
+    single = {k: (v.float() if v.is_floating_point() else v) for k, v in tensors.items()}
+    warnings = upload(api, "f32.safetensors", save_safetensors(single), config='{"dtype": "float64"}').json()[
+        "warnings"
+    ]
+    assert any(w.startswith("per_token_logps arrived as float32") for w in warnings), warnings
+
+
 def test_json_upload_is_the_loss_body(api: TestClient) -> None:
     body = {**ragged_body(2), "config": {"preset": "trl-grpo"}}
     response = upload(api, "batch.json", json.dumps(body).encode())
