@@ -404,12 +404,17 @@ def _metrics(
                 done[id(flag)] = float(masked_sum(flag) / n_tokens)
             metrics[name] = done[id(flag)]
     # TRL 1.16: the min (max) over sequences of each sequence's clip fraction, gathered over
-    # processes; rows without a counted token are skipped (TRL's nanmin / nanmax).
+    # processes; rows without a counted token are NaN there and skipped (nanmin / nanmax). At
+    # sequence level each row's flag is its fraction, empty rows included (TRL squeezes the flag).
     lengths = mask.sum(-1)
     counted_rows = lengths > 0
     for name, reduce in (("clip_ratio/low_min", torch.min), ("clip_ratio/high_max", torch.max)):
-        if name in flags and bool(counted_rows.any()):
-            per_row = (flags[name].expand(mask.shape) * mask).sum(-1)[counted_rows] / lengths[counted_rows]
+        if name not in flags:
+            continue
+        if flags[name].shape[-1] == 1:
+            metrics[name] = float(reduce(flags[name]))
+        elif bool(counted_rows.any()):
+            per_row = (flags[name] * mask).sum(-1)[counted_rows] / lengths[counted_rows]
             metrics[name] = float(reduce(per_row))
     any_counted = float(mask.sum()) > 0
     # Ratios are > 0 and tokens.ratio holds 0 where nothing counts, so its max is a counted one;

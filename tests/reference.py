@@ -224,10 +224,18 @@ def trl_loss(
     if loss_type in CLIP_LOSS_TYPES:
         for name in ("low", "high", "region"):
             metrics[f"clip_ratio/{name}_mean"] = batch_mean(name)
-        # TRL logs nanmin(gather(low_clip)) and nanmax(gather(high_clip)): over one process's one
-        # value, the mean itself.
-        metrics["clip_ratio/low_min"] = metrics["clip_ratio/low_mean"]
-        metrics["clip_ratio/high_max"] = metrics["clip_ratio/high_mean"]
+        # TRL 1.16 logs nanmin / nanmax over sequences of masked_seq_mean(flag): each row's own clip
+        # fraction, NaN (skipped) for a row without a counted token; at sequence level the row's flag.
+        def seq_fraction(name: str, i: int) -> float:
+            if importance_sampling_level == "sequence":
+                return _row_flag(name, c1[i][0].item(), A[i], eps_lo, eps_hi, delta)
+            if L[i] == 0:
+                return math.nan
+            return sum(flags[name][i][t] for t in range(T) if m[i][t]) / L[i]
+
+        for key, name, pick in (("clip_ratio/low_min", "low", min), ("clip_ratio/high_max", "high", max)):
+            values = [v for v in (seq_fraction(name, i) for i in range(B)) if not math.isnan(v)]
+            metrics[key] = pick(values) if values else math.nan
     if loss_type == "cispo":
         metrics["cispo_clip_ratio"] = batch_mean("cispo")
     if beta != 0:
