@@ -46,16 +46,16 @@ GLOSSARY: tuple[Term, ...] = (
     _t(
         ("clip_ratio/low_mean", "clip_ratio/low_min"),
         ("clip_ratio/low_mean, clip_ratio/low_min", "—", "—"),
-        "low_mean: share of ALL counted tokens (not of the A < 0 ones) that have A < 0 and a ratio below "
-        "1 - ε_low, i.e. clipped on the low side: Σ [A < 0 and r < 1 - ε_low] / N. low_min (TRL): the same "
+        "Share of ALL counted tokens (not of the A < 0 ones) that have A < 0 and a ratio below "
+        "1 - ε_low, i.e. clipped on the low side: Σ [A < 0 and r < 1 - ε_low] / N (low_mean). low_min (TRL): the same "
         "indicator averaged within each sequence, then the smallest of those per-sequence fractions.",
         "Small; compare with high_mean to see which side clipping acts on. Not verl's pg_clipfrac_lower.",
     ),
     _t(
         ("clip_ratio/high_mean", "clip_ratio/high_max"),
         ("clip_ratio/high_mean, clip_ratio/high_max", "—", "—"),
-        "high_mean: share of ALL counted tokens that have A > 0 and a ratio above 1 + ε_high, i.e. clipped on the "
-        "high side: Σ [A > 0 and r > 1 + ε_high] / N (DAPO's clip-higher raises ε_high to let these grow). "
+        "Share of ALL counted tokens that have A > 0 and a ratio above 1 + ε_high, i.e. clipped on the "
+        "high side: Σ [A > 0 and r > 1 + ε_high] / N (high_mean; DAPO's clip-higher raises ε_high to let these grow). "
         "high_max (TRL): the largest per-sequence fraction of such tokens.",
         "Small. If it dominates, raising ε_high (clip-higher) lets good tokens move further.",
     ),

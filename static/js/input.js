@@ -278,6 +278,7 @@ export function renderScenarioNotes() {
     json: [SCENARIO.json, SCENARIO.jsonNote],
     import: [SCENARIO.file(name), SCENARIO.importNote],
     upload: [SCENARIO.file(name), SCENARIO.uploadNote],
+    step: [name, state.ui.origin.note || ""], // a run's step (captured or lab)
   }[kind];
   $("#scenario-title").textContent = text[0];
   $("#scenario-text").textContent = text[1];

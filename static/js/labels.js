@@ -140,6 +140,7 @@ export const SCENARIO = {
     json: "Loaded: JSON input",
     import: `Loaded: imported ${name}`,
     upload: `Loaded: uploaded ${name}`,
+    step: `Loaded: ${name}`,
   })[kind],
 };
 

@@ -128,11 +128,10 @@ function openBatch(request, config, title, note) {
   state.config = config;
   state.row = -1;
   state.ui.uploadFile = null;
+  state.ui.origin = { kind: "step", name: title, note };
   input.renderInputTable();
   input.renderJSONBox();
   input.renderScenarioNotes();
-  $("#scenario-title").textContent = title;
-  $("#scenario-text").textContent = note;
   compute();
   $("#summary").scrollIntoView();
 }
@@ -162,13 +161,15 @@ async function init() {
 
 // The Runs view: its step slider loads a captured step into every view, through the same input
 // path as a pasted JSON body (state.input and state.config, then one recompute).
-function loadRequest(body) {
+function loadRequest(body, title = "", note = "") {
   const { config, ...fields } = body;
   state.config = { ...config, preset: config.preset || "article" };
   state.input = fields;
   state.ui.uploadFile = null;
+  state.ui.origin = { kind: "step", name: title, note };
   state.row = -1;
   input.renderInputTable();
+  input.renderScenarioNotes();
   schedule(0);
 }
 

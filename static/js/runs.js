@@ -63,7 +63,7 @@ async function showStep(step) {
   $("#run-step-label").textContent = `step ${step}` + (micro === "" ? ` (micro-batches ${data.micro_batches.join(", ")} joined)` : `, micro-batch ${micro}`) +
     ` · trainer's loss ${trainer} · GRPO Lens ${fmt(data.breakdown.loss)}`;
   $("#runs").dataset.step = String(step);
-  hooks.loadRequest(data.request);
+  hooks.loadRequest(data.request, `Run ${current.name}, step ${step}` + (micro === "" ? "" : `, micro-batch ${micro}`), $("#run-step-label").textContent);
 }
 
 async function replay() {

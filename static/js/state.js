@@ -15,7 +15,7 @@ export const state = {
     uploadFile: null, // a binary upload whose batch only the server holds
     drawCount: 0, // how many times the views were drawn (tests and the benchmark wait on it)
     rowSort: { key: null, dir: 1 }, // the rows table's sort column and direction
-    origin: { kind: "scenario", name: "" }, // what is loaded: scenario, edited, json, import (name: file), upload (name: file)
+    origin: { kind: "scenario", name: "" }, // what is loaded: scenario, edited, json, import (name: file), upload (name: file), step (name: the run's step, note)
     failed: false, // the latest request failed: what is on screen is from before it
   },
 };
