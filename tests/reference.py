@@ -224,6 +224,7 @@ def trl_loss(
     if loss_type in CLIP_LOSS_TYPES:
         for name in ("low", "high", "region"):
             metrics[f"clip_ratio/{name}_mean"] = batch_mean(name)
+
         # TRL 1.16 logs nanmin / nanmax over sequences of masked_seq_mean(flag): each row's own clip
         # fraction, NaN (skipped) for a row without a counted token; at sequence level the row's flag.
         def seq_fraction(name: str, i: int) -> float:
