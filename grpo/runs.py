@@ -34,22 +34,14 @@ from torch import Tensor
 from grpo.batch import Batch
 from grpo.config import FIELD_NAMES, PRESETS, LossConfig
 from grpo.errors import GrpoInputError
+from grpo.requests import BATCH_FIELDS
 
 FORMAT = 1
 SOURCES = ("trl", "verl", "lab", "upload")
 STEP_FILE = re.compile(r"^(\d{6})-(\d{3})(?:-rank(\d+))?\.safetensors$")
 # Tensors a step file may hold that are not Batch fields: shown, never used by the loss.
 DISPLAY_TENSORS = ("row_rewards", "row_groups")
-BATCH_TENSORS = (
-    "per_token_logps",
-    "old_per_token_logps",
-    "ref_per_token_logps",
-    "completion_mask",
-    "prompt_lengths",
-    "advantages",
-    "rewards",
-    "entropies",
-)
+BATCH_TENSORS = tuple(name for name in BATCH_FIELDS if name != "group_size")  # group_size: a 0-d tensor, read as int
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit on the JSON header
 
 
