@@ -354,3 +354,15 @@ def test_npz_token_strings_are_read_without_pickle() -> None:
     )
     request = load_file("t.npz", buffer.getvalue())
     assert request["tokens"] == [["a", "<b>"]]
+
+
+def test_forms_past_their_limits_are_422(api: TestClient) -> None:
+    """The form parser keeps at most 2 files and 8 fields, and a field of at most 1 MiB of UTF-8 text."""
+    three = [("file", (f"f{i}.json", OK_JSON)) for i in range(3)]
+    assert error_detail(api.post("/api/v1/upload", files=three), 422)[0]["loc"] == ["body"]
+    big = {"config": "x" * (1024 * 1024 + 1)}
+    detail = error_detail(api.post("/api/v1/upload", files={"file": ("a.json", OK_JSON)}, data=big), 422)
+    assert "larger than" in detail[0]["msg"]
+    bad = b'--b\r\nContent-Disposition: form-data; name="config"\r\n\r\n\xff\xfe\r\n--b--\r\n'
+    response = api.post("/api/v1/upload", content=bad, headers={"content-type": "multipart/form-data; boundary=b"})
+    assert error_detail(response, 422)[0]["type"] == "form_invalid"
