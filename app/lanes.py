@@ -122,6 +122,7 @@ class Lanes:
         self.waiting = 0  # large jobs running or queued
         self.started_rss: dict[int, int] = {}
         self.recycling = threading.Lock()  # each worker's RSS once it had imported everything
+        self.jobs = 0  # large jobs done: a recycle timer acts only if none came after it
 
     def start(self) -> None:
         """Start the worker processes; they import the app in the background (seconds, once) while the
@@ -186,7 +187,17 @@ class Lanes:
         return reply
 
     def _after_large_job(self) -> None:
+        """Trim now; replace grown workers only once the lane has been idle ``worker_recycle_idle``
+        seconds, so a run of large requests is not slowed by a worker restart (seconds) after each."""
         release_memory()  # the body's copies in this process
+        self.jobs += 1
+        timer = threading.Timer(self.settings.worker_recycle_idle, self._recycle_when_idle, (self.jobs,))
+        timer.daemon = True
+        timer.start()
+
+    def _recycle_when_idle(self, jobs: int) -> None:
+        if jobs != self.jobs:  # another large job came since: its own timer decides
+            return
         with self.recycling:  # one replacement at a time
             self._recycle_if_grown()
 

@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     worker_recycle_bytes: int = Field(
         256 * 1024 * 1024, ge=0, description="Idle workers holding this much more than at start are replaced."
     )
+    worker_recycle_idle: float = Field(
+        3.0, ge=0, description="Seconds the large-request lane must be idle before grown workers are replaced."
+    )
     worker_torch_threads: int = Field(1, ge=0, description="torch threads per worker process (0: torch's default).")
     auth_token: str | None = Field(
         None, description="Shared secret: when set, every route but /healthz asks for it (bearer or sign-in cookie)."
