@@ -43,12 +43,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    port = _free_port()
-    env = {**os.environ, "GRPO_LENS_FULL_TOKEN_LIMIT": str(FULL_TOKEN_LIMIT)}
+def serve(env: dict[str, str], port: int | None = None) -> Iterator[str]:
+    """A real uvicorn on 127.0.0.1 with ``env`` added to this process's: yields its URL, stops it after."""
+    port = port or _free_port()
     cmd = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(1200):  # 120 s: importing torch on a loaded 2-core machine takes tens of seconds
         try:
@@ -62,6 +63,11 @@ def server() -> Iterator[str]:
     yield url
     proc.terminate()
     proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    yield from serve({"GRPO_LENS_FULL_TOKEN_LIMIT": str(FULL_TOKEN_LIMIT)})
 
 
 @pytest.fixture(scope="module")

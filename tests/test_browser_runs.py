@@ -3,19 +3,15 @@ view change to that step's batch, and replay the run under another preset."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_browser import ARTIFACTS, CHROMIUM, ROOT, Page, browser  # noqa: F401 (browser is a fixture)
+from test_browser import ARTIFACTS, CHROMIUM, ROOT, Page, browser, serve  # noqa: F401 (browser is a fixture)
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed")
 PORTS = range(8300, 8400)  # this feature's loopback ports
@@ -37,22 +33,7 @@ def runs_server(trl_runs: dict[str, Path], tmp_path_factory: pytest.TempPathFact
     runs_dir = tmp_path_factory.mktemp("runs-dir")
     shutil.copytree(trl_runs["grpo"], runs_dir / "trl-grpo-run")
     port = _port()
-    env = {**os.environ, "GRPO_LENS_RUNS_DIR": str(runs_dir)}
-    cmd = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(1200):
-        try:
-            urllib.request.urlopen(f"{url}/healthz", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.1)
-    else:
-        proc.kill()
-        raise RuntimeError("the server did not start")
-    yield url
-    proc.terminate()
-    proc.wait(10)
+    yield from serve({"GRPO_LENS_RUNS_DIR": str(runs_dir)}, port)
 
 
 def test_a_captured_run_steps_through_every_view(browser: Any, runs_server: str) -> None:  # noqa: F811
