@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ValidationError
@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 import grpo
 from app.errors import BODY_EXPECTED, LimitError, Loc, error_item, invalid
 from app.settings import Settings
-from grpo.io import ALIASES, parse_json
+from grpo.io import ALIASES, parse_json, read_arrays
 
 # The per-token fields and what their values must be: (lower bound, upper bound, whole 0/1).
 PER_TOKEN: dict[str, tuple[float, float]] = {
@@ -35,6 +35,7 @@ PER_TOKEN: dict[str, tuple[float, float]] = {
 }
 PLACEHOLDER = {"completion_mask": [[1]]}
 NAMES = {name: [name, *(alias for alias, target in ALIASES.items() if target == name)] for name in PER_TOKEN}
+PER_TOKEN_KEYS = frozenset(chain.from_iterable(NAMES.values()))
 
 # Bytes one padded position costs: each given per-token field as a float64 (B, T) array, the mask,
 # and evaluate's working set (about 40 (B, T) tensors with autograd's, measured with bench/api.py's
@@ -77,15 +78,27 @@ class _Slow(Exception):
     """The fast path cannot decide: the model validates the whole body (and names the error)."""
 
 
+class Flat(NamedTuple):
+    """Per-token rows already read into one flat array (``grpo.io.read_arrays``)."""
+
+    values: np.ndarray
+    lengths: np.ndarray
+
+
 def _flat(rows: Any, low: float, high: float, whole: bool) -> tuple[np.ndarray, np.ndarray]:
     """Ragged rows -> (flat float64 values, row lengths), checked; ``_Slow`` when anything is off."""
-    if type(rows) is not list or not rows or any(type(r) is not list for r in rows):
+    if isinstance(rows, Flat):
+        flat, lengths = rows
+        if not len(lengths):
+            raise _Slow
+    elif type(rows) is not list or not rows or any(type(r) is not list for r in rows):
         raise _Slow
-    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-    try:
-        flat = np.fromiter(chain.from_iterable(rows), dtype=np.float64, count=int(lengths.sum()))
-    except (TypeError, ValueError, OverflowError):
-        raise _Slow from None
+    else:
+        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        try:
+            flat = np.fromiter(chain.from_iterable(rows), dtype=np.float64, count=int(lengths.sum()))
+        except (TypeError, ValueError, OverflowError):
+            raise _Slow from None
     ok = np.isfinite(flat).all() and (flat.min(initial=low) >= low) and (flat.max(initial=high) <= high)
     if not ok or (whole and not np.isin(flat, (0.0, 1.0)).all()):
         raise _Slow
@@ -121,23 +134,46 @@ def prepare(
     if not isinstance(body, dict):
         msg = f"Input should be a valid dictionary or object to extract fields from, got {type(body).__name__}"
         raise invalid([error_item(root, msg, "model_attributes_type")])
+    try:
+        return _fast(body, model, settings, root, copies, dtype)
+    except _Slow:
+        return _slow(body, model, settings, root, copies)
+
+
+def prepare_json(
+    data: bytes, model: type[BaseModel], settings: Settings, root: Loc | None = None, copies: int = 1
+) -> Prepared:
+    """A JSON body -> ``prepare``'s answer; the per-token fields go from the text straight into arrays
+    (no Python float per number) where the text allows, else the body is read by ``read_json``."""
+    fast = read_arrays(data, PER_TOKEN_KEYS)
+    if fast is not None:
+        rest, arrays = fast
+        try:
+            return _fast(
+                rest | {key: Flat(*a) for key, a in arrays.items()}, model, settings, list(root or ["body"]), copies
+            )
+        except _Slow:  # a value the vectorised checks refuse: the exact reader names it
+            pass
+        del fast, rest, arrays
+    return prepare(read_json(data, root or ["body"]), model, settings, root, copies)
+
+
+def _fast(
+    body: dict[str, Any], model: type[BaseModel], settings: Settings, root: Loc, copies: int, dtype: str = ""
+) -> Prepared:
+    """``prepare`` with the per-token fields checked vectorised; ``_Slow`` when they must go through the model."""
     given = {name: [k for k in keys if body.get(k) is not None] for name, keys in NAMES.items()}
     if any(len(keys) > 1 for keys in given.values()):
-        return _slow(body, model, settings, root, copies)
+        raise _Slow
     keys = {name: keys[0] for name, keys in given.items() if keys}
     rest = {**body, **{key: PLACEHOLDER.get(name, [[0.0]]) for name, key in keys.items()}}
     checked = validated(model, rest, root)  # rewards, config, tokens, ...: pydantic's checks and errors
-    try:
-        flats = {
-            name: _flat(body[key], *PER_TOKEN[name], whole=name == "completion_mask") for name, key in keys.items()
-        }
-    except _Slow:
-        return _slow(body, model, settings, root, copies)
+    flats = {name: _flat(body[key], *PER_TOKEN[name], whole=name == "completion_mask") for name, key in keys.items()}
     if "per_token_logps" not in flats:
-        return _slow(body, model, settings, root, copies)
+        raise _Slow
     lengths = flats["per_token_logps"][1]
     if lengths.min() == 0:
-        return _slow(body, model, settings, root, copies)
+        raise _Slow
     config = getattr(checked, "config", None)
     check_cost(lengths, len(flats), dtype or _dtype(config), settings, copies)
     fields = checked.batch_fields()

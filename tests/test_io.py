@@ -14,9 +14,12 @@ import numpy as np
 import orjson
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from reference import close
 
 import grpo
+import grpo.io
 from app.responses import breakdown_to_json, dumps
 from grpo.examples import ARTICLE_EXAMPLE
 from grpo.io import ALIASES, load_file
@@ -104,10 +107,26 @@ def test_safetensors() -> None:
     }
     request = load_file("b.safetensors", save(tensors))
     assert request["group_size"] == 2 and request["advantages"] == [0.5, -0.5]
-    assert isinstance(request["old_per_token_logps"], np.ndarray) and request["old_per_token_logps"].dtype == np.float64
+    assert isinstance(request["old_per_token_logps"], np.ndarray)
+    assert request["old_per_token_logps"].dtype == np.float32  # as stored: a float32 computation needs no copy
     bd = grpo.evaluate(batch_from_request(request), grpo.LossConfig(dtype="float64"))
     assert bd.tokens.mask.tolist() == [[True, True], [True, False]]
     close(bd.tokens.ratio[0], torch.tensor([-0.1, 0.1]).double().exp(), rtol=1e-6, atol=0)
+
+
+def test_named_tensors_keep_the_widest_float() -> None:
+    """float64 in any per-token field: every field float64, so none is rounded to another's precision;
+    bf16 widens exactly to float32."""
+    from safetensors.torch import save
+
+    exact = torch.tensor([[-0.1234567890123, -1.0]], dtype=torch.float64)
+    mixed = load_file("b.safetensors", save({"per_token_logps": exact.float(), "old_per_token_logps": exact}))
+    assert mixed["per_token_logps"].dtype == mixed["old_per_token_logps"].dtype == np.float64
+    assert mixed["old_per_token_logps"].tolist() == exact.tolist()
+    half = load_file("b.safetensors", save({"per_token_logps": exact.bfloat16()}))
+    assert half["per_token_logps"].dtype == np.float32
+    assert half["per_token_logps"].tolist() == exact.bfloat16().float().tolist()
+    assert half[grpo.io.INPUT_DTYPES] == {"per_token_logps": "bfloat16"}
 
 
 def test_logits_file_goes_through_the_causal_shift() -> None:
@@ -240,3 +259,57 @@ def test_dumps_writes_non_finite_as_null() -> None:
         "a": None,
         "b": [1.0, None],
     }
+
+
+# --- read_arrays: JSON per-token fields straight into arrays ------------------------------------
+NAMES = frozenset({"per_token_logps", "completion_mask"})
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(
+        st.lists(st.floats(allow_nan=False, allow_infinity=False) | st.integers(-(2**53), 2**53), max_size=6),
+        min_size=1,
+        max_size=5,
+    ),
+    tokens=st.lists(st.lists(st.text(alphabet='[]{}ab"\\ ,é', max_size=4), max_size=3), max_size=3),
+)
+def test_read_arrays_agrees_with_orjson(rows: list[list[float]], tokens: list[list[str]]) -> None:
+    """Whatever the numbers (ints, floats, subnormals, -0.0, shortest or long forms) and whatever the
+    strings beside them hold ("[" included), the flat copy is exactly orjson's values, row by row."""
+    text = orjson.dumps({"tokens": tokens, "per_token_logps": rows, "config": {"beta": [0.0]}})
+    read = grpo.io.read_arrays(text, NAMES)
+    assert read is not None
+    rest, arrays = read
+    assert rest == {"tokens": tokens, "config": {"beta": [0.0]}}
+    flat, lengths = arrays["per_token_logps"]
+    assert lengths.tolist() == [len(r) for r in rows]
+    expected = np.array([float(x) for r in rows for x in r], dtype=np.float64)
+    assert np.array_equal(flat.view(np.int64), expected.view(np.int64))  # bit for bit, -0.0 included
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b'{"per_token_logps": [[-1, [-2]]]}',  # deeper rows: the flat copy would flatten them
+        b'{"per_token_logps": [[[-1]]]}',  # one-element nesting keeps the count: caught by the "[" count
+        b'{"per_token_logps": [[-1.0], [[]]]}',
+        b'{"per_token_logps": [-1.0, -2.0]}',  # a flat list
+        b'{"per_token_logps": [[-1.0, "x"]]}',
+        b'{"per_token_logps": [[-1.0, true]]}',
+        b'{"per_token_logps": [[-1.0, null]]}',
+        b'{"per_token_logps": [[1e400]]}',  # out of range: orjson's message names it
+        b'{"per_token_logps": [[NaN]]}',  # Python's json reads it; the checks name it non-finite
+        b'{"per_token_logps": [[-1.0]], "per_token_logps": [[-2.0]]}',  # duplicate keys: orjson keeps the last
+        b'{"per_token_logps": [[-1.0]], "tokens": [["\\ud800"]]}',  # a lone surrogate: replaced by the exact reader
+        b'{"per_token_logps": [[-1.0]], "tokens": [["\\u005b"]]}',  # an escaped "[": the count cannot prove the shape
+        b'{"per_token_logps": [[-1.0]], "config": ' + b"[" * 2000 + b"]" * 2000 + b"}",
+        b'[{"per_token_logps": [[-1.0]]}]',
+        b'{"per_token_logps": [[-1.0]]} trailing',
+        b'{"rewards": [1.0]}',  # no per-token field: nothing to gain
+        b"",
+    ],
+)
+def test_read_arrays_declines_what_it_cannot_prove(text: bytes) -> None:
+    """None sends the text to the exact reader (parse_json), whose errors name the field and row."""
+    assert grpo.io.read_arrays(text, NAMES) is None
