@@ -49,32 +49,38 @@ def objective_curves(bd: Breakdown, points: int = 241, max_points: int = 500) ->
     batch's counted tokens placed on them (the first ``max_points``, in row order; ``truncated``
     says when there were more)."""
     mask = bd.tokens.mask
-    ratios = bd.tokens.ratio[mask].double().cpu()
-    signs = torch.sign(bd.advantages.double().cpu())[:, None].expand(mask.shape)[mask.cpu()]
-    low = min(0.5, float(ratios.min()) / 1.5) if ratios.numel() else 0.5
-    high = max(2.0, float(ratios.max()) * 1.5) if ratios.numel() else 2.0
+    ratio = bd.tokens.ratio.detach()
+    counted = bool(mask.any())  # no token counts (all masked): no points, and the objectives never see an empty batch
+    low, high = 0.5, 2.0
+    if counted:
+        low = min(low, float(ratio.masked_fill(~mask, torch.inf).min()) / 1.5)
+        high = max(high, float(ratio.masked_fill(~mask, -torch.inf).max()) * 1.5)
     low, high = max(low, 1e-6), min(high, 1e6)
+    # The first max_points counted tokens in row order: only the rows that hold them are searched.
+    reach = int(torch.searchsorted(mask.sum(1).cumsum(0), max_points)) + 1
+    rows, positions = mask[:reach].nonzero(as_tuple=True)
+    rows, positions = rows[:max_points], positions[:max_points]
+    ratios = ratio[rows, positions].double().cpu()
+    signs = torch.sign(bd.advantages.detach().double())[rows].cpu()
     grid = torch.logspace(torch.log10(torch.tensor(low)), torch.log10(torch.tensor(high)), points, dtype=torch.float64)
     curves = {}
     for name, sign in (("positive", 1.0), ("negative", -1.0)):
         value, region = unit_objective(grid, torch.full_like(grid, sign), bd.config)
         curves[name] = {"y": value.tolist(), "flat": _flat_spans(grid, region)}
-    keep = slice(0, max_points)
     value = torch.zeros(0, dtype=torch.float64)
-    if ratios.numel():  # no token counts (all masked): no points, and the objectives never see an empty batch
-        value, _ = unit_objective(ratios[keep], signs[keep], bd.config)
-    rows, positions = mask.nonzero(as_tuple=True)
+    if counted:
+        value, _ = unit_objective(ratios, signs, bd.config)
     return {
         "x": grid.tolist(),
         "positive": curves["positive"],
         "negative": curves["negative"],
         "points": {
-            "ratio": ratios[keep].tolist(),
+            "ratio": ratios.tolist(),
             "y": value.tolist(),
-            "sign": signs[keep].tolist(),
-            "region": [REGIONS[int(c)] for c in bd.tokens.region[mask][keep].tolist()],
-            "row": rows[keep].tolist(),
-            "position": positions[keep].tolist(),
+            "sign": signs.tolist(),
+            "region": [REGIONS[int(c)] for c in bd.tokens.region[rows, positions].tolist()],
+            "row": rows.tolist(),
+            "position": positions.tolist(),
         },
-        "truncated": int(ratios.numel()) > max_points,
+        "truncated": int(mask.sum()) > max_points,
     }

@@ -1,0 +1,51 @@
+"""grpo.curves: the clip view's curves and the batch's points on them, against a loop reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import grpo
+from grpo.curves import objective_curves, unit_objective
+from grpo.objectives import REGIONS
+
+pytestmark = pytest.mark.numerical
+
+
+def batch(seed: int = 0) -> grpo.Batch:
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(6, 9, generator=g, dtype=torch.float64) * 2 - 0.05
+    logp = torch.clamp(old + 0.6 * torch.randn(6, 9, generator=g, dtype=torch.float64), max=-1e-3)
+    mask = torch.rand(6, 9, generator=g) > 0.3
+    mask[2] = False  # a row with nothing counted between counted ones
+    return grpo.Batch(logp, old, completion_mask=mask, rewards=torch.tensor([1.0, 0, 1, 0, 0, 1]), group_size=3)
+
+
+@pytest.mark.parametrize("max_points", [1, 7, 20, 500])
+@pytest.mark.parametrize("preset", ["article", "verl-grpo", "trl-dapo"])
+def test_points_are_the_first_counted_tokens_in_row_order(preset: str, max_points: int) -> None:
+    bd = grpo.evaluate(batch(), grpo.LossConfig.from_preset(preset))
+    out = objective_curves(bd, max_points=max_points)
+    mask, ratio = bd.tokens.mask, bd.tokens.ratio.detach()
+    counted = [(b, t) for b in range(mask.shape[0]) for t in range(mask.shape[1]) if mask[b, t]]  # row order
+    keep = counted[:max_points]
+    points = out["points"]
+    assert list(zip(points["row"], points["position"], strict=True)) == keep
+    assert points["ratio"] == [float(ratio[b, t]) for b, t in keep]
+    assert points["sign"] == [float(torch.sign(bd.advantages[b])) for b, _ in keep]
+    assert points["region"] == [REGIONS[int(bd.tokens.region[b, t])] for b, t in keep]
+    expected, _ = unit_objective(torch.tensor(points["ratio"]), torch.tensor(points["sign"]), bd.config)
+    assert points["y"] == expected.tolist()
+    assert out["truncated"] == (len(counted) > max_points)
+    # the grid covers every counted ratio, however many points are shown
+    counted_ratios = [float(ratio[b, t]) for b, t in counted]
+    assert out["x"][0] <= min(counted_ratios) and out["x"][-1] >= max(counted_ratios)
+
+
+def test_nothing_counted_gives_curves_and_no_points() -> None:
+    b = batch()
+    nothing = torch.zeros(6, 9, dtype=torch.bool)
+    empty = grpo.Batch(b.per_token_logps, b.old_per_token_logps, completion_mask=nothing, advantages=torch.ones(6))
+    out = objective_curves(grpo.evaluate(empty, grpo.LossConfig.from_preset("article")))
+    assert out["points"]["ratio"] == [] and out["truncated"] is False
+    assert len(out["x"]) == len(out["positive"]["y"]) == 241
