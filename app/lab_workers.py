@@ -28,6 +28,7 @@ from multiprocessing.context import SpawnProcess
 from pathlib import Path
 from typing import Any
 
+from app.lanes import exit_with_parent
 from grpo.runs import write_atomic
 
 log = logging.getLogger("grpo_lens.lab")
@@ -40,6 +41,7 @@ WATCHDOG_SECONDS = 2.0
 def _worker_main(jobs: Any, events: Any, torch_threads: int, nice: int) -> None:
     """A worker: takes (run_id, run_dir, lab config dict, max_seconds) jobs until it gets None."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when workers stop
+    exit_with_parent()  # ... and when it dies, they go with it
     with contextlib.suppress(OSError):
         os.nice(nice)
     import torch

@@ -1,11 +1,13 @@
 """Two lanes for the work of a request, so that small requests never wait behind large ones.
 
-- small requests (a body under ``large_request_bytes``) run in a thread of this process, at most
-  ``threads`` at a time: quick, and the event loop stays free;
+- small requests (a body under ``large_request_bytes``), and binary batch files of any size (their
+  numbers are copied, not parsed: torch computes without the GIL), run in a thread of this process,
+  at most ``threads`` at a time: quick, and the event loop stays free;
 - large ones run in a pool of ``process_workers`` worker processes (spawned, started with the app):
   parsing JSON, pydantic and multipart hold the GIL, so in a thread they would stall every other
   request. At most ``process_queue`` more wait for a worker; past that the answer is a 503 with
-  Retry-After (capacity, not a fault). A worker gives its memory back to the OS after each job.
+  Retry-After (capacity, not a fault). A worker gives its memory back to the OS once idle
+  ``trim_idle`` seconds, and is replaced when, idle, it still holds ``worker_recycle_bytes`` more.
 
 With no pool (``process_workers = 0``, or an app whose lifespan did not run, as in the ASGI test
 client) large requests run in the thread lane too.
@@ -22,6 +24,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import suppress
@@ -45,12 +48,27 @@ def release_memory() -> None:
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
 
 
+def exit_with_parent(poll: float = 0.5) -> None:
+    """In a worker process: exit as soon as the process that started it is gone (killed, crashed, or
+    stopped without shutting its pool down), never left running as an orphan holding memory."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def _worker_start(settings: Settings) -> None:
-    """A worker process: below the server's priority, its own torch threads, glibc tuned for (B, T) buffers."""
+    """A worker process: below the server's priority, its own torch threads, glibc tuned for (B, T) buffers,
+    gone with its parent."""
     import torch
 
     from grpo._allocator import keep_freed_memory
 
+    exit_with_parent()
     if settings.worker_nice:
         os.nice(settings.worker_nice)
     torch.set_num_threads(settings.worker_torch_threads or torch.get_num_threads())
@@ -105,13 +123,31 @@ def _spool(args: tuple[Any, ...]) -> list[Any]:
     return [Spooled(a) if isinstance(a, bytes) and len(a) >= 65536 else a for a in args]
 
 
-def _in_worker(fn: Any, *args: Any) -> Reply:
+_trim: dict[str, threading.Timer] = {}  # this process's heap trim, due once large work has paused
+
+
+def trim_when_idle(idle: float | None) -> None:
+    """Cancel the trim that is due; with ``idle``, trim this process's heap once ``idle`` s pass without
+    another call. Back-to-back large jobs reuse the pages already mapped (page-faulting a batch's
+    buffers in again costs as much as computing it); a process at rest holds no more than it needs."""
+    if timer := _trim.pop("due", None):
+        timer.cancel()
+    if idle is not None:
+        _trim["due"] = timer = threading.Timer(idle, release_memory)
+        timer.daemon = True
+        timer.start()
+
+
+def _in_worker(fn: Any, idle: float, *args: Any) -> Reply:
+    """A job in a worker. Its freed buffers stay mapped for the next job (a back-to-back large request
+    would page-fault them all in again) and go back to the OS once the worker has been idle ``idle`` s."""
+    trim_when_idle(None)
     try:
         args = tuple(a.read() if isinstance(a, Spooled) else a for a in args)
         return replying(getattr(fn, "__name__", "request"), fn, *args)
     finally:
         del args
-        release_memory()  # the job's buffers go back to the OS, not kept for the next one
+        trim_when_idle(idle)
 
 
 class Lanes:
@@ -158,9 +194,10 @@ class Lanes:
             self.pool.shutdown(wait=False, cancel_futures=True)
             self.pool = None
 
-    async def run(self, size: int, fn: Any, *args: Any) -> Reply:
-        """``fn(*args)`` off the event loop, in the lane for a request of ``size`` bytes."""
-        if size < self.settings.large_request_bytes or self.pool is None:
+    async def run(self, size: int, fn: Any, *args: Any, light: bool = False) -> Reply:
+        """``fn(*args)`` off the event loop, in the lane for a request of ``size`` bytes; ``light`` work
+        (holding the GIL for milliseconds whatever its size: binary batch files) runs in a thread."""
+        if light or size < self.settings.large_request_bytes or self.pool is None:
             return await self._in_thread(size, fn, *args)
         limit = self.settings.process_workers + self.settings.process_queue
         if self.waiting >= limit:
@@ -171,7 +208,8 @@ class Lanes:
         try:
             if pool is None:  # the workers are being replaced (a moment): this one runs in a thread
                 return await self._in_thread(size, fn, *args)
-            reply = await asyncio.wrap_future(pool.submit(_in_worker, fn, *spooled))
+            job = partial(_in_worker, fn, self.settings.trim_idle)
+            reply = await asyncio.wrap_future(pool.submit(job, *spooled))
         except BrokenProcessPool:  # a worker died (killed from outside): start fresh ones
             log.error("a worker process died; restarting the pool")
             self.stop()
@@ -183,13 +221,13 @@ class Lanes:
             for item in spooled:
                 if isinstance(item, Spooled):
                     item.discard()  # already gone unless the worker never ran
-        await anyio.to_thread.run_sync(self._after_large_job)
+        self._after_large_job()
         return reply
 
     def _after_large_job(self) -> None:
-        """Trim now; replace grown workers only once the lane has been idle ``worker_recycle_idle``
+        """Trim once idle; replace grown workers only once the lane has been idle ``worker_recycle_idle``
         seconds, so a run of large requests is not slowed by a worker restart (seconds) after each."""
-        release_memory()  # the body's copies in this process
+        trim_when_idle(self.settings.trim_idle)  # the body's copies in this process
         self.jobs += 1
         timer = threading.Timer(self.settings.worker_recycle_idle, self._recycle_when_idle, (self.jobs,))
         timer.daemon = True
@@ -204,7 +242,7 @@ class Lanes:
     async def _in_thread(self, size: int, fn: Any, *args: Any) -> Reply:
         reply: Reply = await anyio.to_thread.run_sync(partial(replying, fn.__name__, fn, *args), limiter=self.threads)
         if size >= self.settings.large_request_bytes:
-            await anyio.to_thread.run_sync(release_memory)
+            trim_when_idle(self.settings.trim_idle)
         return reply
 
     def _busy(self, limit: int) -> Reply:

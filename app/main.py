@@ -20,6 +20,7 @@ from app.auth import RequireToken
 from app.lanes import Lanes
 from app.middleware import BodyLimit, SecurityHeaders
 from app.settings import Settings, get_settings
+from grpo._allocator import keep_freed_memory
 
 ROUTERS = [api.router, export.router, runs.router, lab.router, pages.router]  # a new router: one line here
 
@@ -34,6 +35,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         logging.getLogger("grpo_lens").setLevel(logging.INFO)
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
+        keep_freed_memory()  # large jobs in threads reuse their buffers; the lanes trim the heap once idle
         app.state.lanes.start()
         try:
             yield

@@ -59,6 +59,9 @@ class Settings(BaseSettings):
         3.0, ge=0, description="Seconds the large-request lane must be idle before grown workers are replaced."
     )
     worker_torch_threads: int = Field(1, ge=0, description="torch threads per worker process (0: torch's default).")
+    trim_idle: float = Field(
+        0.5, ge=0, description="Seconds without large work before a process gives its freed memory back to the OS."
+    )
     auth_token: str | None = Field(
         None, description="Shared secret: when set, every route but /healthz asks for it (bearer or sign-in cookie)."
     )

@@ -7,6 +7,8 @@ never raise: every outcome, errors included, is a ``Reply``.
 
 from __future__ import annotations
 
+import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
@@ -18,7 +20,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 
 import grpo
 from app.errors import CONFIG_FIELDS, ApiError, LimitError, as_api_error, config_error, error_item, error_json
-from app.ingest import PER_TOKEN, Prepared, check_cost, prepare, read_json, validated
+from app.ingest import PER_TOKEN, Prepared, check_cost, prepare, prepare_json, read_json, validated
 from app.responses import breakdown_to_json, dumps
 from app.schemas import BatchRequest, CompareRequest, LossRequest, UploadForm
 from app.settings import Settings
@@ -33,15 +35,19 @@ class Reply:
     status: int
     body: bytes
     headers: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0  # spent in ``fn``: the rest of a request's time is reading it and handing it over
 
 
 def replying(where: str, fn: Any, *args: Any) -> Reply:
     """``fn(*args)`` as a 200 Reply, or the error it raised as its Reply (a bug: a 500 with an error id)."""
+    started = time.perf_counter()
     try:
-        return Reply(200, dumps(fn(*args)))
+        reply = Reply(200, dumps(fn(*args)))
     except Exception as exc:
         error = as_api_error(exc, where)
-        return Reply(error.status, error_json(error.items), error.headers)
+        reply = Reply(error.status, error_json(error.items), error.headers)
+    reply.seconds = time.perf_counter() - started
+    return reply
 
 
 def resolve_config(
@@ -93,9 +99,7 @@ def loss_json(
 
 def loss(body: bytes, settings: Settings) -> dict[str, Any]:
     """POST /api/v1/loss."""
-    parsed = read_json(body, ["body"]) if body else _empty()
-    prepared = prepare(parsed, LossRequest, settings)
-    del parsed
+    prepared = prepare_json(body, LossRequest, settings) if body else _empty()
     request: LossRequest = prepared.model
     config = resolve_config(request.config, settings)
     return loss_json(prepared, config, settings, request.tokens, request.token_rows)
@@ -103,9 +107,7 @@ def loss(body: bytes, settings: Settings) -> dict[str, Any]:
 
 def compare(body: bytes, settings: Settings) -> dict[str, Any]:
     """POST /api/v1/compare: one batch under several configs, side by side."""
-    parsed = read_json(body, ["body"]) if body else _empty()
-    prepared = prepare(parsed, CompareRequest, settings)
-    del parsed
+    prepared = prepare_json(body, CompareRequest, settings) if body else _empty()
     request: CompareRequest = prepared.model
     if len(request.configs) > settings.max_compare_configs:
         msg = f"{len(request.configs)} configs; at most {settings.max_compare_configs}"
@@ -196,6 +198,18 @@ def _form_fields(parts: list[tuple[dict[bytes, bytes], list[bytes]]]) -> dict[st
         if files > 2 or fields > 8:
             raise ValueError("at most 2 files and 8 fields")
     return out
+
+
+FILENAME = re.compile(rb'\r\nContent-Disposition: form-data; name="file"; filename="([^"\r\n]*)"', re.IGNORECASE)
+BINARY_SUFFIXES = (b".safetensors", b".npz")
+
+
+def binary_upload(body: bytes) -> bool:
+    """A multipart upload whose file is named .safetensors or .npz (its header among the body's first
+    64 KiB): reading it copies numbers and holds the GIL for milliseconds, so it needs no worker
+    process. The content is still sniffed: a JSON text under such a name is refused at once."""
+    found = FILENAME.search(body, 0, 65536)
+    return found is not None and found.group(1).lower().endswith(BINARY_SUFFIXES)
 
 
 def upload(body: bytes, content_type: str, settings: Settings) -> dict[str, Any]:

@@ -141,9 +141,14 @@ def free_port() -> int:
 
 @contextmanager
 def serve(
-    env: dict[str, str] | None = None, timeout: float = 120.0, memory_cap: int | None = None, http: str = "auto"
+    env: dict[str, str] | None = None,
+    timeout: float = 120.0,
+    memory_cap: int | None = None,
+    http: str = "auto",
+    pids: list[int] | None = None,
 ) -> Iterator[str]:
-    """``uvicorn app.main:app`` on a free loopback port; yields its base URL, stops it after.
+    """``uvicorn app.main:app`` on a free loopback port; yields its base URL, stops it after
+    (its process id goes into ``pids`` where given).
 
     ``memory_cap`` (bytes) is the server's RLIMIT_AS, its worker processes' too: a request that would
     allocate without bound fails (MemoryError) instead of pushing the machine into the OOM killer.
@@ -163,6 +168,8 @@ def serve(
         preexec_fn=cap,
     )
     url = f"http://127.0.0.1:{port}"
+    if pids is not None:
+        pids.append(proc.pid)
     try:
         deadline = time.monotonic() + timeout
         while True:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import signal
 import socket
 import time
 import zipfile
@@ -248,3 +250,23 @@ def test_a_client_that_sends_its_body_too_slowly_gets_408(capped: str) -> None:
         while chunk := sock.recv(4096):
             answer += chunk
         assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 3 s" in answer
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+def test_worker_processes_do_not_outlive_a_killed_server() -> None:
+    """A server killed outright (OOM killer, kill -9) shuts nothing down: its workers notice and exit,
+    instead of staying behind as orphans holding memory."""
+    pids: list[int] = []
+    with serve({"GRPO_LENS_LARGE_REQUEST_BYTES": "64"}, pids=pids) as url:
+        assert httpx.post(f"{url}/api/v1/loss", json=ARTICLE, timeout=120).status_code == 200  # a worker ran it
+        workers = _children(pids[0])
+        assert workers
+        os.kill(pids[0], signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while any(os.path.exists(f"/proc/{w}") for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [w for w in workers if os.path.exists(f"/proc/{w}")]

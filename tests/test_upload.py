@@ -11,6 +11,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -366,3 +367,24 @@ def test_forms_past_their_limits_are_422(api: TestClient) -> None:
     bad = b'--b\r\nContent-Disposition: form-data; name="config"\r\n\r\n\xff\xfe\r\n--b--\r\n'
     response = api.post("/api/v1/upload", content=bad, headers={"content-type": "multipart/form-data; boundary=b"})
     assert error_detail(response, 422)[0]["type"] == "form_invalid"
+
+
+@pytest.mark.parametrize(
+    ("name", "light"),
+    [
+        ("batch.safetensors", True),
+        ("BATCH.NPZ", True),
+        ("batch.json", False),
+        ("batch.jsonl", False),
+        ("batch.pt", False),  # torch's unpickler (restricted) runs in Python: a worker's job when large
+        ("batch.safetensors.json", False),
+    ],
+)
+def test_binary_uploads_are_recognised_from_the_form_header(name: str, light: bool) -> None:
+    """Which lane: a binary file copies numbers (milliseconds of GIL) and stays in the server's threads;
+    text is parsed (seconds of GIL when large) and goes to a worker process."""
+    from app.work import binary_upload
+
+    body = httpx.Request("POST", "http://x/", files={"file": (name, b"{}")}, data={"config": "{}"}).read()
+    assert binary_upload(body) is light
+    assert binary_upload(b"x" * 70000 + body) is False  # past the first 64 KiB: the size decides
