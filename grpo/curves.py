@@ -7,6 +7,7 @@ lies on its curve. Flat spans (clipped, zero gradient) are read off the objectiv
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -44,6 +45,21 @@ def _flat_spans(x: Tensor, region: Tensor) -> list[dict[str, Any]]:
     return spans
 
 
+@lru_cache(maxsize=256)
+def _grid_curves(
+    config: LossConfig, objective: object, low: float, high: float, points: int
+) -> tuple[tuple[float, ...], dict[str, tuple[tuple[float, ...], tuple[dict[str, Any], ...]]]]:
+    """The grid and both curves: they depend on the config and the grid's ends only, so a control move
+    that keeps the batch's ratio range (most of them) reuses them. ``objective`` (the registered
+    function) is part of the key: a plugin that registers the name again gets its own curves."""
+    grid = torch.logspace(torch.log10(torch.tensor(low)), torch.log10(torch.tensor(high)), points, dtype=torch.float64)
+    curves = {}
+    for name, sign in (("positive", 1.0), ("negative", -1.0)):
+        value, region = unit_objective(grid, torch.full_like(grid, sign), config)
+        curves[name] = (tuple(value.tolist()), tuple(_flat_spans(grid, region)))
+    return tuple(grid.tolist()), curves
+
+
 def objective_curves(bd: Breakdown, points: int = 241, max_points: int = 500) -> dict[str, Any]:
     """Curves for A = +1 and A = -1 over a log-spaced ratio grid covering the batch, and the
     batch's counted tokens placed on them (the first ``max_points``, in row order; ``truncated``
@@ -62,18 +78,13 @@ def objective_curves(bd: Breakdown, points: int = 241, max_points: int = 500) ->
     rows, positions = rows[:max_points], positions[:max_points]
     ratios = ratio[rows, positions].double().cpu()
     signs = torch.sign(bd.advantages.detach().double())[rows].cpu()
-    grid = torch.logspace(torch.log10(torch.tensor(low)), torch.log10(torch.tensor(high)), points, dtype=torch.float64)
-    curves = {}
-    for name, sign in (("positive", 1.0), ("negative", -1.0)):
-        value, region = unit_objective(grid, torch.full_like(grid, sign), bd.config)
-        curves[name] = {"y": value.tolist(), "flat": _flat_spans(grid, region)}
+    x, curves = _grid_curves(bd.config, OBJECTIVES.get(bd.config.objective), low, high, points)
     value = torch.zeros(0, dtype=torch.float64)
     if counted:
         value, _ = unit_objective(ratios, signs, bd.config)
     return {
-        "x": grid.tolist(),
-        "positive": curves["positive"],
-        "negative": curves["negative"],
+        "x": list(x),
+        **{name: {"y": list(y), "flat": [dict(span) for span in flat]} for name, (y, flat) in curves.items()},
         "points": {
             "ratio": ratios.tolist(),
             "y": value.tolist(),

@@ -49,3 +49,19 @@ def test_nothing_counted_gives_curves_and_no_points() -> None:
     out = objective_curves(grpo.evaluate(empty, grpo.LossConfig.from_preset("article")))
     assert out["points"]["ratio"] == [] and out["truncated"] is False
     assert len(out["x"]) == len(out["positive"]["y"]) == 241
+
+
+def test_reused_curves_are_the_same_and_not_shared() -> None:
+    """The grid curves are computed once per (config, range): a second answer has equal values, and
+    changing one answer (a caller may) leaves the next untouched."""
+    bd = grpo.evaluate(batch(), grpo.LossConfig.from_preset("trl-dapo"))
+    first = objective_curves(bd)
+    expected = {k: (list(first[k]["y"]), [dict(s) for s in first[k]["flat"]]) for k in ("positive", "negative")}
+    first["positive"]["y"][0] = 99.0
+    first["positive"]["flat"].clear()
+    first["x"].clear()
+    second = objective_curves(bd)
+    assert {k: (second[k]["y"], second[k]["flat"]) for k in ("positive", "negative")} == expected
+    assert len(second["x"]) == 241
+    other = objective_curves(grpo.evaluate(batch(), grpo.LossConfig.from_preset("trl-dapo", epsilon_high=0.5)))
+    assert other["positive"]["flat"] != second["positive"]["flat"]  # another config: its own curves
