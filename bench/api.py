@@ -223,6 +223,25 @@ def latency(base: str, requests: int) -> None:
     print(f"   ratio loss / healthz             p50 {l50 / h50:8.2f}x     p99 {l99 / h99:8.2f}x   (target <= 3x)")
 
 
+def against_floor(
+    base: str, floor: Callable[[], Any], post: Callable[[httpx.Client], httpx.Response], repeats: int
+) -> tuple[float, float, httpx.Response]:
+    """Medians of ``floor()`` in this process and of the round trip ``post(client)`` (answer parsed),
+    each after a warm-up call; and the last answer."""
+    floor()
+    floor_times, _ = timed(floor, repeats)
+    with httpx.Client(base_url=base, timeout=300, headers=STATE["auth"]) as client:
+
+        def trip() -> httpx.Response:
+            response = post(client)
+            response.json()
+            return response
+
+        trip()
+        times, response = timed(trip, repeats)
+    return statistics.median(floor_times), statistics.median(times), response
+
+
 def json_ingest(base: str, repeats: int) -> None:
     data = batch(256, 4096, fields=3)
     body = json.dumps(data).encode()
@@ -233,17 +252,10 @@ def json_ingest(base: str, repeats: int) -> None:
         for name in names:
             np.asarray(parsed[name], dtype=np.float64)
 
-    floor_times, _ = timed(floor, repeats)
-    with httpx.Client(base_url=base, timeout=300, headers=STATE["auth"]) as client:
+    def post(client: httpx.Client) -> httpx.Response:
+        return client.post("/api/v1/loss", content=body, headers=JSON)
 
-        def trip() -> httpx.Response:
-            response = client.post("/api/v1/loss", content=body, headers=JSON)
-            response.json()
-            return response
-
-        trip()  # warm-up
-        times, response = timed(trip, repeats)
-    f, t = statistics.median(floor_times), statistics.median(times)
+    f, t, response = against_floor(base, floor, post, repeats)
     print(f"2. JSON ingest: 256 x 4096, three log-prob fields, {len(body) / MB:.0f} MB, floats as Python writes them")
     print(f"   floor: orjson.loads + arrays     median {ms(f)}")
     print(f"   POST /api/v1/loss round trip     median {ms(t)}   status {response.status_code}")
@@ -266,22 +278,16 @@ def safetensors_ingest(base: str, repeats: int) -> None:
         loaded["group_size"] = int(loaded["group_size"])
         grpo.evaluate(grpo.Batch(**loaded), config)
 
-    floor()
-    floor_times, _ = timed(floor, repeats)
     form = {"config": json.dumps({"preset": "verl-grpo", "beta": 0.01})}
-    with httpx.Client(base_url=base, timeout=300, headers=STATE["auth"]) as client:
 
-        def trip() -> httpx.Response:
-            response = client.post("/api/v1/upload", files={"file": ("b.safetensors", blob)}, data=form)
-            response.json()
-            return response
+    def post(client: httpx.Client) -> httpx.Response:
+        return client.post("/api/v1/upload", files={"file": ("b.safetensors", blob)}, data=form)
 
-        trip()
-        times, response = timed(trip, repeats)
-    f, t = statistics.median(floor_times), statistics.median(times)
+    f, t, response = against_floor(base, floor, post, repeats)
     print(f"3. safetensors upload: 256 x 4096, three fields, {len(blob) / MB:.0f} MB")
     print(f"   floor: load + evaluate           median {ms(f)}")
     print(f"   POST /api/v1/upload round trip   median {ms(t)}   status {response.status_code}")
+    print(f"   the server's share (Server-Timing of the last): {response.headers.get('server-timing')}")
     print(f"   ratio                            {t / f:8.2f}x   (target <= 3x)")
 
 

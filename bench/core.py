@@ -30,6 +30,17 @@ def ragged_batch(B: int, T: int, seed: int = 0) -> dict[str, torch.Tensor]:
     return {"logp": logp, "old": old, "ref": ref, "mask": mask, "adv": adv}
 
 
+def as_batch(t: dict[str, torch.Tensor]) -> grpo.Batch:
+    """``ragged_batch``'s tensors as a grpo.Batch (with its checks)."""
+    return grpo.Batch(
+        per_token_logps=t["logp"],
+        old_per_token_logps=t["old"],
+        ref_per_token_logps=t["ref"],
+        completion_mask=t["mask"],
+        advantages=t["adv"],
+    )
+
+
 def article_kl(pi_logprob: torch.Tensor, pi_ref_logprob: torch.Tensor) -> torch.Tensor:
     """The article's grpo_kl, as written."""
     return pi_ref_logprob.exp() / pi_logprob.exp() - (pi_ref_logprob - pi_logprob) - 1
@@ -75,13 +86,7 @@ def main() -> None:
     parser.add_argument("--preset", default="article")
     args = parser.parse_args()
     t = ragged_batch(args.rows, args.tokens)
-    batch = grpo.Batch(
-        per_token_logps=t["logp"],
-        old_per_token_logps=t["old"],
-        ref_per_token_logps=t["ref"],
-        completion_mask=t["mask"],
-        advantages=t["adv"],
-    )
+    batch = as_batch(t)
     config = grpo.LossConfig.from_preset(args.preset)
 
     def bare() -> None:
@@ -92,16 +97,7 @@ def main() -> None:
         grpo.evaluate(batch, config)
 
     def full_with_checks() -> None:
-        grpo.evaluate(
-            grpo.Batch(
-                per_token_logps=t["logp"],
-                old_per_token_logps=t["old"],
-                ref_per_token_logps=t["ref"],
-                completion_mask=t["mask"],
-                advantages=t["adv"],
-            ),
-            config,
-        )
+        grpo.evaluate(as_batch(t), config)
 
     bare_t, full_t, checked_t = (
         statistics.median(times) for times in time_interleaved([bare, full, full_with_checks], args.repeats)

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from core import ragged_batch
+from core import as_batch, ragged_batch
 
 import grpo
 from grpo.lab import LabConfig, Trainer
@@ -41,14 +41,7 @@ REFERENCE_MS = 40.0  # bench/core.py's evaluate on the slower machines the targe
 def evaluate_ms(repeats: int, threads: int) -> float:
     """Median ms of bench/core.py's evaluate (article preset, 256 x 4096 ragged)."""
     torch.set_num_threads(threads)
-    t = ragged_batch(256, 4096)
-    batch = grpo.Batch(
-        per_token_logps=t["logp"],
-        old_per_token_logps=t["old"],
-        ref_per_token_logps=t["ref"],
-        completion_mask=t["mask"],
-        advantages=t["adv"],
-    )
+    batch = as_batch(ragged_batch(256, 4096))
     config = grpo.LossConfig.from_preset("article")
     grpo.evaluate(batch, config)
     times = []
