@@ -22,7 +22,10 @@ $(STAMP): pyproject.toml $(LOCK) $(DEV_LOCK)
 	$(PY) -m pip install --quiet --no-deps $(TORCH)
 	$(PY) -m pip install --quiet --no-deps -e .
 	$(PY) -m pip install --quiet --require-hashes -r $(DEV_LOCK)
-	$(PY) -m pip check || { echo "pyproject.toml and the locks disagree: make lock LOCK_UPGRADE= adds what is missing" >&2; exit 1; }
+	# verl sits beside the trainers with --no-deps (its declared pins conflict on purpose): not a lock problem
+	@broken="$$($(PY) -m pip check 2>&1 | grep -v -e '^verl ' -e '^No broken requirements')"; \
+	if [ -n "$$broken" ]; then echo "$$broken"; \
+		echo "pyproject.toml and the locks disagree: make lock LOCK_UPGRADE= adds what is missing" >&2; exit 1; fi
 	touch $(STAMP)
 
 # Refreshes both locks to the newest releases pyproject.toml allows, for CPython 3.11 on x86-64 Linux
