@@ -42,7 +42,7 @@ def pool_extreme(values: Tensor, mask: Tensor, factor_rows: int, factor_tokens: 
     B, T = values.shape
     rows, cols = math.ceil(B / factor_rows), math.ceil(T / factor_tokens)
     pad = (0, cols * factor_tokens - T, 0, rows * factor_rows - B)
-    v = F.pad(values.to(torch.float64), pad)  # (B, T) -> (rows·fr, cols·ft)
+    v = F.pad(values, pad)  # (B, T) -> (rows·fr, cols·ft), in the values' own dtype
     m = F.pad(mask.to(torch.bool), pad)
     # (rows·fr, cols·ft) -> (rows, cols, fr·ft): each block's cells in row-major order
     v = v.reshape(rows, factor_rows, cols, factor_tokens).permute(0, 2, 1, 3).reshape(rows, cols, -1)
