@@ -11,6 +11,7 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Resp
 from fastapi.templating import Jinja2Templates
 
 from app.auth import COOKIE, safe_next, session_value, token_matches
+from app.boot import boot_json
 
 ROOT = Path(__file__).resolve().parent.parent
 templates = Jinja2Templates(directory=ROOT / "templates")
@@ -20,8 +21,9 @@ router = APIRouter(include_in_schema=False)
 
 
 @router.get("/", response_class=HTMLResponse)
-def dashboard(request: Request) -> HTMLResponse:
-    return templates.TemplateResponse(request, "index.html", {})
+async def dashboard(request: Request) -> HTMLResponse:
+    """The dashboard, carrying its options and the first answer (``app.boot``): its first view needs no request."""
+    return templates.TemplateResponse(request, "index.html", {"boot": await boot_json(request)})
 
 
 @router.get("/docs", response_class=HTMLResponse)

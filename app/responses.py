@@ -10,12 +10,14 @@ from typing import Any
 
 import numpy as np
 import orjson
+import torch
 from torch import Tensor
 
 from grpo.curves import objective_curves
 from grpo.explain import explain
 from grpo.loss import Breakdown
 from grpo.objectives import REGIONS
+from grpo.pooling import pool_extreme, pool_factors
 
 TOKEN_FIELDS = (
     "ratio",
@@ -42,6 +44,37 @@ ROW_FIELDS = (
     "clip_fraction",
     "group",
 )
+
+
+# The heatmaps' fields and the value each is centred on (the ratio at 1): a pooled cell keeps its
+# block's token farthest from it. A grid past these many rows or positions has more cells than the
+# heatmap has pixels (it is drawn at most ~240 px high and ~800 px wide): it is pooled.
+HEATMAP_CENTERS = {"ratio": 1.0, "surrogate": 0.0, "kl": 0.0, "loss": 0.0, "grad": 0.0}
+HEATMAP_MAX_ROWS = 240
+HEATMAP_MAX_TOKENS = 600
+
+
+def pooled_heatmaps(bd: Breakdown, lengths: list[int], rows: list[int]) -> dict[str, Any] | None:
+    """The heatmaps' fields pooled over blocks of the shown rows' grid, or None when it fits as it is."""
+    if not rows:
+        return None
+    width = max(lengths[i] for i in rows)
+    fr, ft = pool_factors(len(rows), width, HEATMAP_MAX_ROWS, HEATMAP_MAX_TOKENS)
+    if fr == ft == 1:
+        return None
+    index = torch.tensor(rows)
+    mask = bd.tokens.mask[index, :width].cpu()
+    pooled = {
+        f: pool_extreme(getattr(bd.tokens, f)[index, :width].detach().cpu(), mask, fr, ft, c)
+        for f, c in HEATMAP_CENTERS.items()
+    }
+    first = next(iter(pooled.values()))
+    return {
+        "factor_rows": fr,
+        "factor_tokens": ft,
+        "counted": first.counted.numpy(),
+        "fields": {f: p.values.numpy() for f, p in pooled.items()},
+    }
 
 
 def _rows_of(t: Tensor, lengths: list[int], rows: list[int]) -> list[np.ndarray]:
@@ -86,6 +119,7 @@ def breakdown_to_json(
         "tokens": token_data,
         "token_rows": rows,
         "tokens_complete": len(rows) == B,
+        "heatmap": pooled_heatmaps(bd, lengths, rows),
         "num_positions": total,
         "curves": objective_curves(bd),
         "clamp_counts": bd.clamp_counts,

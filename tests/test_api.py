@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from typing import Any
 
@@ -309,11 +310,56 @@ def test_pages_load_only_local_assets(api: TestClient, page: str) -> None:
 def test_pages_fit_the_content_security_policy(api: TestClient, page: str) -> None:
     """script-src 'self': no inline script and no inline event handler in the HTML."""
     html = api.get(page).text
-    assert not re.search(r"<script\b(?![^>]*\bsrc=)[^>]*>\s*\S", html), "inline <script>"
+    # a JSON data block (the dashboard's options and first answer) is data the browser never runs
+    assert not re.search(r"<script\b(?![^>]*\bsrc=)(?![^>]*type=\"application/json\")[^>]*>\s*\S", html), (
+        "inline <script>"
+    )
     assert not re.search(r"\son[a-z]+\s*=", html, re.I), "inline event handler"
     assert "javascript:" not in html.lower()
     csp = api.get(page).headers["content-security-policy"]
     assert "script-src 'self'" in csp and "unsafe-eval" not in csp and "default-src 'self'" in csp
+
+
+BOOT = re.compile(r'<script type="application/json" id="boot">(.*?)</script>', re.S)
+
+
+def test_the_page_carries_the_options_and_the_first_answer(api: TestClient) -> None:
+    """The dashboard's boot block: the options, and the /api/v1/loss answer to the request the page
+    sends first for the link's scenario and settings (display-only parameters ignored)."""
+    boot = json.loads(BOOT.search(api.get("/?scenario=article&preset=verl-grpo&beta=0.5&row=1").text).group(1))
+    assert boot["options"] == api.get("/api/v1/options").json()
+    request = {**grpo.examples.SCENARIOS["article"].request, "config": {"preset": "verl-grpo", "beta": 0.5}}
+    assert boot["first"]["request"] == request
+    assert boot["first"]["answer"] == api.post("/api/v1/loss", json=request).json()
+    # an edited batch (only the page decodes it) or an unknown parameter: the page asks the API itself
+    for query in ("?input=e30", "?preset=article&beta=oops", "?no_such_field=1"):
+        assert json.loads(BOOT.search(api.get("/" + query).text).group(1))["first"] is None, query
+
+
+def test_a_grid_wider_than_the_heatmap_is_pooled(api: TestClient) -> None:
+    """Past HEATMAP_MAX_TOKENS positions the heatmaps come pooled: each block's counted token farthest
+    from the field's centre, the same numbers as the per-token arrays pooled by grpo.pooling."""
+    from app.responses import HEATMAP_CENTERS, HEATMAP_MAX_TOKENS
+    from grpo.pooling import pool_extreme
+
+    assert api.post("/api/v1/loss", json=ARTICLE).json()["heatmap"] is None  # small: drawn cell by cell
+    width = 2 * HEATMAP_MAX_TOKENS + 100  # -> blocks of 3 positions
+    g = torch.Generator().manual_seed(3)
+    old = (-torch.rand(2, width, generator=g) * 2 - 0.01).tolist()
+    new = (torch.tensor(old) + 0.3 * torch.randn(2, width, generator=g)).clamp(max=0).tolist()
+    mask = [[1] * width, [1] * (width - 7) + [0] * 7]
+    body = {"per_token_logps": new, "old_per_token_logps": old, "completion_mask": mask, "rewards": [1.0, 0.0]}
+    data = api.post("/api/v1/loss", json=body).json()
+    pooled = data["heatmap"]
+    assert (pooled["factor_rows"], pooled["factor_tokens"]) == (1, 3)
+    counted = torch.tensor(data["tokens"]["mask"], dtype=torch.bool)
+    for field, center in HEATMAP_CENTERS.items():
+        want = pool_extreme(torch.tensor(data["tokens"][field], dtype=torch.float64), counted, 1, 3, center)
+        got = [[math.nan if v is None else v for v in row] for row in pooled["fields"][field]]
+        got = torch.tensor(got, dtype=torch.float64)
+        torch.testing.assert_close(got, want.values, equal_nan=True, rtol=0, atol=0)  # chosen, not computed
+    # row 1 counts positions 0..1292: block 430 (1290-1292) holds 3, blocks 431-433 (1293-1299) none
+    assert pooled["counted"][1][-4:] == [3, 0, 0, 0] and pooled["fields"]["kl"][1][-3:] == [None] * 3
 
 
 @pytest.mark.parametrize(

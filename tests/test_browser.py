@@ -420,3 +420,53 @@ def test_a_control_move_redraws_the_view_on_screen_and_a_view_scrolled_to_later_
     # Scrolling through the page shows every chart drawn with the current state.
     assert all(scroll_through(page).values())
     page.check_clean()
+
+
+def test_the_first_view_is_drawn_from_the_answer_the_page_carries(page: Page) -> None:
+    """The page carries the options and the first answer (app/boot.py): the first view is drawn with
+    no request to the API, with the API's numbers, for a plain visit and for a link with settings."""
+    for query in ("", "?scenario=article&preset=verl-grpo&beta=0.5"):
+        page.requests.clear()
+        page.open(query)
+        first = page.requests[: page.requests.index(f"{page.server}/{query}") + 1]
+        asked = [u for u in page.requests if "/api/v1/loss" in u or "/api/v1/options" in u]
+        assert first and asked == [], asked  # the first view came from the page itself
+        config = {"preset": "verl-grpo", "beta": 0.5} if query else {"preset": "article"}
+        expected = _api_loss(page.server, {**SCENARIOS["article"].request, "config": config})
+        assert page.last() == expected
+        assert page.page.inner_text("#summary-cards").count(f"{expected['loss']:.5g}"[:6]) >= 1
+        assert page.page.input_value("#preset") == config["preset"]
+    # a control moved afterwards asks the API as always
+    before = page.drawn()
+    page.page.fill("#cfg-beta", "0.25")
+    page.wait_drawn(before)
+    assert page.last()["config"]["beta"] == 0.25 and any("/api/v1/loss" in u for u in page.requests)
+    page.check_clean()
+
+
+def test_a_heatmap_wider_than_its_pixels_is_pooled_and_says_so(page: Page) -> None:
+    """A row of 1300 tokens: the server pools the heatmaps by 3 positions; the title and the hover say
+    so, and the cells are the server's pooled numbers."""
+    g = torch.Generator().manual_seed(1)
+    old = (-torch.rand(2, 1300, generator=g) * 2 - 0.01).tolist()
+    new = (torch.tensor(old) + 0.3 * torch.randn(2, 1300, generator=g)).clamp(max=0).tolist()
+    body = {"per_token_logps": new, "old_per_token_logps": old, "rewards": [1.0, 0.0]}
+    page.open()
+    page.page.click("#tab-json")
+    page.page.fill("#json-box", json.dumps(body))
+    before = page.drawn()
+    page.page.click("#apply-json")
+    page.wait_drawn(before)
+    data = page.last()
+    assert data["heatmap"]["factor_tokens"] == 3  # 1300 positions, at most 600 columns
+    page.current_chart("heat-surrogate")
+    figure = page.page.evaluate(
+        "(() => { const el = document.getElementById('heat-surrogate'); return {title: el.layout.title.text, "
+        "z: el.data[0].z, hover: el.data[0].hovertemplate, cell: el.data[0].customdata[0][1]}; })()"
+    )
+    assert "pooled by 3 positions" in figure["title"]
+    assert figure["z"] == data["heatmap"]["fields"]["surrogate"] and len(figure["z"][0]) == 434
+    assert "counted tokens" in figure["hover"] and figure["cell"] == ["positions 3–5", 3]
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.page.locator("#heatmaps").screenshot(path=str(ARTIFACTS / "heatmaps-pooled.png"))
+    page.check_clean()

@@ -1,7 +1,7 @@
 // Chart functions: the API's JSON in, Plotly {data, layout} out. No numbers are computed here.
 
 import { REGION_COLORS, fmt, plotlyText } from "./format.js";
-import { HEATMAP_TITLES, LABELS, REGION_HOVER } from "./labels.js";
+import { HEATMAP_TITLES, LABELS, POOLED, REGION_HOVER } from "./labels.js";
 
 const FONT = { family: "system-ui, sans-serif", size: 12 };
 const base = (title, extra = {}) => ({
@@ -81,12 +81,51 @@ function clippedMarks(data) {
   };
 }
 
-// One heatmap figure per field (each drawn on its own, when it is on screen).
-export function heatmap(data, spec, customdata) {
+// No WebGL traces (scattergl): the installed plotly.js builds its WebGL programs with new Function(),
+// which the page's CSP (script-src 'self', no 'unsafe-eval') refuses. Large grids are pooled by the
+// server instead (data.heatmap); a long row's per-token parts are one SVG path per trace; the clip
+// view's points are capped by the server (curves.truncated).
+
+// The heatmap layout shared by the full and the pooled grid.
+function heatmapLayout(title, rows, width, showlegend) {
+  const height = Math.min(240, 28 + Math.max(rows, 2) * (rows <= 16 ? 24 : 4)) + 74;
+  return base(title, {
+    height, margin: { l: 110, r: 30, t: 30, b: 40 }, plot_bgcolor: "#e3e6eb",
+    showlegend, legend: { orientation: "h", x: 1, xanchor: "right", y: 1.02, yanchor: "bottom" },
+    xaxis: { title: { text: "position" }, showgrid: false, zeroline: false, dtick: width <= 40 ? 1 : undefined },
+    yaxis: { autorange: "reversed", showgrid: false, automargin: true },
+  });
+}
+
+// A grid with more cells than pixels, pooled by the server (data.heatmap): each cell is its block's
+// token farthest from the field's centre; the title and the hover say so and by what factor.
+function pooledHeatmap(data, spec) {
+  const pooled = data.heatmap;
+  const fr = pooled.factor_rows;
+  const ft = pooled.factor_tokens;
+  const z = pooled.fields[spec.field];
+  const shown = data.token_rows;
+  const y = z.map((_, r) => (fr === 1 ? rowLabels(data)[r] : POOLED.rows(shown[r * fr], shown[Math.min((r + 1) * fr, shown.length) - 1])));
+  const x = z[0].map((_, c) => c * ft + (ft - 1) / 2); // each block at its centre, in positions
+  const width = Math.max(...data.tokens.mask.map((m) => m.length));
+  const ranges = z[0].map((_, c) => POOLED.positions(c * ft, Math.min((c + 1) * ft, width) - 1));
+  const customdata = pooled.counted.map((row) => row.map((n, c) => [ranges[c], n]));
+  const trace = {
+    type: "heatmap", z, x, y, customdata, hovertemplate: POOLED.hover(spec.field), hoverongaps: false, name: spec.field,
+    colorbar: { thickness: 10 }, zsmooth: "fast", colorscale: DIVERGING, zmid: spec.mid,
+  };
+  if (spec.range) Object.assign(trace, { zmin: spec.range[0], zmax: spec.range[1] });
+  return { data: [trace], layout: heatmapLayout(POOLED.title(spec.title, fr, ft, spec.mid), z.length, width, false) };
+}
+
+// One heatmap figure per field (each drawn on its own, when it is on screen). `hover()` gives the
+// per-cell hover data of a full grid (not needed when the grid is pooled).
+export function heatmap(data, spec, hover) {
+  if (data.heatmap) return pooledHeatmap(data, spec);
+  const customdata = hover();
   const z = grid(data, data.tokens[spec.field]);
   const rows = data.token_rows.length;
   const width = z[0].length;
-  const height = Math.min(240, 28 + Math.max(rows, 2) * (rows <= 16 ? 24 : 4)) + 74;
   const trace = {
     type: "heatmap", z, y: rowLabels(data), customdata, hovertemplate: HOVER, hoverongaps: false, name: spec.field,
     colorbar: { thickness: 10 }, xgap: width <= 64 ? 1 : 0, ygap: rows <= 64 ? 1 : 0,
@@ -95,12 +134,7 @@ export function heatmap(data, spec, customdata) {
   Object.assign(trace, { colorscale: DIVERGING, zmid: spec.mid });
   if (spec.range) Object.assign(trace, { zmin: spec.range[0], zmax: spec.range[1] });
   const marks = clippedMarks(data);
-  const layout = base(spec.title, {
-    height, margin: { l: 110, r: 30, t: 30, b: 40 }, plot_bgcolor: "#e3e6eb",
-    showlegend: Boolean(marks), legend: { orientation: "h", x: 1, xanchor: "right", y: 1.02, yanchor: "bottom" },
-    xaxis: { title: { text: "position" }, showgrid: false, zeroline: false, dtick: width <= 40 ? 1 : undefined },
-    yaxis: { autorange: "reversed", showgrid: false, automargin: true },
-  });
+  const layout = heatmapLayout(spec.title, rows, width, Boolean(marks));
   return { data: marks ? [trace, marks] : [trace], layout };
 }
 
@@ -229,7 +263,7 @@ export function clipCurves(data, options) {
   }
   const settings = `${cfg.objective} · ε_low ${fmt(cfg.epsilon_low)} · ε_high ${fmt(cfg.epsilon_high)}` +
     (cfg.dual_clip ? ` · dual clip ${fmt(cfg.dual_clip)}` : "") + (cfg.delta ? ` · delta ${fmt(cfg.delta)}` : "") +
-    (c.truncated ? " · the first 500 tokens shown" : "");
+    (c.truncated ? ` · the first ${p.ratio.length} tokens shown` : "");
   const yTitle = options.registries.objective.find((o) => o.name === cfg.objective)?.axis || "objective"; // from the registry
   // Log-axis ticks written out (Plotly's own read "2 5 1 2 5 10" for 0.2 0.5 1 2 5 10).
   const ticks = LOG_TICKS.filter((v) => v >= c.x[0] && v <= c.x[c.x.length - 1]);

@@ -34,8 +34,8 @@ export function download(filename, text, type = "application/json") {
   setTimeout(() => URL.revokeObjectURL(url), 1000);
 }
 
-// plotly.js (4.6 MB) is loaded after the first view is on screen, not before: the summary needs
-// none of it. A chart drawn earlier waits for it.
+// plotly.js (4.6 MB; fetched into the cache by the page's prefetch link) runs when a chart first
+// needs it, not before: the summary needs none of it.
 let plotlyLoading = null;
 export function loadPlotly() {
   if (!plotlyLoading) {
@@ -49,10 +49,13 @@ export function loadPlotly() {
   return plotlyLoading;
 }
 
-// Draw (or update in place) one Plotly figure in the element with this id.
+const nextTask = () => new Promise((resolve) => setTimeout(resolve, 0));
+
+// Draw (or update in place) one Plotly figure in the element with this id. Charts that waited for
+// plotly.js draw one per task, so input and navigation are never held behind all of them.
 export function plot(id, spec) {
   const draw = () => Plotly.react(document.getElementById(id), spec.data, spec.layout, { responsive: true, displaylogo: false, toImageButtonOptions: { filename: `grpo-lens-${id}` } });
-  return window.Plotly ? draw() : loadPlotly().then(draw);
+  return window.Plotly ? draw() : loadPlotly().then(nextTask).then(draw);
 }
 
 export function setStatus(text, kind = "") {

@@ -42,6 +42,14 @@ export const HEATMAP_TITLES = {
   grad: "Gradient ∂loss/∂logp (white at 0; blue: descent raises the log-prob)",
 };
 
+// A pooled heatmap (app/responses.py pools grids with more cells than pixels) says so.
+export const POOLED = {
+  title: (title, rows, positions, mid) => `${title.replace(/ \(.*\)$/, "")} · pooled by ${rows === 1 ? "" : `${rows} rows × `}${positions} positions: each cell its token farthest from ${mid}`,
+  rows: (first, last) => (first === last ? `row ${first}` : `rows ${first}–${last}`),
+  positions: (first, last) => (first === last ? `position ${first}` : `positions ${first}–${last}`),
+  hover: (field) => `%{y}, %{customdata[0]}<br>${field} %{z:.4g}: the farthest from the centre of %{customdata[1]} counted tokens<extra></extra>`,
+};
+
 // Hover text on what the clip did to a token, by region.
 export const REGION_HOVER = {
   trust: "ratio used as is (no clip bound acted)",

@@ -5,12 +5,12 @@
 import { ApiError, getJSON, postForm, postJSON } from "./api.js";
 import * as compare from "./compare.js";
 import { buildControls, renderControls } from "./controls.js";
-import { $, download, el, loadPlotly, setStatus } from "./dom.js";
+import { $, download, el, setStatus } from "./dom.js";
 import { fmt } from "./format.js";
 import * as input from "./input.js";
 import * as lab from "./lab.js";
 import { EXPERIMENTS, STALE, STATUS } from "./labels.js";
-import { currentSeq, drawOnScreen, hold, invalidate, isCurrent } from "./redraw.js";
+import { currentSeq, drawOnScreen, hold, invalidate, isCurrent, whenQuiet } from "./redraw.js";
 import { buildGlossary, loadExperiments } from "./reference.js";
 import { currentRequest, readURL, scenarios, state, writeURL } from "./state.js";
 import * as runs from "./runs.js";
@@ -136,27 +136,49 @@ function openBatch(request, config, title, note) {
   $("#summary").scrollIntoView();
 }
 
+// The page carries its options and, for a link naming only a scenario and settings, the server's
+// answer to the first request (app/boot.py): the first view needs no round trip. The answer is used
+// only when it is the answer to the request this page would send.
+function readBoot() {
+  const boot = JSON.parse($("#boot").textContent);
+  return { options: boot.options, first: boot.first };
+}
+
 async function init() {
-  state.ui.options = await getJSON("/api/v1/options");
+  const boot = readBoot();
+  state.ui.options = boot.options;
   readURL(state.ui.options.fields);
   if (!scenarios().has(state.scenario)) state.scenario = "article";
   if (state.input) state.ui.origin = { kind: "edited", name: "" };
-  const first = fetchLoss(); // in flight while the controls are built
+  const carried = boot.first && boot.first.answer.tokens_complete && !state.ui.uploadFile && sameJSON(boot.first.request, { ...currentRequest(), config: state.config });
+  const first = carried ? Promise.resolve(boot.first.answer) : fetchLoss(); // in flight while the controls are built
   first.catch(() => {}); // its error is reported by compute() below
   views.setup({ pickRow });
   input.setup({ recompute: schedule, computeNow: compute });
   buildControls(schedule);
-  compare.setup();
-  buildGlossary();
   for (const id of ["#contrib-row", "#grad-row"]) $(id).addEventListener("change", (e) => pickRow(Number(e.target.value)));
   $("#export-json").addEventListener("click", () => state.ui.last && download("grpo-lens-breakdown.json", JSON.stringify(state.ui.last)));
   $("#export-csv").addEventListener("click", exportCSV);
   $("#copy-link").addEventListener("click", copyLink);
+  compare.setup();
   await compute(first);
-  await loadPlotly();
-  setupRuns().catch((err) => { $("#run-info").textContent = err.message; });
-  lab.setup({ presets: () => state.ui.options.presets, openBatch }).catch((err) => { $("#lab-error").textContent = err.message; });
-  loadExperiments().catch((err) => { $("#experiments").textContent = EXPERIMENTS.failed(err.message); });
+  // Below the first view: built once the page has been quiet a moment. plotly.js runs when a chart
+  // first needs it (a view scrolled to, or idle drawing): no long task follows the first view, so a
+  // control moved or a reload right after it is not kept waiting.
+  buildGlossary();
+  whenQuiet(() => {
+    setupRuns().catch((err) => { $("#run-info").textContent = err.message; });
+    lab.setup({ presets: () => state.ui.options.presets, openBatch }).catch((err) => { $("#lab-error").textContent = err.message; });
+    loadExperiments().catch((err) => { $("#experiments").textContent = EXPERIMENTS.failed(err.message); });
+  });
+}
+
+// Deep equality of two JSON values (the carried request against the page's own).
+function sameJSON(a, b) {
+  if (a === b) return true;
+  if (typeof a !== "object" || typeof b !== "object" || a === null || b === null || Array.isArray(a) !== Array.isArray(b)) return false;
+  const keys = Object.keys(a);
+  return keys.length === Object.keys(b).length && keys.every((k) => Object.hasOwn(b, k) && sameJSON(a[k], b[k]));
 }
 
 // The Runs view: its step slider loads a captured step into every view, through the same input

@@ -131,6 +131,11 @@ function drawOneStale(mine) {
   });
 }
 
+// Run `fn` once the page has been quiet for QUIET_MS, in idle time (work below the first view).
+export function whenQuiet(fn) {
+  setTimeout(() => requestIdleCallback(fn), QUIET_MS);
+}
+
 // The views of a source on screen now (the benchmark's floor redraws exactly these).
 export function visibleViews(name) {
   return [...views.values()].filter((v) => v.source === name && v.visible && onScreen(v));

@@ -57,7 +57,7 @@ function hoverOf(data) {
 
 // The chart views of a /api/v1/loss response: element id -> how it is drawn.
 const CHART_VIEWS = [
-  ...charts.HEATMAPS.map((spec) => [`heat-${spec.field}`, (data) => plot(`heat-${spec.field}`, charts.heatmap(data, spec, hoverOf(data)))]),
+  ...charts.HEATMAPS.map((spec) => [`heat-${spec.field}`, (data) => plot(`heat-${spec.field}`, charts.heatmap(data, spec, () => hoverOf(data)))]),
   ["contrib-rows", (data) => plot("contrib-rows", charts.contributionRows(data))],
   ["contrib-tokens", (data) => plot("contrib-tokens", charts.contributionTokens(data, tokenRowsShown(data)))],
   ["grad-tokens", (data) => plot("grad-tokens", charts.gradientTokens(data, tokenRowsShown(data)))],
