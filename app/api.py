@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -76,14 +77,15 @@ def body_schemas() -> dict[str, Any]:
     return dict(top.get("$defs", {}))
 
 
-async def answer(request: Request, fn: Any, *args: Any) -> Response:
-    """Read the body, run ``fn(body, *args, settings)`` in its lane, and answer what it replied."""
+async def answer(request: Request, fn: Any, *args: Any, light: Callable[[bytes], bool] | None = None) -> Response:
+    """Read the body, run ``fn(body, *args, settings)`` in its lane (the thread lane whatever its size
+    where ``light(body)`` says its work holds the GIL briefly), and answer what it replied."""
     started = time.perf_counter()
     body = await request.body()
     received = time.perf_counter()
     lanes = request.app.state.lanes
-    light = fn is work.upload and work.binary_upload(body)
-    reply = await lanes.run(len(body), fn, body, *args, request.app.state.settings, light=light)
+    is_light = light is not None and light(body)
+    reply = await lanes.run(len(body), fn, body, *args, request.app.state.settings, light=is_light)
     spans = {"receive": received - started, "work": time.perf_counter() - received, "compute": reply.seconds}
     timing = ", ".join(f"{name};dur={seconds * 1e3:.1f}" for name, seconds in spans.items())
     headers = {**reply.headers, "server-timing": timing}  # where the time went: for bench/api.py and browsers
@@ -120,7 +122,7 @@ async def compare(request: Request) -> Response:
     summary="Evaluate an uploaded batch file",
 )
 async def upload(request: Request) -> Response:
-    return await answer(request, work.upload, request.headers.get("content-type", ""))
+    return await answer(request, work.upload, request.headers.get("content-type", ""), light=work.binary_upload)
 
 
 @router.get("/api/v1/options", summary="Registries, presets, config fields and scenarios (the UI's controls)")

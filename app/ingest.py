@@ -145,17 +145,16 @@ def prepare_json(
 ) -> Prepared:
     """A JSON body -> ``prepare``'s answer; the per-token fields go from the text straight into arrays
     (no Python float per number) where the text allows, else the body is read by ``read_json``."""
+    root = list(root or ["body"])
     fast = read_arrays(data, PER_TOKEN_KEYS)
     if fast is not None:
         rest, arrays = fast
         try:
-            return _fast(
-                rest | {key: Flat(*a) for key, a in arrays.items()}, model, settings, list(root or ["body"]), copies
-            )
+            return _fast(rest | {key: Flat(*a) for key, a in arrays.items()}, model, settings, root, copies)
         except _Slow:  # a value the vectorised checks refuse: the exact reader names it
             pass
         del fast, rest, arrays
-    return prepare(read_json(data, root or ["body"]), model, settings, root, copies)
+    return prepare(read_json(data, root), model, settings, root, copies)
 
 
 def _fast(

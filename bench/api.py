@@ -342,6 +342,20 @@ def largest(base: str) -> None:
         print(f"   peak per process (the first is the server's main process): {parts}")
 
 
+async def timed_post(client: httpx.AsyncClient, body: bytes, times: list[float], errors: list[str]) -> float:
+    """POST ``body`` to /api/v1/loss; its seconds go into ``times``, anything but a 200 into ``errors``."""
+    start = time.perf_counter()
+    try:
+        response = await client.post("/api/v1/loss", content=body, headers=JSON)
+        if response.status_code != 200:
+            errors.append(str(response.status_code))
+    except httpx.HTTPError as exc:
+        errors.append(type(exc).__name__)
+    took = time.perf_counter() - start
+    times.append(took)
+    return took
+
+
 async def small_clients(base: str, clients: int, seconds: float, body: bytes) -> tuple[list[float], list[str]]:
     times: list[float] = []
     errors: list[str] = []
@@ -353,15 +367,7 @@ async def small_clients(base: str, clients: int, seconds: float, body: bytes) ->
         async def one() -> None:
             await asyncio.sleep(rng.random())
             while time.perf_counter() < stop:
-                start = time.perf_counter()
-                try:
-                    response = await client.post("/api/v1/loss", content=body, headers=JSON)
-                    if response.status_code != 200:
-                        errors.append(str(response.status_code))
-                except httpx.HTTPError as exc:
-                    errors.append(type(exc).__name__)
-                took = time.perf_counter() - start
-                times.append(took)
+                took = await timed_post(client, body, times, errors)
                 await asyncio.sleep(max(0.0, 0.7 + 0.6 * rng.random() - took))
 
         await asyncio.gather(*(one() for _ in range(clients)))
@@ -446,14 +452,7 @@ async def load(base: str, clients: int, seconds: float) -> None:
 
         async def one_client() -> None:
             while time.perf_counter() < stop:
-                start = time.perf_counter()
-                try:
-                    response = await client.post("/api/v1/loss", content=body, headers=JSON)
-                    if response.status_code != 200:
-                        errors.append(str(response.status_code))
-                except httpx.HTTPError as exc:
-                    errors.append(type(exc).__name__)
-                times.append(time.perf_counter() - start)
+                await timed_post(client, body, times, errors)
 
         began = time.perf_counter()
         await asyncio.gather(*(one_client() for _ in range(clients)))

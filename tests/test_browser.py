@@ -121,6 +121,15 @@ class Page:
     def last(self) -> dict[str, Any]:
         return dict(self.page.evaluate("window.grpoLens.last"))
 
+    def apply_json(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Paste ``body`` in the JSON tab, apply it, wait for the view it draws; its answer."""
+        self.page.click("#tab-json")
+        self.page.fill("#json-box", json.dumps(body))
+        before = self.drawn()
+        self.page.click("#apply-json")
+        self.wait_drawn(before)
+        return self.last()
+
     def current_chart(self, chart_id: str) -> None:
         """Scroll a chart into view and wait until it shows the current state (charts off screen
         are brought up to date when they come into view)."""
@@ -313,11 +322,7 @@ def test_token_strings_are_shown_as_text_never_as_html(page: Page) -> None:
         "advantages": [1.0, -1.0],
         "tokens": [[evil, "<b>bold</b>"], ["&amp;", "<script>window.__pwned=2</script>"]],
     }
-    page.page.click("#tab-json")
-    page.page.fill("#json-box", json.dumps(body))
-    before = page.drawn()
-    page.page.click("#apply-json")
-    page.wait_drawn(before)
+    page.apply_json(body)
     page.page.click("#tab-table")
     assert page.page.evaluate("window.__pwned === undefined")
     assert page.page.locator("img[src=x]").count() == 0
@@ -340,12 +345,7 @@ def test_large_batch_shows_rows_first_and_loads_a_row_on_demand(page: Page) -> N
         "group_size": 4,
     }
     page.open()
-    page.page.click("#tab-json")
-    page.page.fill("#json-box", json.dumps(body))
-    before = page.drawn()
-    page.page.click("#apply-json")
-    page.wait_drawn(before)
-    data = page.last()
+    data = page.apply_json(body)
     assert not data["tokens_complete"] and data["num_positions"] == rows * 40 > FULL_TOKEN_LIMIT
     assert page.page.is_visible("#large-note")
     assert len(page.heatmap("grad")) == 1  # one row's tokens
@@ -452,12 +452,7 @@ def test_a_heatmap_wider_than_its_pixels_is_pooled_and_says_so(page: Page) -> No
     new = (torch.tensor(old) + 0.3 * torch.randn(2, 1300, generator=g)).clamp(max=0).tolist()
     body = {"per_token_logps": new, "old_per_token_logps": old, "rewards": [1.0, 0.0]}
     page.open()
-    page.page.click("#tab-json")
-    page.page.fill("#json-box", json.dumps(body))
-    before = page.drawn()
-    page.page.click("#apply-json")
-    page.wait_drawn(before)
-    data = page.last()
+    data = page.apply_json(body)
     assert data["heatmap"]["factor_tokens"] == 3  # 1300 positions, at most 600 columns
     page.current_chart("heat-surrogate")
     figure = page.page.evaluate(
