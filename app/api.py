@@ -63,6 +63,10 @@ UPLOAD_BODY = {
                         },
                         "config": {"type": "string", "description": "A JSON object: preset and overrides"},
                         "token_rows": {"type": "string", "description": "A JSON list of rows to return in full"},
+                        "heatmap_rows": {
+                            "type": "string",
+                            "description": 'JSON text: "shown" (default) or "all", as in /api/v1/loss',
+                        },
                     },
                 }
             }

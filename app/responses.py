@@ -54,13 +54,14 @@ HEATMAP_MAX_ROWS = 240
 HEATMAP_MAX_TOKENS = 600
 
 
-def pooled_heatmaps(bd: Breakdown, lengths: list[int], rows: list[int]) -> dict[str, Any] | None:
-    """The heatmaps' fields pooled over blocks of the shown rows' grid, or None when it fits as it is."""
-    if not rows:
-        return None
-    width = max(lengths[i] for i in rows)
+def pooled_heatmaps(bd: Breakdown, lengths: list[int], rows: list[int], drawable: bool) -> dict[str, Any] | None:
+    """The heatmaps' fields over ``rows``, pooled over blocks where the grid has more cells than the
+    heatmap has pixels (float32: numbers to draw). None when the grid fits and is ``drawable`` from
+    the per-token arrays (they hold those rows): the page draws it cell by cell.
+    """
+    width = max((lengths[i] for i in rows), default=0)
     fr, ft = pool_factors(len(rows), width, HEATMAP_MAX_ROWS, HEATMAP_MAX_TOKENS)
-    if fr == ft == 1:
+    if width == 0 or (fr == ft == 1 and drawable):
         return None
     index = torch.tensor(rows)
     mask = bd.tokens.mask[index, :width].cpu()
@@ -72,8 +73,10 @@ def pooled_heatmaps(bd: Breakdown, lengths: list[int], rows: list[int]) -> dict[
     return {
         "factor_rows": fr,
         "factor_tokens": ft,
+        "rows": rows,
+        "width": width,
         "counted": first.counted.numpy(),
-        "fields": {f: p.values.numpy() for f, p in pooled.items()},
+        "fields": {f: p.values.numpy().astype(np.float32) for f, p in pooled.items()},
     }
 
 
@@ -88,12 +91,14 @@ def breakdown_to_json(
     tokens: list[list[str]] | None = None,
     rows: list[int] | None = None,
     max_tokens: int | None = None,
+    every_row: bool = False,
 ) -> dict[str, Any]:
     """The breakdown as JSON-ready data (NumPy arrays inside: dump with ``dumps``).
 
     Per-token arrays are ragged: row i keeps its first ``lengths[i]`` positions (default: all).
     They cover every row when the batch has at most ``max_tokens`` positions, else only
-    ``rows`` (none by default): the summary and per-row data always come whole.
+    ``rows`` (none by default): the summary and per-row data always come whole. The heatmaps'
+    grid (``heatmap``) covers those rows, or with ``every_row`` the whole batch.
     """
     B, T = bd.tokens.mask.shape
     lengths = lengths or [T] * B
@@ -119,7 +124,7 @@ def breakdown_to_json(
         "tokens": token_data,
         "token_rows": rows,
         "tokens_complete": len(rows) == B,
-        "heatmap": pooled_heatmaps(bd, lengths, rows),
+        "heatmap": pooled_heatmaps(bd, lengths, list(range(B)) if every_row else rows, len(rows) == B),
         "num_positions": total,
         "curves": objective_curves(bd),
         "clamp_counts": bd.clamp_counts,

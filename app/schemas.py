@@ -8,7 +8,7 @@ rewards/advantages, config values) are the grpo library's, mapped to the same er
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model
 
@@ -105,10 +105,18 @@ class BatchRequest(BaseModel):
     tokens: TextRows | None = Field(None, description="Display strings, one per token.")
 
     def batch_fields(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"tokens", "config", "token_rows", "configs"}, exclude_none=True)
+        return self.model_dump(exclude={"tokens", "config", "token_rows", "heatmap_rows", "configs"}, exclude_none=True)
 
     def num_positions(self) -> int:
         return sum(len(row) for row in self.per_token_logps)
+
+
+HeatmapRows = Literal["shown", "all"]
+HEATMAP_ROWS = (
+    "The rows the answer's `heatmap` grid covers. 'shown': the rows whose per-token arrays it carries, and "
+    "only when that grid has more cells than a heatmap has pixels (it comes pooled; else null). 'all': every "
+    "row of the batch, also past the per-token limit (pooled where needed; about 0.1 s per million positions)."
+)
 
 
 class LossRequest(BatchRequest):
@@ -120,6 +128,7 @@ class LossRequest(BatchRequest):
     token_rows: Counts | None = Field(
         None, description="Rows whose per-token arrays to return in full when the batch is past the token limit."
     )
+    heatmap_rows: HeatmapRows = Field("shown", description=HEATMAP_ROWS)
 
 
 class CompareRequest(BatchRequest):
@@ -141,6 +150,7 @@ class UploadForm(BaseModel):
 
     config: ConfigRequest | None = Field(None, description="A preset and overrides (over the file's own config).")
     token_rows: Counts | None = Field(None, description="Rows whose per-token arrays to return in full.")
+    heatmap_rows: HeatmapRows = Field("shown", description=HEATMAP_ROWS)
 
 
 class ErrorDetail(BaseModel):

@@ -83,6 +83,7 @@ def loss_json(
     settings: Settings,
     tokens: list[list[str]] | None = None,
     token_rows: list[int] | None = None,
+    heatmap_rows: str = "shown",
 ) -> dict[str, Any]:
     """Evaluate a checked request under ``config``: the /api/v1/loss answer."""
     lengths = prepared.lengths
@@ -94,7 +95,8 @@ def loss_json(
     prepared.fields.clear()  # the batch holds its own tensors: the request's arrays can go
     bd = grpo.evaluate(batch, config)
     del batch
-    return breakdown_to_json(bd, lengths, tokens, rows=token_rows, max_tokens=settings.full_token_limit)
+    limit = settings.full_token_limit
+    return breakdown_to_json(bd, lengths, tokens, rows=token_rows, max_tokens=limit, every_row=heatmap_rows == "all")
 
 
 def loss(body: bytes, settings: Settings) -> dict[str, Any]:
@@ -102,7 +104,7 @@ def loss(body: bytes, settings: Settings) -> dict[str, Any]:
     prepared = prepare_json(body, LossRequest, settings) if body else _empty()
     request: LossRequest = prepared.model
     config = resolve_config(request.config, settings)
-    return loss_json(prepared, config, settings, request.tokens, request.token_rows)
+    return loss_json(prepared, config, settings, request.tokens, request.token_rows, request.heatmap_rows)
 
 
 def compare(body: bytes, settings: Settings) -> dict[str, Any]:
@@ -224,14 +226,13 @@ def upload(body: bytes, content_type: str, settings: Settings) -> dict[str, Any]
         raise LimitError(["body", "file"], f"file larger than {settings.max_upload_bytes} bytes (a setting)")
     fields = load_file(filename, data, settings.max_unpacked_bytes)
     del data, file
-    texts = {name: form.get(name) for name in ("config", "token_rows")}
+    texts = {name: form.get(name) for name in ("config", "token_rows", "heatmap_rows")}
     for name, text in texts.items():
         if text is not None and not isinstance(text, str):
             raise ApiError(422, [error_item(["body", name], "expected JSON text, not a file", "form_invalid")])
     given = _overlaid(fields.pop("config", None), _json_form("config", texts["config"]))
-    form_model = validated(
-        UploadForm, {"config": given, "token_rows": _json_form("token_rows", texts["token_rows"])}, ["body"]
-    )
+    given_form = {"config": given, **{k: _json_form(k, texts[k]) for k in ("token_rows", "heatmap_rows")}}
+    form_model = validated(UploadForm, {k: v for k, v in given_form.items() if v is not None}, ["body"])
     fields.pop("full_kl", None)
     input_dtypes = fields.pop(INPUT_DTYPES, {})
     ignored: list[str] = []
@@ -250,7 +251,7 @@ def upload(body: bytes, content_type: str, settings: Settings) -> dict[str, Any]
         )
         prepared = Prepared(fields, lengths, None)
     config = resolve_config(form_model.config, settings)
-    result = loss_json(prepared, config, settings, tokens, form_model.token_rows)
+    result = loss_json(prepared, config, settings, tokens, form_model.token_rows, form_model.heatmap_rows)
     result["warnings"] += [f"Ignored {name!r} in the file: not a batch field." for name in ignored]
     result["warnings"] += precision_notes(input_dtypes, config.dtype)
     return result

@@ -356,10 +356,46 @@ def test_a_grid_wider_than_the_heatmap_is_pooled(api: TestClient) -> None:
     for field, center in HEATMAP_CENTERS.items():
         want = pool_extreme(torch.tensor(data["tokens"][field], dtype=torch.float64), counted, 1, 3, center)
         got = [[math.nan if v is None else v for v in row] for row in pooled["fields"][field]]
-        got = torch.tensor(got, dtype=torch.float64)
-        torch.testing.assert_close(got, want.values, equal_nan=True, rtol=0, atol=0)  # chosen, not computed
+        got = torch.tensor(got, dtype=torch.float32)  # float32's shortest form reads back exactly
+        # chosen, not computed: each cell is its block's token, as float32 (numbers to draw)
+        torch.testing.assert_close(got, want.values.float(), equal_nan=True, rtol=0, atol=0)
     # row 1 counts positions 0..1292: block 430 (1290-1292) holds 3, blocks 431-433 (1293-1299) none
     assert pooled["counted"][1][-4:] == [3, 0, 0, 0] and pooled["fields"]["kl"][1][-3:] == [None] * 3
+    assert (pooled["rows"], pooled["width"]) == ([0, 1], width)
+
+
+def test_heatmap_rows_all_covers_every_row_past_the_token_limit(api: TestClient) -> None:
+    """heatmap_rows "all" (the page's): one row's tokens (or none) in the answer, but the heatmaps' grid
+    covers the whole batch, pooled from the breakdown by grpo.pooling where its cells outnumber the
+    heatmap's pixels. "shown" (the default): the grid covers the rows whose tokens come."""
+    from app.responses import HEATMAP_CENTERS, HEATMAP_MAX_ROWS, HEATMAP_MAX_TOKENS
+    from grpo.pooling import pool_extreme, pool_factors
+
+    limit = get_settings().full_token_limit
+    body = long_rows(limit // 2, limit // 2 + 1)
+    bd = library(body)
+    fr, ft = pool_factors(2, limit // 2 + 1, HEATMAP_MAX_ROWS, HEATMAP_MAX_TOKENS)
+    assert (fr, ft) == (1, 55)
+    for extra in ({}, {"token_rows": [1]}):
+        data = post_loss(api, {**body, **extra, "heatmap_rows": "all"})
+        pooled = data["heatmap"]
+        shape = (pooled["rows"], pooled["width"], pooled["factor_rows"], pooled["factor_tokens"])
+        assert shape == ([0, 1], limit // 2 + 1, 1, 55)
+        for field, center in HEATMAP_CENTERS.items():
+            want = pool_extreme(getattr(bd.tokens, field), bd.tokens.mask, fr, ft, center).values.float()
+            got = torch.tensor([[math.nan if v is None else v for v in r] for r in pooled["fields"][field]])
+            torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+    assert post_loss(api, body)["heatmap"] is None  # "shown": no rows' tokens, no grid
+    shown = post_loss(api, {**body, "token_rows": [1]})["heatmap"]
+    assert (shown["rows"], shown["width"], shown["factor_tokens"]) == ([1], limit // 2 + 1, 55)
+    # a small batch whose tokens come for one row only: with "all", its whole grid cell by cell
+    data = post_loss(api, {**ARTICLE, "token_rows": [2], "heatmap_rows": "all"})
+    pooled = data["heatmap"]
+    assert (pooled["rows"], pooled["factor_rows"], pooled["factor_tokens"]) == ([0, 1, 2], 1, 1)
+    assert len(pooled["fields"]["loss"]) == 3 and data["token_rows"] == [2]
+    assert post_loss(api, {**ARTICLE, "heatmap_rows": "all"})["heatmap"] is None  # drawn from the tokens
+    error = api.post("/api/v1/loss", json={**ARTICLE, "heatmap_rows": "every"})
+    assert error.status_code == 422 and error.json()["detail"][0]["loc"] == ["body", "heatmap_rows"]
 
 
 @pytest.mark.parametrize(

@@ -348,7 +348,11 @@ def test_large_batch_shows_rows_first_and_loads_a_row_on_demand(page: Page) -> N
     data = page.apply_json(body)
     assert not data["tokens_complete"] and data["num_positions"] == rows * 40 > FULL_TOKEN_LIMIT
     assert page.page.is_visible("#large-note")
-    assert len(page.heatmap("grad")) == 1  # one row's tokens
+    assert data["token_rows"] == [0] and len(data["tokens"]["grad"]) == 1  # one row's tokens
+    grid = data["heatmap"]  # every row, from the server's grid (8 x 40 fits: blocks of one cell)
+    assert (grid["rows"], grid["width"], grid["factor_rows"], grid["factor_tokens"]) == ([*range(rows)], 40, 1, 1)
+    assert page.heatmap("grad") == grid["fields"]["grad"] and len(page.heatmap("grad")) == rows
+    assert "pooled" not in page.page.evaluate("document.getElementById('heat-grad').layout.title.text")
     assert page.page.locator("#rows-table tbody tr").count() == rows  # every row in the overview
     before = page.drawn()
     page.page.click("#rows-table tbody tr:nth-child(6)")

@@ -285,6 +285,8 @@ OK_JSON = json.dumps({"per_token_logps": [[-1.0, -2.0], [-0.5]], "rewards": [1.0
         ({"token_rows": "[5]"}, ["body", "token_rows", 0], ["below 2"]),
         ({"token_rows": '["a"]'}, ["body", "token_rows", 0], ["integer"]),
         ({"token_rows": "[-1]"}, ["body", "token_rows", 0], ["greater than or equal to 0"]),
+        ({"heatmap_rows": '"every"'}, ["body", "heatmap_rows"], ["'shown' or 'all'"]),
+        ({"heatmap_rows": "all"}, ["body", "heatmap_rows"], ["JSON"]),
     ],
 )
 def test_bad_form_fields_get_a_422(api: TestClient, form: dict[str, str], loc: list[Any], words: list[str]) -> None:
@@ -305,6 +307,15 @@ def test_form_config_overrides_the_files(api: TestClient) -> None:
     data = response.json()
     assert (data["config"]["preset"], data["config"]["beta"]) == ("verl-grpo", 0.5)
     assert data["token_rows"] == [1]
+
+
+def test_heatmap_rows_in_the_form_as_in_loss(api: TestClient) -> None:
+    """The form's heatmap_rows ('"all"', JSON text like the other fields) gives /api/v1/loss's grid."""
+    body = json.loads(OK_JSON)
+    response = upload(api, "b.json", OK_JSON, token_rows="[1]", heatmap_rows='"all"')
+    assert response.status_code == 200, response.text[:300]
+    want = loss(api, {**body, "token_rows": [1], "heatmap_rows": "all"})["heatmap"]
+    assert response.json()["heatmap"] == want and want["rows"] == list(range(len(body["per_token_logps"])))
 
 
 def test_a_file_past_the_upload_limit_gets_413(api: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:

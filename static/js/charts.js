@@ -18,9 +18,8 @@ const DIVERGING = [
   [0, "#2166ac"], [0.25, "#67a9cf"], [0.5, "#f7f7f7"], [0.75, "#ef8a62"], [1, "#b2182b"],
 ];
 
-function rowLabels(data) {
-  return data.token_rows.map((i) => `row ${i} (A ${fmt(data.rows.advantage[i], 3)})`);
-}
+const rowLabel = (data, i) => `row ${i} (A ${fmt(data.rows.advantage[i], 3)})`;
+const rowLabels = (data) => data.token_rows.map((i) => rowLabel(data, i));
 
 // Ragged rows -> a rectangle (null where a row is shorter or the position does not count).
 function grid(data, values) {
@@ -97,17 +96,19 @@ function heatmapLayout(title, rows, width, showlegend) {
   });
 }
 
-// A grid with more cells than pixels, pooled by the server (data.heatmap): each cell is its block's
-// token farthest from the field's centre; the title and the hover say so and by what factor.
+// The server's grid (data.heatmap: every row, as the page asks), pooled where it has more cells than
+// pixels: each cell is its block's token farthest from the field's centre; the title and the hover
+// say so and by what factor. (A batch past the per-token limit carries one row's tokens, but its
+// heatmaps still show every row.)
 function pooledHeatmap(data, spec) {
   const pooled = data.heatmap;
   const fr = pooled.factor_rows;
   const ft = pooled.factor_tokens;
   const z = pooled.fields[spec.field];
-  const shown = data.token_rows;
-  const y = z.map((_, r) => (fr === 1 ? rowLabels(data)[r] : POOLED.rows(shown[r * fr], shown[Math.min((r + 1) * fr, shown.length) - 1])));
+  const shown = pooled.rows;
+  const y = z.map((_, r) => (fr === 1 ? rowLabel(data, shown[r]) : POOLED.rows(shown[r * fr], shown[Math.min((r + 1) * fr, shown.length) - 1])));
   const x = z[0].map((_, c) => c * ft + (ft - 1) / 2); // each block at its centre, in positions
-  const width = Math.max(...data.tokens.mask.map((m) => m.length));
+  const width = pooled.width;
   const ranges = z[0].map((_, c) => POOLED.positions(c * ft, Math.min((c + 1) * ft, width) - 1));
   const customdata = pooled.counted.map((row) => row.map((n, c) => [ranges[c], n]));
   const trace = {
@@ -115,7 +116,7 @@ function pooledHeatmap(data, spec) {
     colorbar: { thickness: 10 }, zsmooth: "fast", colorscale: DIVERGING, zmid: spec.mid,
   };
   if (spec.range) Object.assign(trace, { zmin: spec.range[0], zmax: spec.range[1] });
-  return { data: [trace], layout: heatmapLayout(POOLED.title(spec.title, fr, ft, spec.mid), z.length, width, false) };
+  return { data: [trace], layout: heatmapLayout(fr * ft === 1 ? spec.title : POOLED.title(spec.title, fr, ft, spec.mid), z.length, width, false) };
 }
 
 // One heatmap figure per field (each drawn on its own, when it is on screen). `hover()` gives the

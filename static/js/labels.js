@@ -124,7 +124,7 @@ export const SUMMARY = {
   noClamp: "No clamp touched any token.",
   clamps: (list) => `Clamps that touched tokens: ${list}.`,
   touched: (n) => `touched ${n} token${n === 1 ? "" : "s"}`,
-  largeBatch: (positions, row) => `This batch has ${positions} positions, more than the per-token limit: showing the per-row overview and the tokens of row ${row} (pick another row below or in the rows table).`,
+  largeBatch: (positions, row) => `This batch has ${positions} positions, more than the per-token limit: the heatmaps show every row, the other per-token charts the tokens of row ${row} (pick another row below or in the rows table).`,
 };
 
 export const ROWS = {

@@ -23,6 +23,10 @@ function schedule(delay = 120) {
   timer = setTimeout(compute, delay);
 }
 
+// The heatmaps show every row, also of a batch past the per-token limit (the server pools them).
+const HEATMAP_ROWS = "all";
+const lossRequest = () => ({ ...currentRequest(), config: state.config, heatmap_rows: HEATMAP_ROWS });
+
 async function fetchLoss() {
   const { uploadFile } = state.ui;
   if (uploadFile && !state.input) {
@@ -30,9 +34,10 @@ async function fetchLoss() {
     form.append("file", uploadFile);
     form.append("config", JSON.stringify(state.config));
     if (state.row > 0) form.append("token_rows", JSON.stringify([state.row]));
+    form.append("heatmap_rows", JSON.stringify(HEATMAP_ROWS));
     return postForm("loss", "/api/v1/upload", form);
   }
-  const body = { ...currentRequest(), config: state.config };
+  const body = lossRequest();
   const data = await postJSON("loss", "/api/v1/loss", body);
   if (data && !data.tokens_complete) {
     const row = Math.min(Math.max(state.row, 0), data.rows.loss.length - 1);
@@ -150,6 +155,7 @@ async function init() {
   readURL(state.ui.options.fields);
   if (!scenarios().has(state.scenario)) state.scenario = "article";
   if (state.input) state.ui.origin = { kind: "edited", name: "" };
+  // (With every row's tokens in the answer, the heatmap_rows the page asks for changes nothing.)
   const carried = boot.first && boot.first.answer.tokens_complete && !state.ui.uploadFile && sameJSON(boot.first.request, { ...currentRequest(), config: state.config });
   const first = carried ? Promise.resolve(boot.first.answer) : fetchLoss(); // in flight while the controls are built
   first.catch(() => {}); // its error is reported by compute() below
@@ -208,7 +214,7 @@ window.grpoLens = {
   state,
   isCurrent,
   get last() { return state.ui.last; },
-  request: () => ({ ...currentRequest(), config: state.config }),
+  request: lossRequest,
   drawSummary: (data) => views.renderSummary(data),
   drawCharts: (data) => drawOnScreen("loss", data),
 };
