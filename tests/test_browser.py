@@ -362,6 +362,56 @@ def test_large_batch_shows_rows_first_and_loads_a_row_on_demand(page: Page) -> N
     page.check_clean()
 
 
+def test_a_table_of_many_rows_holds_only_the_rows_in_view(page: Page) -> None:
+    """1,000 completions: the rows table scrolls in its own box with about a window of rows in the DOM;
+    scrolling and sorting show the right rows, and a row clicked deep down loads its tokens."""
+    rows = 1000
+    body = {
+        "per_token_logps": [[-0.1 - 0.001 * ((i * 7 + j) % 97) for j in range(3)] for i in range(rows)],
+        "old_per_token_logps": [[-0.12 - 0.001 * ((i * 5 + j) % 89) for j in range(3)] for i in range(rows)],
+        "rewards": [float(i % 3 == 0) for i in range(rows)],
+        "group_size": 8,
+    }
+    page.open()
+    data = page.apply_json(body)
+    page.page.evaluate("document.getElementById('view-rows').scrollIntoView()")
+    table = "#rows-table tbody tr:not(.spacer)"
+    shown = lambda: [int(t) for t in page.page.locator(f"{table} td:first-child").all_text_contents()]  # noqa: E731
+    first_window = shown()
+    assert first_window[0] == 0 and 20 <= len(first_window) <= 100  # a window, not 1,000 rows
+    assert page.page.get_attribute("#rows-table", "aria-rowcount") == str(rows + 1)
+    # the spacers keep the full height: scrolled to the bottom, the last rows are there
+    page.page.evaluate("(() => { const w = document.getElementById('rows-wrap'); w.scrollTop = w.scrollHeight; })()")
+    page.wait_for(
+        "[...document.querySelectorAll('#rows-table tbody tr:not(.spacer) td:first-child')]"
+        ".some((td) => td.textContent === '999')"
+    )
+    assert len(shown()) <= 100
+    # sorted by loss, descending: the window starts again at the top, with the largest losses
+    page.page.evaluate("document.getElementById('rows-wrap').scrollTop = 0")
+    header = page.page.locator("#rows-table th", has_text="loss").first
+    header.click()
+    header = page.page.locator("#rows-table th", has_text="loss").first
+    header.click()
+    page.wait_for("document.querySelector('#rows-table th[aria-sort=descending]') !== null")
+    losses = data["rows"]["loss"]
+    want = sorted(range(rows), key=lambda i: -losses[i])[:10]
+    assert [losses[i] for i in shown()[:10]] == [losses[i] for i in want]
+    # a row deep in the table, scrolled to and clicked, loads its tokens
+    top = shown()
+    page.page.evaluate("document.getElementById('rows-wrap').scrollTop = 600 * 30")
+    page.wait_for(f"document.querySelector('#rows-table tbody tr:not(.spacer) td').textContent !== '{top[0]}'")
+    assert set(shown()).isdisjoint(top)
+    target = shown()[len(shown()) // 2]
+    before = page.drawn()
+    page.page.locator(table).filter(has=page.page.locator("td:first-child", has_text=f"{target}")).first.click()
+    page.wait_drawn(before)
+    assert page.last()["token_rows"] == [target]
+    assert page.page.evaluate("document.getElementById('rows-wrap').scrollTop") > 10_000  # a redraw keeps it
+    page.page.locator("#view-rows").screenshot(path=str(ARTIFACTS / "rows-virtual.png"))
+    page.check_clean()
+
+
 def test_exports_and_labelled_controls(page: Page) -> None:
     page.open()
     with page.page.expect_download() as info:

@@ -66,6 +66,7 @@ const CHART_VIEWS = [
 
 export function setup(h) {
   hooks = h;
+  setupRowsTable();
   const host = $("#heatmaps");
   for (const spec of charts.HEATMAPS) host.append(el("div", { class: "chart heatmap", id: `heat-${spec.field}` }));
   for (const [id, draw] of CHART_VIEWS) redraw.register(id, "loss", draw);
@@ -81,12 +82,21 @@ export function renderViews(data) {
 }
 
 // --- rows table ---------------------------------------------------------------------------------
+// One row per completion. Past VIRTUAL_ROWS, the table scrolls in a box of its own and holds only
+// the rows in and near its window, between two spacer rows that keep the scroll height (a run's
+// step can have thousands of completions).
 const ROW_COLUMNS = ["group", "reward", "advantage", "length", "loss", "policy_loss", "kl_loss", "sequence_ratio", "clip_fraction"];
+const VIRTUAL_ROWS = 200;
+const OVERSCAN = 15; // rows drawn beyond each edge of the window
+
+const rowsView = { data: null, order: [], first: -1, rowHeight: 0, scheduled: false };
 
 export function renderRowsTable(data) {
   const sort = state.ui.rowSort;
+  const wrap = $("#rows-wrap");
+  const [top, height] = [wrap.scrollTop, wrap.clientHeight]; // kept across a redraw
   const table = clear($("#rows-table"));
-  const head = el("tr", {}, el("th", { scope: "col", text: ROWS.row }));
+  const head = el("tr", { "aria-rowindex": 1 }, el("th", { scope: "col", text: ROWS.row }));
   for (const key of ROW_COLUMNS) {
     const th = el("th", { scope: "col", class: "num", tabindex: 0, text: LABELS[key] || key, "aria-sort": sort.key === key ? (sort.dir > 0 ? "ascending" : "descending") : "none" });
     const resort = () => { state.ui.rowSort = { key, dir: sort.key === key ? -sort.dir : 1 }; renderRowsTable(data); };
@@ -94,21 +104,67 @@ export function renderRowsTable(data) {
     th.addEventListener("keydown", (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); resort(); } });
     head.append(th);
   }
-  table.append(el("thead", {}, head));
+  table.append(el("thead", {}, head), el("tbody"));
   const order = data.rows.loss.map((_, i) => i);
   if (sort.key) {
     const v = data.rows[sort.key] || [];
     order.sort((a, b) => ((v[a] ?? -Infinity) - (v[b] ?? -Infinity)) * sort.dir);
   }
-  const body = el("tbody");
-  for (const i of order) {
-    const cells = ROW_COLUMNS.map((key) => {
-      const v = data.rows[key] ? data.rows[key][i] : null;
-      return el("td", { class: "num", text: key === "clip_fraction" ? pct(v) : fmt(v) });
-    });
-    const pick = () => hooks.pickRow(i);
-    const tr = el("tr", { class: i === state.row ? "selected" : "", tabindex: 0, onclick: pick, onkeydown: (e) => { if (e.key === "Enter") pick(); } }, el("td", { text: String(i) }), ...cells);
-    body.append(tr);
+  table.setAttribute("aria-rowcount", String(order.length + 1));
+  Object.assign(rowsView, { data, order, first: -1 });
+  wrap.classList.toggle("virtual", order.length > VIRTUAL_ROWS);
+  fillRows(top, height);
+  wrap.scrollTop = top;
+}
+
+function rowNode(data, i, position) {
+  const cells = ROW_COLUMNS.map((key) => {
+    const v = data.rows[key] ? data.rows[key][i] : null;
+    return el("td", { class: "num", text: key === "clip_fraction" ? pct(v) : fmt(v) });
+  });
+  const pick = () => hooks.pickRow(i);
+  return el("tr", { class: i === state.row ? "selected" : "", tabindex: 0, "aria-rowindex": position + 2, onclick: pick, onkeydown: (e) => { if (e.key === "Enter") pick(); } }, el("td", { text: String(i) }), ...cells);
+}
+
+function spacer(rows) {
+  const tr = el("tr", { class: "spacer", "aria-hidden": "true" }, el("td", { colspan: ROW_COLUMNS.length + 1 }));
+  tr.style.height = `${rows * (rowsView.rowHeight || 30)}px`;
+  return tr;
+}
+
+// The tbody: every row of a small table; else the window's rows (from the box's scroll position).
+// `top` and `height`: the box's scroll position and height, read before its rows go (it would clamp).
+function fillRows(top, height) {
+  const { data, order } = rowsView;
+  const body = $("#rows-table tbody");
+  if (order.length <= VIRTUAL_ROWS) {
+    clear(body).append(...order.map((i, k) => rowNode(data, i, k)));
+    return;
   }
-  table.append(body);
+  if (!rowsView.rowHeight) { // measured once, from a real row (not while the table is not laid out)
+    const probe = rowNode(data, order[0], 0);
+    body.append(probe);
+    rowsView.rowHeight = probe.getBoundingClientRect().height;
+    probe.remove();
+  }
+  const h = rowsView.rowHeight || 30;
+  const first = Math.max(0, Math.min(order.length - 1, Math.floor(top / h) - OVERSCAN));
+  const last = Math.min(order.length, first + Math.ceil(height / h) + 2 * OVERSCAN);
+  clear(body);
+  rowsView.first = first;
+  body.append(spacer(first), ...order.slice(first, last).map((i, k) => rowNode(data, i, first + k)), spacer(order.length - last));
+}
+
+// Scrolling the box redraws the window once per frame, when it has moved by a few rows.
+export function setupRowsTable() {
+  const wrap = $("#rows-wrap");
+  wrap.addEventListener("scroll", () => {
+    if (rowsView.scheduled || rowsView.order.length <= VIRTUAL_ROWS) return;
+    rowsView.scheduled = true;
+    requestAnimationFrame(() => {
+      rowsView.scheduled = false;
+      const first = Math.max(0, Math.floor(wrap.scrollTop / (rowsView.rowHeight || 30)) - OVERSCAN);
+      if (Math.abs(first - rowsView.first) >= OVERSCAN / 3) fillRows(wrap.scrollTop, wrap.clientHeight);
+    });
+  }, { passive: true });
 }
