@@ -38,10 +38,10 @@ WATCHDOG_SECONDS = 2.0
 
 
 # --- the worker process -----------------------------------------------------------------------
-def _worker_main(jobs: Any, events: Any, torch_threads: int, nice: int) -> None:
+def _worker_main(jobs: Any, events: Any, torch_threads: int, nice: int, parent: int) -> None:
     """A worker: takes (run_id, run_dir, lab config dict, max_seconds) jobs until it gets None."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when workers stop
-    exit_with_parent()  # ... and when it dies, they go with it
+    exit_with_parent(parent)  # ... and when it dies, they go with it
     with contextlib.suppress(OSError):
         os.nice(nice)
     import torch
@@ -238,7 +238,7 @@ class LabManager:
             self._dispatcher.start()
         jobs = self._ctx.Queue()
         process = self._ctx.Process(
-            target=_worker_main, args=(jobs, self._events, self.torch_threads, self.nice), daemon=True
+            target=_worker_main, args=(jobs, self._events, self.torch_threads, self.nice, os.getpid()), daemon=True
         )
         process.start()
         worker = _Worker(process, jobs)

@@ -48,10 +48,11 @@ def release_memory() -> None:
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
 
 
-def exit_with_parent(poll: float = 0.5) -> None:
-    """In a worker process: exit as soon as the process that started it is gone (killed, crashed, or
-    stopped without shutting its pool down), never left running as an orphan holding memory."""
-    parent = os.getppid()
+def exit_with_parent(parent: int, poll: float = 0.5) -> None:
+    """In a worker process: exit as soon as ``parent``, the process that started it (its PID, passed
+    from there), is gone: killed, crashed, or stopped without shutting its pool down; never left running
+    as an orphan holding memory. The PID comes from the parent because by the time a worker gets here
+    (seconds of imports after its start) the parent may already be gone and the worker re-parented."""
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -61,14 +62,14 @@ def exit_with_parent(poll: float = 0.5) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def _worker_start(settings: Settings) -> None:
+def _worker_start(settings: Settings, parent: int) -> None:
     """A worker process: below the server's priority, its own torch threads, glibc tuned for (B, T) buffers,
     gone with its parent."""
+    exit_with_parent(parent)
     import torch
 
     from grpo._allocator import keep_freed_memory
 
-    exit_with_parent()
     if settings.worker_nice:
         os.nice(settings.worker_nice)
     torch.set_num_threads(settings.worker_torch_threads or torch.get_num_threads())
@@ -166,8 +167,9 @@ class Lanes:
         if self.settings.process_workers < 1:
             return
         context = multiprocessing.get_context("spawn")
+        start = (self.settings, os.getpid())
         self.pool = ProcessPoolExecutor(
-            self.settings.process_workers, mp_context=context, initializer=_worker_start, initargs=(self.settings,)
+            self.settings.process_workers, mp_context=context, initializer=_worker_start, initargs=start
         )
         self.started_rss = {}
         for _ in range(self.settings.process_workers):

@@ -9,12 +9,15 @@ redirects and foreign Host headers, slow clients, the large-request lane.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 import zipfile
 from collections.abc import Iterator
@@ -24,7 +27,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from api_fixtures import ARTICLE, client, error_detail, serve
+from api_fixtures import ARTICLE, ROOT, client, error_detail, free_port, serve
 from fastapi.testclient import TestClient
 from safetensors.torch import save as save_safetensors
 
@@ -255,6 +258,41 @@ def test_a_client_that_sends_its_body_too_slowly_gets_408(capped: str) -> None:
 def _children(pid: int) -> list[int]:
     with open(f"/proc/{pid}/task/{pid}/children") as f:
         return [int(p) for p in f.read().split()]
+
+
+def test_workers_still_starting_do_not_outlive_a_killed_server() -> None:
+    """The server killed while its workers are still starting (importing torch takes seconds): by the
+    time a worker could look up its parent it has been re-parented, so it must be told its parent's
+    PID; it exits instead of living on as an orphan."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(free_port())],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        workers: list[int] = []
+        while not workers and time.monotonic() < deadline and proc.poll() is None:
+            workers = [w for w in _children(proc.pid) if "spawn_main" in _cmdline(w)]
+            time.sleep(0.01)
+        assert workers, "the server started no worker"
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 60
+    while any(os.path.exists(f"/proc/{w}") for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [w for w in workers if os.path.exists(f"/proc/{w}")]
+    for w in left:
+        os.kill(w, signal.SIGKILL)
+    assert not left
+
+
+def _cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().replace(b"\0", b" ").decode(errors="replace")
+    return ""
 
 
 def test_worker_processes_do_not_outlive_a_killed_server() -> None:
