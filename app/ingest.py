@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 import grpo
 from app.errors import BODY_EXPECTED, LimitError, Loc, error_item, invalid
 from app.settings import Settings
-from grpo.io import ALIASES, parse_json, read_arrays
+from grpo.io import ALIASES, canonical, parse_json, read_arrays
 
 # The per-token fields and what their values must be: (lower bound, upper bound, whole 0/1).
 PER_TOKEN: dict[str, tuple[float, float]] = {
@@ -129,7 +129,10 @@ def check_cost(lengths: list[int] | np.ndarray, fields: int, dtype: str, setting
 def prepare(
     body: Any, model: type[BaseModel], settings: Settings, root: Loc | None = None, copies: int = 1, dtype: str = ""
 ) -> Prepared:
-    """A request body (parsed JSON) -> checked batch fields, its per-token fields as padded (B, T) arrays."""
+    """A request body (parsed JSON) -> checked batch fields, its per-token fields as padded (B, T) arrays.
+
+    Per-token fields may come as ``Flat`` arrays (``json_file_fields``); the exact reader is then the
+    caller's to run when they are refused (``NotFast``)."""
     root = list(root or ["body"])
     if not isinstance(body, dict):
         msg = f"Input should be a valid dictionary or object to extract fields from, got {type(body).__name__}"
@@ -137,7 +140,28 @@ def prepare(
     try:
         return _fast(body, model, settings, root, copies, dtype)
     except _Slow:
+        if any(isinstance(v, Flat) for v in body.values()):
+            raise NotFast from None
         return _slow(body, model, settings, root, copies)
+
+
+class NotFast(Exception):
+    """Fields read by ``json_file_fields`` that the vectorised checks refuse: read the file exactly."""
+
+
+def json_file_fields(filename: str, data: bytes) -> dict[str, Any] | None:
+    """An uploaded ``.json`` file's fields, its per-token ones as ``Flat`` arrays read straight from
+    the text (``grpo.io.read_arrays``); None for any other file or text, which ``load_file`` reads."""
+    if not filename.lower().endswith(".json"):
+        return None
+    fast = read_arrays(data, PER_TOKEN_KEYS)
+    if fast is None:
+        return None
+    fields = fast[0] | {key: Flat(*a) for key, a in fast[1].items()}
+    names = [ALIASES.get(key, key) for key in fields]
+    if len(set(names)) != len(names):  # a name beside its alias: the exact reader says which, in the text's order
+        return None
+    return canonical(fields)
 
 
 def prepare_json(

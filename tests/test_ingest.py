@@ -11,8 +11,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from app import work
 from app.errors import as_api_error
 from app.ingest import prepare, prepare_json, read_json
+from app.responses import dumps
 from app.schemas import LossRequest
 from app.settings import Settings
 
@@ -66,3 +68,33 @@ def test_the_fast_reader_agrees_with_the_exact_one(body: bytes) -> None:
     fast = outcome(lambda: prepare_json(body, LossRequest, SETTINGS))
     exact = outcome(lambda: prepare(read_json(body, ["body"]), LossRequest, SETTINGS))
     assert fast == exact
+
+
+def upload_outcome(monkeypatch: Any, body: bytes, fast: bool) -> tuple[Any, ...]:
+    """POST /api/v1/upload's work for ``body`` as a .json file, by the fast reader or (``fast`` False) the exact one."""
+    boundary = "b0undary"
+    form = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="batch.json"\r\n'
+            f"Content-Type: application/json\r\n\r\n"
+        ).encode()
+        + body
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    with monkeypatch.context() as m:
+        if not fast:
+            m.setattr(work, "json_file_fields", lambda filename, data: None)
+        try:
+            return ("ok", dumps(work.upload(form, f"multipart/form-data; boundary={boundary}", SETTINGS)))
+        except Exception as exc:
+            error = as_api_error(exc, "test")
+            return ("error", error.status, error.items)
+
+
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(body=bodies())
+def test_an_uploaded_json_file_reads_the_same_fast_or_exact(monkeypatch: Any, body: bytes) -> None:
+    """A .json upload goes through the fast reader too: the same answer, byte for byte, or the same error."""
+    assert upload_outcome(monkeypatch, body, fast=True) == upload_outcome(monkeypatch, body, fast=False)
