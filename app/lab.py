@@ -29,6 +29,7 @@ from app.errors import config_error
 from app.lab_workers import LabManager, LabRun
 from app.schemas import ConfigRequest, ErrorResponse
 from app.settings import Settings, get_settings
+from grpo.check import batch_advantages
 from grpo.lab import COMPARISONS, DEFAULT_TASK, METRICS, TASKS, LabConfig
 from grpo.runs import load_step
 
@@ -301,7 +302,7 @@ def _step_request(path: Path) -> dict[str, Any]:
     """A step file as the dashboard's input: each row cut to its counted tokens."""
     batch, config, info = load_step(path)
     lengths = batch.mask.sum(-1).tolist()
-    tokens = info["meta"].get("tokens")
+    tokens = info["meta"].get("tokens") if isinstance(info["meta"], dict) else None
 
     def rows(value: Any) -> list[list[float]]:
         return [row[:n] for row, n in zip(value.tolist(), lengths, strict=True)]
@@ -310,7 +311,7 @@ def _step_request(path: Path) -> dict[str, Any]:
         "per_token_logps": rows(batch.per_token_logps),
         "old_per_token_logps": rows(batch.old_per_token_logps),
         "ref_per_token_logps": rows(batch.ref_per_token_logps),
-        "advantages": [float(a) for a in batch.advantages.tolist()],  # type: ignore[union-attr]
+        "advantages": [float(a) for a in batch_advantages(batch, config).tolist()],
     }
     if isinstance(tokens, list) and len(tokens) == len(lengths):
         body["tokens"] = [row[:n] for row, n in zip(tokens, lengths, strict=True)]
