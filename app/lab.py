@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 import grpo
-from app.errors import config_error
+from app.errors import config_error, error_item
 from app.lab_workers import LabManager, LabRun
 from app.schemas import ConfigRequest, ErrorResponse
 from app.settings import Settings, get_settings
@@ -139,10 +139,15 @@ def _new_manager(settings: Settings) -> LabManager:
     )
 
 
+def _refused(status: int, loc: list[str | int], msg: str, kind: str) -> HTTPException:
+    """An error in the API's one shape, its loc naming the path parameter or body field at fault."""
+    return HTTPException(status, [error_item(loc, msg, kind)])
+
+
 def _run(request: Request, run_id: str) -> LabRun:
     run = _manager(request).runs.get(run_id)
     if run is None:
-        raise HTTPException(404, f"no lab run {run_id!r} in this server process")
+        raise _refused(404, ["path", "run_id"], f"no lab run {run_id!r} in this server process", "not_found")
     return run
 
 
@@ -213,10 +218,11 @@ async def start_run(body: LabRunRequest, request: Request, settings: SettingsDep
     manager = _manager(request)
     config = _lab_config(body, settings)
     if len(manager.pending) >= settings.lab_max_queue:
-        raise HTTPException(429, f"{len(manager.pending)} lab runs are waiting (at most {settings.lab_max_queue})")
+        msg = f"{len(manager.pending)} lab runs are waiting (at most {settings.lab_max_queue}, a setting); retry later"
+        raise _refused(429, ["body"], msg, "queue_full")
     run_id = body.name or f"lab-{config.task}-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
     if run_id in manager.runs or (settings.runs_dir / run_id).exists():
-        raise HTTPException(409, f"a run named {run_id!r} exists; choose another name")
+        raise _refused(409, ["body", "name"], f"a run named {run_id!r} exists; choose another name", "conflict")
     fields = config.to_dict() | {"loss": config.loss.to_dict()}
     run = await asyncio.to_thread(manager.submit, run_id, fields, {"name": run_id, "lab": _lab_json(fields)})
     return JSONResponse(_summary(manager, run), status_code=202)
@@ -291,10 +297,11 @@ def _finite(data: dict[str, Any]) -> dict[str, Any]:
 )
 async def step_input(run_id: str, step: int, request: Request, settings: SettingsDep) -> JSONResponse:
     if not re.match(RUN_NAME, run_id):
-        raise HTTPException(404, f"no run {run_id!r}")
+        msg = f"no run {run_id!r}: names are letters, digits, '.', '-' and '_'"
+        raise _refused(404, ["path", "run_id"], msg, "not_found")
     path = settings.runs_dir / run_id / "steps" / f"{step:06d}-000.safetensors"
     if step < 1 or not path.is_file():
-        raise HTTPException(404, f"run {run_id!r} has no saved step {step}")
+        raise _refused(404, ["path", "step"], f"run {run_id!r} has no saved step {step}", "not_found")
     return JSONResponse(await asyncio.to_thread(_step_request, path))
 
 

@@ -174,3 +174,18 @@ def test_a_step_with_rewards_and_no_advantages_is_answered(runs: tuple[TestClien
     lab = http.get("/api/v1/lab/runs/model/steps/1")
     assert lab.status_code == 200, lab.text
     assert len(lab.json()["request"]["advantages"]) == 4
+
+
+# --- the lab's errors name their field ----------------------------------------------------------------------
+# The lab's 404, 409 and 429 were HTTPException strings: their loc was [] (no field named). Now the
+# loc names the path parameter or the body field, as /api/v1/runs does.
+def test_lab_errors_name_the_field(runs: tuple[TestClient, Path]) -> None:
+    http, root = runs
+    write_run(root, "taken")
+    assert error_detail(http.get("/api/v1/lab/runs/nope/status"), 404)[0]["loc"] == ["path", "run_id"]
+    assert error_detail(http.delete("/api/v1/lab/runs/nope"), 404)[0]["loc"] == ["path", "run_id"]
+    assert error_detail(http.get("/api/v1/lab/runs/nope/events"), 404)[0]["loc"] == ["path", "run_id"]
+    assert error_detail(http.get("/api/v1/lab/runs/taken/steps/9"), 404)[0]["loc"] == ["path", "step"]
+    assert error_detail(http.get("/api/v1/lab/runs/..x/steps/1"), 404)[0]["loc"] == ["path", "run_id"]
+    taken = error_detail(http.post("/api/v1/lab/runs", json={"name": "taken", "steps": 1}), 409)
+    assert taken[0]["loc"] == ["body", "name"], taken
