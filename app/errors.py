@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import uuid
 from typing import Any
 
@@ -18,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match, Mount
 
 import grpo
 
@@ -177,7 +177,10 @@ def install(app: FastAPI) -> None:
         body = exc.detail if isinstance(exc.detail, list) else [error_item([], str(exc.detail), "http_error")]
         headers = dict(getattr(exc, "headers", None) or {})
         if exc.status_code == 405:  # Starlette names only the first matching route's methods
-            headers["Allow"] = ", ".join(_allowed_methods(request))
+            allowed = _allowed_methods(request)
+            headers["Allow"] = ", ".join(allowed)
+            msg = f"{request.method} is not taken at this address; expected one of {', '.join(allowed)}"
+            body = [error_item(["method"], msg, "method_not_allowed")]
         return error_response(ApiError(exc.status_code, body, headers))
 
     @app.exception_handler(Exception)
@@ -191,10 +194,19 @@ def install(app: FastAPI) -> None:
         return response
 
 
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
 def _allowed_methods(request: Request) -> list[str]:
-    """Every method the API documents at this path (several routes share a path, one per method)."""
+    """Every method a route at this path takes (several routes share a path, one per method), the
+    pages' too; HEAD wherever GET is (``app.middleware.HeadAsGet``)."""
+    scope = {**request.scope, "root_path": request.scope.get("app_root_path", "")}  # a mount changes root_path
     methods: set[str] = set()
-    for template, operations in request.app.openapi()["paths"].items():
-        if re.fullmatch(re.sub(r"\{[^}/]+\}", "[^/]+", template), request.url.path):
-            methods |= {m.upper() for m in operations}
+    for route in request.app.routes:
+        if isinstance(route, Mount):  # the static files: GET and HEAD
+            methods |= {"GET", "HEAD"} if route.matches(scope)[0] == Match.FULL else set()
+            continue
+        methods |= {m for m in METHODS if route.matches({**scope, "method": m})[0] == Match.FULL}
+    if "GET" in methods and not request.url.path.endswith("/events"):
+        methods.add("HEAD")
     return sorted(methods)

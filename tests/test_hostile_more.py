@@ -189,3 +189,27 @@ def test_lab_errors_name_the_field(runs: tuple[TestClient, Path]) -> None:
     assert error_detail(http.get("/api/v1/lab/runs/..x/steps/1"), 404)[0]["loc"] == ["path", "run_id"]
     taken = error_detail(http.post("/api/v1/lab/runs", json={"name": "taken", "steps": 1}), 409)
     assert taken[0]["loc"] == ["body", "name"], taken
+
+
+# --- HEAD on the GET routes -----------------------------------------------------------------------------------
+# HTTP has every GET resource answer HEAD (uptime checks and `curl -I` send it); the app answered
+# 405 Allow: GET on every route it defines (/healthz, /, the API's GETs). Now HEAD answers as GET
+# would, without a body, with the security headers.
+@pytest.mark.parametrize("path", ["/healthz", "/", "/api/v1/options", "/api/v1/examples/json", "/api/v1/runs"])
+def test_head_answers_where_get_does(api: TestClient, path: str) -> None:
+    response = api.head(path)
+    assert response.status_code == 200, (path, response.status_code, response.headers)
+    assert response.content == b"" and response.headers["x-content-type-options"] == "nosniff"
+
+
+# --- 405s name what the address takes -------------------------------------------------------------------------
+# The 405 handler listed the methods the OpenAPI document holds at the path: the pages and the
+# static files are not in it, so POST / or POST /static/css/app.css answered an empty Allow header,
+# and every 405 said only "Method Not Allowed". Now Allow lists the route's methods and the
+# message says which were expected.
+@pytest.mark.parametrize(("path", "allowed"), [("/", "GET, HEAD"), ("/static/css/app.css", "GET, HEAD")])
+def test_a_405_names_the_methods_the_address_takes(api: TestClient, path: str, allowed: str) -> None:
+    response = api.post(path)
+    detail = error_detail(response, 405)
+    assert response.headers["allow"] == allowed
+    assert allowed in detail[0]["msg"], detail
