@@ -74,6 +74,7 @@ def grpo_loc(exc: grpo.GrpoInputError, root: str = "body") -> Loc:
 
 
 MAX_ERRORS = 20
+MAX_ECHO = 200  # characters of a string input an error entry repeats
 BODY_EXPECTED = "expected a JSON object in UTF-8 (multipart form data for /api/v1/upload)"
 LOGPROB_FIELDS = {"per_token_logps", "old_per_token_logps", "ref_per_token_logps"}
 
@@ -93,6 +94,8 @@ def explain_validation(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if err.get("type") == "less_than_equal" and len(loc) > 1 and loc[1] in LOGPROB_FIELDS:
             entry["msg"] += " (a log-prob is <= 0; a positive value usually means logits were passed)"
         value = err.get("input")
+        if isinstance(value, str) and len(value) > MAX_ECHO:  # a client's megabyte is not sent back
+            value = f"{value[:MAX_ECHO]}... ({len(value)} characters)"
         if "input" in err and isinstance(value, int | float | str | bool | type(None)):
             entry["input"] = None if isinstance(value, float) and not math.isfinite(value) else value  # JSON has no inf
         out.append(entry)

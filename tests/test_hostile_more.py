@@ -202,6 +202,18 @@ def test_head_answers_where_get_does(api: TestClient, path: str) -> None:
     assert response.content == b"" and response.headers["x-content-type-options"] == "nosniff"
 
 
+# --- how much of a bad input an error echoes -------------------------------------------------------------------
+# A file part without a filename (or a form field where a file belongs) reached FastAPI's own
+# validation, whose error carried the whole value as "input": up to 1 MiB of the client's bytes
+# echoed back. Now a string input in an error is cut to a short prefix.
+def test_an_error_echoes_at_most_a_short_prefix_of_what_was_sent(runs: tuple[TestClient, Path]) -> None:
+    http, _ = runs
+    response = http.post("/api/v1/runs", data={"file": "A" * 500_000})
+    detail = error_detail(response, 422)
+    assert detail[0]["loc"] == ["body", "file"]
+    assert len(response.content) < 2_000, len(response.content)
+
+
 # --- 405s name what the address takes -------------------------------------------------------------------------
 # The 405 handler listed the methods the OpenAPI document holds at the path: the pages and the
 # static files are not in it, so POST / or POST /static/css/app.css answered an empty Allow header,
