@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import uuid
 from typing import Any
 
@@ -18,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match, Mount
 
 import grpo
 
@@ -74,6 +74,7 @@ def grpo_loc(exc: grpo.GrpoInputError, root: str = "body") -> Loc:
 
 
 MAX_ERRORS = 20
+MAX_ECHO = 200  # characters of a string input an error entry repeats
 BODY_EXPECTED = "expected a JSON object in UTF-8 (multipart form data for /api/v1/upload)"
 LOGPROB_FIELDS = {"per_token_logps", "old_per_token_logps", "ref_per_token_logps"}
 
@@ -93,6 +94,8 @@ def explain_validation(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if err.get("type") == "less_than_equal" and len(loc) > 1 and loc[1] in LOGPROB_FIELDS:
             entry["msg"] += " (a log-prob is <= 0; a positive value usually means logits were passed)"
         value = err.get("input")
+        if isinstance(value, str) and len(value) > MAX_ECHO:  # a client's megabyte is not sent back
+            value = f"{value[:MAX_ECHO]}... ({len(value)} characters)"
         if "input" in err and isinstance(value, int | float | str | bool | type(None)):
             entry["input"] = None if isinstance(value, float) and not math.isfinite(value) else value  # JSON has no inf
         out.append(entry)
@@ -177,7 +180,10 @@ def install(app: FastAPI) -> None:
         body = exc.detail if isinstance(exc.detail, list) else [error_item([], str(exc.detail), "http_error")]
         headers = dict(getattr(exc, "headers", None) or {})
         if exc.status_code == 405:  # Starlette names only the first matching route's methods
-            headers["Allow"] = ", ".join(_allowed_methods(request))
+            allowed = _allowed_methods(request)
+            headers["Allow"] = ", ".join(allowed)
+            msg = f"{request.method} is not taken at this address; expected one of {', '.join(allowed)}"
+            body = [error_item(["method"], msg, "method_not_allowed")]
         return error_response(ApiError(exc.status_code, body, headers))
 
     @app.exception_handler(Exception)
@@ -191,10 +197,19 @@ def install(app: FastAPI) -> None:
         return response
 
 
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
 def _allowed_methods(request: Request) -> list[str]:
-    """Every method the API documents at this path (several routes share a path, one per method)."""
+    """Every method a route at this path takes (several routes share a path, one per method), the
+    pages' too; HEAD wherever GET is (``app.middleware.HeadAsGet``)."""
+    scope = {**request.scope, "root_path": request.scope.get("app_root_path", "")}  # a mount changes root_path
     methods: set[str] = set()
-    for template, operations in request.app.openapi()["paths"].items():
-        if re.fullmatch(re.sub(r"\{[^}/]+\}", "[^/]+", template), request.url.path):
-            methods |= {m.upper() for m in operations}
+    for route in request.app.routes:
+        if isinstance(route, Mount):  # the static files: GET and HEAD
+            methods |= {"GET", "HEAD"} if route.matches(scope)[0] == Match.FULL else set()
+            continue
+        methods |= {m for m in METHODS if route.matches({**scope, "method": m})[0] == Match.FULL}
+    if "GET" in methods and not request.url.path.endswith("/events"):
+        methods.add("HEAD")
     return sorted(methods)

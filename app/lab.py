@@ -25,10 +25,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 import grpo
-from app.errors import config_error
+from app.errors import config_error, error_item
 from app.lab_workers import LabManager, LabRun
 from app.schemas import ConfigRequest, ErrorResponse
 from app.settings import Settings, get_settings
+from grpo.check import batch_advantages
 from grpo.lab import COMPARISONS, DEFAULT_TASK, METRICS, TASKS, LabConfig
 from grpo.runs import load_step
 
@@ -138,10 +139,15 @@ def _new_manager(settings: Settings) -> LabManager:
     )
 
 
+def _refused(status: int, loc: list[str | int], msg: str, kind: str) -> HTTPException:
+    """An error in the API's one shape, its loc naming the path parameter or body field at fault."""
+    return HTTPException(status, [error_item(loc, msg, kind)])
+
+
 def _run(request: Request, run_id: str) -> LabRun:
     run = _manager(request).runs.get(run_id)
     if run is None:
-        raise HTTPException(404, f"no lab run {run_id!r} in this server process")
+        raise _refused(404, ["path", "run_id"], f"no lab run {run_id!r} in this server process", "not_found")
     return run
 
 
@@ -212,10 +218,11 @@ async def start_run(body: LabRunRequest, request: Request, settings: SettingsDep
     manager = _manager(request)
     config = _lab_config(body, settings)
     if len(manager.pending) >= settings.lab_max_queue:
-        raise HTTPException(429, f"{len(manager.pending)} lab runs are waiting (at most {settings.lab_max_queue})")
+        msg = f"{len(manager.pending)} lab runs are waiting (at most {settings.lab_max_queue}, a setting); retry later"
+        raise _refused(429, ["body"], msg, "queue_full")
     run_id = body.name or f"lab-{config.task}-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
     if run_id in manager.runs or (settings.runs_dir / run_id).exists():
-        raise HTTPException(409, f"a run named {run_id!r} exists; choose another name")
+        raise _refused(409, ["body", "name"], f"a run named {run_id!r} exists; choose another name", "conflict")
     fields = config.to_dict() | {"loss": config.loss.to_dict()}
     run = await asyncio.to_thread(manager.submit, run_id, fields, {"name": run_id, "lab": _lab_json(fields)})
     return JSONResponse(_summary(manager, run), status_code=202)
@@ -290,10 +297,11 @@ def _finite(data: dict[str, Any]) -> dict[str, Any]:
 )
 async def step_input(run_id: str, step: int, request: Request, settings: SettingsDep) -> JSONResponse:
     if not re.match(RUN_NAME, run_id):
-        raise HTTPException(404, f"no run {run_id!r}")
+        msg = f"no run {run_id!r}: names are letters, digits, '.', '-' and '_'"
+        raise _refused(404, ["path", "run_id"], msg, "not_found")
     path = settings.runs_dir / run_id / "steps" / f"{step:06d}-000.safetensors"
     if step < 1 or not path.is_file():
-        raise HTTPException(404, f"run {run_id!r} has no saved step {step}")
+        raise _refused(404, ["path", "step"], f"run {run_id!r} has no saved step {step}", "not_found")
     return JSONResponse(await asyncio.to_thread(_step_request, path))
 
 
@@ -301,7 +309,7 @@ def _step_request(path: Path) -> dict[str, Any]:
     """A step file as the dashboard's input: each row cut to its counted tokens."""
     batch, config, info = load_step(path)
     lengths = batch.mask.sum(-1).tolist()
-    tokens = info["meta"].get("tokens")
+    tokens = info["meta"].get("tokens") if isinstance(info["meta"], dict) else None
 
     def rows(value: Any) -> list[list[float]]:
         return [row[:n] for row, n in zip(value.tolist(), lengths, strict=True)]
@@ -310,7 +318,7 @@ def _step_request(path: Path) -> dict[str, Any]:
         "per_token_logps": rows(batch.per_token_logps),
         "old_per_token_logps": rows(batch.old_per_token_logps),
         "ref_per_token_logps": rows(batch.ref_per_token_logps),
-        "advantages": [float(a) for a in batch.advantages.tolist()],  # type: ignore[union-attr]
+        "advantages": [float(a) for a in batch_advantages(batch, config).tolist()],
     }
     if isinstance(tokens, list) and len(tokens) == len(lengths):
         body["tokens"] = [row[:n] for row, n in zip(tokens, lengths, strict=True)]

@@ -18,7 +18,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from app import api, errors, export, lab, pages, runs
 from app.auth import RequireToken
 from app.lanes import Lanes
-from app.middleware import BodyLimit, SecurityHeaders
+from app.middleware import BodyLimit, HeadAsGet, SecurityHeaders
 from app.settings import Settings, get_settings
 from grpo._allocator import keep_freed_memory
 
@@ -59,6 +59,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.mount("/vendor/swagger-ui", StaticFiles(directory=pages.ROOT / "vendor" / "swagger-ui"), name="swagger-ui")
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     # Middleware, innermost first: the last added sees the request first.
+    app.add_middleware(HeadAsGet)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"])
     app.add_middleware(

@@ -1,6 +1,6 @@
 """Pure ASGI middleware: a body-size limit that answers 413 before the app reads a byte (and 408
-for a body sent too slowly), and security headers on every response, whose redirects never name a
-host the client sent."""
+for a body sent too slowly), HEAD answered as GET without a body, and security headers on every
+response, whose redirects never name a host the client sent."""
 
 from __future__ import annotations
 
@@ -55,6 +55,29 @@ def _local(location: bytes) -> bytes:
         return location
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     return path.encode("latin-1")
+
+
+class HeadAsGet:
+    """HEAD answered as the GET of the same address, without its body: HTTP has every GET resource
+    answer HEAD (uptime checks and ``curl -I`` send it), and FastAPI's routes take only the methods
+    they name. An event stream (``.../events``) never ends by itself, so HEAD there stays a 405."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD" or scope["path"].endswith("/events"):
+            await self.app(scope, receive, send)
+            return
+
+        async def headers_only(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                if message.get("more_body", False):
+                    return
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, headers_only)
 
 
 class BodyLimit:

@@ -136,6 +136,32 @@ def breakdown_to_json(
     }
 
 
+OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+INT64 = (-(2**63), 2**64 - 1)  # the integers orjson writes (signed 64-bit, and unsigned up to 2**64 - 1)
+
+
 def dumps(data: Any) -> bytes:
-    """JSON bytes: NumPy arrays inline, float32 in its shortest form, NaN and inf as null."""
-    return orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+    """JSON bytes: NumPy arrays inline, float32 in its shortest form, NaN and inf as null.
+
+    An integer past 64 bits (Python reads any, from a stored run.json or a page's query) is written
+    as the float it rounds to (past float's range, null), where orjson would refuse the whole answer.
+    """
+    try:
+        return orjson.dumps(data, option=OPTIONS)
+    except orjson.JSONEncodeError as exc:
+        if "64-bit" not in str(exc):
+            raise
+        return orjson.dumps(_wide_ints_as_floats(data), option=OPTIONS)
+
+
+def _wide_ints_as_floats(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _wide_ints_as_floats(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [_wide_ints_as_floats(v) for v in data]
+    if isinstance(data, int) and not isinstance(data, bool) and not INT64[0] <= data <= INT64[1]:
+        try:
+            return float(data)
+        except OverflowError:
+            return None
+    return data

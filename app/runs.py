@@ -3,7 +3,8 @@
 Thin routes over grpo.runs and grpo.check. Run names are single path segments of letters, digits,
 ``-``, ``_`` and ``.``; an uploaded zip is unpacked member by member with every path checked to
 stay inside the run (no absolute paths, no ``..``, no links), its sizes read from the zip's
-directory before anything is written, and the run moved into place with one rename.
+directory before anything is written, its run.json and every step file read as the views will
+read them, and the run moved into place with one rename.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from app.work import _json_form
 from grpo.check import check_run, replay, run_overview, step_batch
 from grpo.errors import GrpoInputError
 from grpo.requests import batch_from_request, row_lengths
-from grpo.runs import STEP_FILE, Run, list_runs, load_run
+from grpo.runs import STEP_FILE, Run, list_runs, load_run, load_step
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -208,7 +209,10 @@ def unpack_run(data: bytes, target: Path, max_bytes: int) -> None:
                 out = staging / member.filename
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_bytes(archive.read(member))
-            info = load_run(staging).info  # JSON and format checked before the run appears
+            run = load_run(staging)  # JSON and format checked before the run appears,
+            for ref in run.steps:  # and every step file read as the run's views will read it
+                load_step(ref.path)
+            info = run.info
             info["uploaded"] = True
             (staging / "run.json").write_text(json.dumps(info, indent=1))
             staging.rename(target)

@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import Tensor
 
+from grpo.batch import Batch
 from grpo.config import LossConfig
 from grpo.errors import GrpoInputError
 from grpo.loss import Breakdown, evaluate
@@ -140,7 +141,8 @@ def check_micro(ref: StepRef, bd: Breakdown, info: dict[str, Any], rtol: float, 
     if trainer is not None:
         scale = max(abs(trainer), float(bd.tokens.loss.abs().sum()), 1e-30)
         rel = abs(lens - trainer) / scale
-    metrics = _compare(meta.get("metrics") or {}, bd.metrics, atol)
+    logged = meta.get("metrics")  # a trainer's log is free-form: only an object of numbers is compared
+    metrics = _compare(logged if isinstance(logged, dict) else {}, bd.metrics, atol)
     ok = (rel is None or rel <= rtol) and all(m.ok for m in metrics.values())
     n = int(bd.tokens.mask.sum())
     return MicroCheck(ref.step, ref.micro, ref.rank, ref.path.name, trainer, lens, rel, n, metrics, ok)
@@ -289,6 +291,14 @@ def run_overview(run: Run, check: RunCheck | None = None) -> dict[str, Any]:
     return {**run.summary(), "info": run.info, "ok": check.ok, "rtol": check.rtol, "steps": steps}
 
 
+def batch_advantages(batch: Batch, config: LossConfig) -> Tensor:
+    """A step's advantages: the trainer's where the file holds them, else the ones the loss computes
+    from its rewards under its config."""
+    if isinstance(batch.advantages, Tensor):
+        return batch.advantages
+    return evaluate(batch, config).advantages
+
+
 def step_batch(run: Run, step: int, micro: int | None = None) -> tuple[dict[str, Any], LossConfig, dict[str, Any]]:
     """A step's request-shaped fields (ragged rows, as /api/v1/loss takes them), config and info.
 
@@ -304,14 +314,13 @@ def step_batch(run: Run, step: int, micro: int | None = None) -> tuple[dict[str,
     loaded = [load_step(r.path) for r in refs]
     rows: dict[str, list[list[float]]] = {}
     per_row: dict[str, list[float]] = {"advantages": [], "row_rewards": [], "row_groups": []}
-    for batch, _, info in loaded:
+    for batch, stored, info in loaded:
         lengths = (batch.mask.cumsum(-1) * batch.mask).argmax(-1) + 1  # up to the last counted position
         for name in ("per_token_logps", "old_per_token_logps", "ref_per_token_logps", "entropies", "completion_mask"):
             value = batch.mask_float if name == "completion_mask" else getattr(batch, name)
             if value is not None:
                 rows.setdefault(name, []).extend(v[: int(n)].tolist() for v, n in zip(value, lengths, strict=True))
-        assert isinstance(batch.advantages, Tensor)
-        per_row["advantages"] += batch.advantages.tolist()
+        per_row["advantages"] += batch_advantages(batch, stored).tolist()
         for name in ("row_rewards", "row_groups"):
             if name in info["tensors"]:
                 per_row[name] += info["tensors"][name].tolist()

@@ -264,7 +264,11 @@ def load_run(run_dir: str | os.PathLike[str]) -> Run:
         raise GrpoInputError("run", f"a run directory with run.json ({path})") from exc
     except ValueError as exc:
         raise GrpoInputError("run.json", "valid JSON", got=str(exc)[:200]) from exc
-    if not isinstance(info, dict) or not isinstance(info.get("format"), int) or info["format"] > FORMAT:
+    except RecursionError as exc:  # json.loads recurses once per nesting level
+        raise GrpoInputError("run.json", "valid JSON", got="nesting too deep") from exc
+    if not isinstance(info, dict):
+        raise GrpoInputError("run.json", "a JSON object: a run's format, source and config", got=type(info).__name__)
+    if not isinstance(info.get("format"), int) or info["format"] > FORMAT:
         raise GrpoInputError("run.json", f"a run of format <= {FORMAT}", got=repr(info.get("format"))[:50])
     refs = []
     steps_dir = path / "steps"
@@ -299,7 +303,7 @@ def read_metadata(data: bytes) -> dict[str, str]:
         raise GrpoInputError("file", "a valid safetensors file", got="a header past the end of the file")
     try:
         header = json.loads(data[8 : 8 + size])
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise GrpoInputError("file", "a valid safetensors file", got="an unreadable header") from exc
     found = header.get("__metadata__") if isinstance(header, dict) else None
     return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
@@ -319,20 +323,25 @@ def step_request(tensors: dict[str, Tensor], metadata: dict[str, str]) -> tuple[
         config = json.loads(metadata["config"])
         meta = json.loads(metadata.get("meta", "{}"))
         step, micro = int(metadata["step"]), int(metadata.get("micro", "0"))
-    except (KeyError, ValueError) as exc:
-        raise GrpoInputError("file", "a run step file (config, step, micro, meta in its metadata)") from exc
+        rank = None if not metadata.get("rank") else int(metadata["rank"])
+    except (KeyError, ValueError, RecursionError) as exc:
+        raise GrpoInputError("file", "a run step file (config, step, micro, rank, meta in its metadata)") from exc
+    if "per_token_logps" not in tensors:
+        raise GrpoInputError("file", "a run step file holding per_token_logps", got=", ".join(sorted(tensors)))
     fields: dict[str, Any] = {k: tensors[k] for k in BATCH_TENSORS if k in tensors}
     if "group_size" in tensors:
+        if tensors["group_size"].numel() != 1:
+            got = f"shape {tuple(tensors['group_size'].shape)}"
+            raise GrpoInputError("group_size", "one number (a 0-d tensor) in the step file", got=got)
         fields["group_size"] = int(tensors["group_size"])
     display = {k: tensors[k] for k in DISPLAY_TENSORS if k in tensors}
     if "advantages" in fields and "rewards" in fields:
         display["rewards"] = fields.pop("rewards")
         fields.pop("group_size", None)
-    rank = metadata.get("rank") or None
     info = {
         "step": step,
         "micro": micro,
-        "rank": None if rank is None else int(rank),
+        "rank": rank,
         "meta": meta,
         "config": config,
         "tensors": display,
@@ -346,13 +355,17 @@ def load_step(path: str | os.PathLike[str]) -> tuple[Batch, LossConfig, dict[str
     from safetensors import SafetensorError
     from safetensors.torch import load
 
-    data = Path(path).read_bytes()
+    path = Path(path)
+    data = path.read_bytes()
     try:
-        tensors = load(data)
-    except SafetensorError as exc:
-        raise GrpoInputError("file", "a valid safetensors file", got=str(exc)[:200]) from exc
-    fields, info = step_request(tensors, read_metadata(data))
-    return Batch(**fields), config_from_dict(info["config"]), info
+        try:
+            tensors = load(data)
+        except SafetensorError as exc:
+            raise GrpoInputError("file", "a valid safetensors file", got=str(exc)[:200]) from exc
+        fields, info = step_request(tensors, read_metadata(data))
+        return Batch(**fields), config_from_dict(info["config"]), info
+    except GrpoInputError as exc:  # a run holds many step files: say which one
+        raise GrpoInputError(exc.field, f"{exc.expected} (in the step file {path.name})", exc.row, exc.got) from exc
 
 
 def with_overrides(config: LossConfig, preset: str | None = None, **overrides: Any) -> LossConfig:

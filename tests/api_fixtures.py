@@ -128,7 +128,7 @@ def error_detail(response: httpx.Response, status: int) -> list[dict[str, Any]]:
     for entry in detail:
         assert {"loc", "msg", "type"} <= set(entry)
         assert isinstance(entry["loc"], list)
-        assert status >= 500 or entry["loc"][0] in ("body", "path")  # where in the request
+        assert status >= 500 or entry["loc"][0] in ("body", "path", "method")  # where in the request
         assert isinstance(entry["msg"], str) and entry["msg"]
     return detail
 
