@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from queue import Empty
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import numpy as np
@@ -344,13 +344,32 @@ def largest(base: str) -> None:
         print(f"   peak per process (the first is the server's main process): {parts}")
 
 
-async def timed_post(client: httpx.AsyncClient, body: bytes, times: list[float], errors: list[str]) -> float:
-    """POST ``body`` to /api/v1/loss; its seconds go into ``times``, anything but a 200 into ``errors``."""
+def server_timing(response: httpx.Response) -> dict[str, float]:
+    """The server's own spans of a response (``Server-Timing: receive;dur=1.2, work;dur=...``), in seconds."""
+    spans = {}
+    for part in response.headers.get("server-timing", "").split(","):
+        name, _, dur = part.strip().partition(";dur=")
+        with suppress(ValueError):
+            spans[name] = float(dur) / 1e3
+    return spans
+
+
+async def timed_post(
+    client: httpx.AsyncClient,
+    body: bytes,
+    times: list[float],
+    errors: list[str],
+    spans: list[dict[str, float]] | None = None,
+) -> float:
+    """POST ``body`` to /api/v1/loss; its seconds go into ``times``, anything but a 200 into ``errors``,
+    the server's own spans into ``spans`` (when given)."""
     start = time.perf_counter()
     try:
         response = await client.post("/api/v1/loss", content=body, headers=JSON)
         if response.status_code != 200:
             errors.append(str(response.status_code))
+        elif spans is not None:
+            spans.append(server_timing(response))
     except httpx.HTTPError as exc:
         errors.append(type(exc).__name__)
     took = time.perf_counter() - start
@@ -358,9 +377,10 @@ async def timed_post(client: httpx.AsyncClient, body: bytes, times: list[float],
     return took
 
 
-async def small_clients(base: str, clients: int, seconds: float, body: bytes) -> tuple[list[float], list[str]]:
+async def small_clients(base: str, clients: int, seconds: float, body: bytes) -> Clients:
     times: list[float] = []
     errors: list[str] = []
+    spans: list[dict[str, float]] = []
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits, headers=STATE["auth"]) as client:
         stop = time.perf_counter() + seconds
@@ -369,11 +389,23 @@ async def small_clients(base: str, clients: int, seconds: float, body: bytes) ->
         async def one() -> None:
             await asyncio.sleep(rng.random())
             while time.perf_counter() < stop:
-                took = await timed_post(client, body, times, errors)
+                took = await timed_post(client, body, times, errors, spans)
                 await asyncio.sleep(max(0.0, 0.7 + 0.6 * rng.random() - took))
 
         await asyncio.gather(*(one() for _ in range(clients)))
-    return times, errors
+    return Clients(times, errors, spans)
+
+
+class Clients(NamedTuple):
+    """What the small clients saw: each request's seconds, the errors, the server's spans of each 200."""
+
+    times: list[float]
+    errors: list[str]
+    spans: list[dict[str, float]]
+
+    def span(self, name: str) -> float:
+        """The median of one server span (seconds): where a request's time went on the server."""
+        return statistics.median(s.get(name, 0.0) for s in self.spans) if self.spans else float("nan")
 
 
 def upload_stream(base: str, auth: dict[str, str], blob: bytes, stop: Any, statuses: Any) -> None:
@@ -390,7 +422,7 @@ def fairness(base: str, clients: int, seconds: float) -> None:
     small = json.dumps(batch(8, 64, fields=3, seed=1, digits=4)).encode()
     upload = json.dumps(batch(256, 4096, fields=3, seed=2, digits=4), separators=(",", ":")).encode()
     asyncio.run(small_clients(base, clients, 2, small))  # warm-up: connections, first calls
-    alone, errors_alone = asyncio.run(small_clients(base, clients, seconds, small))
+    alone = asyncio.run(small_clients(base, clients, seconds, small))
     # The uploads come from a process of their own, as from another person's machine: a thread here
     # would hold this process's GIL while it sends 60 MB, and the small clients' times would count it.
     spawn = multiprocessing.get_context("spawn")
@@ -398,20 +430,24 @@ def fairness(base: str, clients: int, seconds: float) -> None:
     uploader = spawn.Process(target=upload_stream, args=(base, STATE["auth"], upload, stop, queue))
     uploader.start()
     time.sleep(1)
-    beside, errors_beside = asyncio.run(small_clients(base, clients, seconds, small))
+    beside = asyncio.run(small_clients(base, clients, seconds, small))
     stop.set()
     statuses: list[int] = []
     while uploader.is_alive() or not queue.empty():
         with suppress(Empty):
             statuses.append(queue.get(timeout=0.1))
     uploader.join()
-    a50, b50 = pct(alone, 50), pct(beside, 50)
+    a50, b50 = pct(alone.times, 50), pct(beside.times, 50)
     print(f"5. fairness: {clients} clients, an 8 x 64 batch each about once a second, {seconds:.0f} s")
-    print(f"   alone                            p50 {ms(a50)}   p99 {ms(pct(alone, 99))}   errors {len(errors_alone)}")
-    print(
-        f"   beside 1M-token JSON uploads     p50 {ms(b50)}   p99 {ms(pct(beside, 99))}   "
-        f"errors {len(errors_beside)} {sorted(set(errors_beside))}"
-    )
+    for name, seen in (("alone", alone), ("beside 1M-token JSON uploads", beside)):
+        print(
+            f"   {name:32} p50 {ms(pct(seen.times, 50))}   p99 {ms(pct(seen.times, 99))}   "
+            f"errors {len(seen.errors)} {sorted(set(seen.errors))}"
+        )
+        print(
+            f"     of it on the server (p50)      receive {ms(seen.span('receive'))}   "
+            f"work {ms(seen.span('work'))}   compute {ms(seen.span('compute'))}"
+        )
     done = {s: statuses.count(s) for s in sorted(set(statuses))}
     print(f"   ratio beside / alone             p50 {b50 / a50:8.2f}x   (target <= 1.5x; p99 target <= 300 ms)")
     print(f"   uploads ({len(upload) / MB:.0f} MB each) answered: {done}")

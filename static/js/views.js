@@ -94,7 +94,10 @@ const rowsView = { data: null, order: [], first: -1, rowHeight: 0, scheduled: fa
 export function renderRowsTable(data) {
   const sort = state.ui.rowSort;
   const wrap = $("#rows-wrap");
-  const [top, height] = [wrap.scrollTop, wrap.clientHeight]; // kept across a redraw
+  // Kept across a redraw. Only a virtual table scrolls in its own box: reading a small one's geometry
+  // would lay out the whole page in the middle of the first view.
+  const scrolls = wrap.classList.contains("virtual");
+  const [top, height] = scrolls ? [wrap.scrollTop, wrap.clientHeight] : [0, 0];
   const table = clear($("#rows-table"));
   const head = el("tr", { "aria-rowindex": 1 }, el("th", { scope: "col", text: ROWS.row }));
   for (const key of ROW_COLUMNS) {
@@ -113,8 +116,8 @@ export function renderRowsTable(data) {
   table.setAttribute("aria-rowcount", String(order.length + 1));
   Object.assign(rowsView, { data, order, first: -1 });
   wrap.classList.toggle("virtual", order.length > VIRTUAL_ROWS);
-  fillRows(top, height);
-  wrap.scrollTop = top;
+  fillRows(top, scrolls || order.length <= VIRTUAL_ROWS ? height : wrap.clientHeight); // a box of its own from now
+  if (scrolls) wrap.scrollTop = top;
 }
 
 function rowNode(data, i, position) {
