@@ -101,29 +101,34 @@ class BodyLimit:
         if length is not None and length.isdigit() and int(length) > limit:
             await _too_large(send, int(length), limit)
             return
-        body = bytearray()
+        chunks: list[bytes] = []  # joined once: a large body is copied once while this process holds the GIL
+        size = 0
         more = True
         with anyio.move_on_after(self.timeout) as deadline:  # a client that sends too slowly is dropped
             while more:
                 message = await receive()
                 if message["type"] == "http.disconnect":
                     return
-                body += message.get("body", b"")
+                chunk = message.get("body", b"")
+                chunks.append(chunk)
+                size += len(chunk)
                 more = message.get("more_body", False)
-                if len(body) > limit:
-                    await _too_large(send, len(body), limit)
+                if size > limit:
+                    await _too_large(send, size, limit)
                     return
         if deadline.cancelled_caught:
-            msg = f"the body did not arrive within {self.timeout:g} s (a setting); {len(body)} bytes came"
+            msg = f"the body did not arrive within {self.timeout:g} s (a setting); {size} bytes came"
             await _refuse(send, 408, msg, "timeout")
             return
+        body = b"".join(chunks)
+        del chunks
         replayed = False
 
         async def replay() -> Message:
             nonlocal replayed
             if not replayed:
                 replayed = True
-                return {"type": "http.request", "body": bytes(body), "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
         await self.app(scope, replay, send)
