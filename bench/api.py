@@ -124,6 +124,15 @@ def _statm(pid: int) -> float:
         return float(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
 
 
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU time of process ``pid`` so far (None without one: a server given by --url)."""
+    if pid is None:
+        return None
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss() -> float | None:
     """Resident memory of the server and all its processes, bytes (None when the server is not ours)."""
     if STATE["pid"] is None:
@@ -430,7 +439,9 @@ def fairness(base: str, clients: int, seconds: float) -> None:
     uploader = spawn.Process(target=upload_stream, args=(base, STATE["auth"], upload, stop, queue))
     uploader.start()
     time.sleep(1)
+    cpu_before = cpu_seconds(STATE["pid"])
     beside = asyncio.run(small_clients(base, clients, seconds, small))
+    cpu_after = cpu_seconds(STATE["pid"])
     stop.set()
     statuses: list[int] = []
     while uploader.is_alive() or not queue.empty():
@@ -451,6 +462,11 @@ def fairness(base: str, clients: int, seconds: float) -> None:
     done = {s: statuses.count(s) for s in sorted(set(statuses))}
     print(f"   ratio beside / alone             p50 {b50 / a50:8.2f}x   (target <= 1.5x; p99 target <= 300 ms)")
     print(f"   uploads ({len(upload) / MB:.0f} MB each) answered: {done}")
+    if cpu_before is not None and cpu_after is not None:
+        # The main process's CPU while the uploads came (its GIL is what the small requests wait for):
+        # reading the bodies, handing them over, and the small requests' own work.
+        busy = (cpu_after - cpu_before) / seconds
+        print(f"   the server's main process meanwhile: {100 * busy:.0f}% of a core (its workers not counted)")
 
 
 def hostile(base: str) -> None:
