@@ -13,6 +13,8 @@ Each figure of issue 8 beside its floor or its alone-case, in one run:
    server's processes above idle (target <= 1.5 GB) and the RSS 10 s after (target: within 400 MB of start).
 5. fairness: 40 clients sending small batches about once a second, alone and then beside a stream of
    1M-token (256 x 4096) JSON uploads: their median (target <= 1.5x alone) and p99 (target <= 0.3 s).
+   Beside them, where the time went: the server's spans of the small requests (Server-Timing), the main
+   process's CPU per upload and its share of a core meanwhile (its GIL is what the small requests wait for).
 6. hostile bodies: a 66 KB body padded to 4,001 x 4,000 and a 1.6 MB body padded to 100,001 x 2,000:
    status, time to answer, RSS growth (target: 413, at once, no growth).
 7. load: 32 concurrent clients posting the article's example for a few seconds (target: 0 errors).
@@ -427,10 +429,23 @@ def upload_stream(base: str, auth: dict[str, str], blob: bytes, stop: Any, statu
                 stop.wait(float(response.headers.get("retry-after", "1")))
 
 
+def main_cpu_per_upload(base: str, blob: bytes, uploads: int = 10) -> float | None:
+    """CPU seconds the server's main process spends on one upload of ``blob``, the uploads one at a time
+    (its work runs in a worker process: what is left here holds the GIL that small requests need)."""
+    with httpx.Client(base_url=base, timeout=600, headers=STATE["auth"]) as client:
+        client.post("/api/v1/upload", files={"file": ("batch.json", blob)})  # warm: the worker's first job
+        before = cpu_seconds(STATE["pid"])
+        for _ in range(uploads):
+            client.post("/api/v1/upload", files={"file": ("batch.json", blob)})
+        after = cpu_seconds(STATE["pid"])
+    return None if before is None or after is None else (after - before) / uploads
+
+
 def fairness(base: str, clients: int, seconds: float) -> None:
     small = json.dumps(batch(8, 64, fields=3, seed=1, digits=4)).encode()
     upload = json.dumps(batch(256, 4096, fields=3, seed=2, digits=4), separators=(",", ":")).encode()
     asyncio.run(small_clients(base, clients, 2, small))  # warm-up: connections, first calls
+    per_upload = main_cpu_per_upload(base, upload)
     alone = asyncio.run(small_clients(base, clients, seconds, small))
     # The uploads come from a process of their own, as from another person's machine: a thread here
     # would hold this process's GIL while it sends 60 MB, and the small clients' times would count it.
@@ -462,6 +477,8 @@ def fairness(base: str, clients: int, seconds: float) -> None:
     done = {s: statuses.count(s) for s in sorted(set(statuses))}
     print(f"   ratio beside / alone             p50 {b50 / a50:8.2f}x   (target <= 1.5x; p99 target <= 300 ms)")
     print(f"   uploads ({len(upload) / MB:.0f} MB each) answered: {done}")
+    if per_upload is not None:
+        print(f"   the server's main process per upload, alone: {ms(per_upload)} of CPU (reading it, handing it over)")
     if cpu_before is not None and cpu_after is not None:
         # The main process's CPU while the uploads came (its GIL is what the small requests wait for):
         # reading the bodies, handing them over, and the small requests' own work.
