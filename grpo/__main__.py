@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo._allocator import keep_freed_memory
+from grpo.answer import breakdown_to_json, dumps
 from grpo.check import DEFAULT_METRIC_ATOL, DEFAULT_RTOL, check_run, format_check
 from grpo.config import PRESETS, LossConfig
 from grpo.errors import GrpoInputError
@@ -72,8 +73,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if getattr(args, "json", False):
-        from app.responses import breakdown_to_json, dumps  # the API's answer: assembled where the API's is
-
         print(dumps(breakdown_to_json(bd, lengths=lengths, tokens=tokens)).decode())
     else:
         print(summary_table(bd))
@@ -122,8 +121,6 @@ def _eval_step_file(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        from app.responses import breakdown_to_json, dumps  # the API's answer: assembled where the API's is
-
         print(dumps(breakdown_to_json(bd)).decode())
     else:
         print(summary_table(bd))
