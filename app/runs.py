@@ -25,10 +25,10 @@ from fastapi.responses import Response
 import grpo
 from app.api import JSONBytes
 from app.errors import LimitError
-from app.responses import breakdown_to_json
 from app.schemas import ErrorResponse
 from app.settings import Settings
 from app.work import _json_form
+from grpo.answer import breakdown_to_json
 from grpo.check import check_run, replay, run_overview, step_batch
 from grpo.errors import GrpoInputError
 from grpo.requests import batch_from_request, row_lengths
