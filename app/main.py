@@ -15,7 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from app import api, errors, export, lab, pages, runs
+from app import api, export, handlers, lab, pages, runs
 from app.auth import RequireToken, Sessions
 from app.lanes import Lanes
 from app.middleware import BodyLimit, HeadAsGet, SecurityHeaders
@@ -54,7 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.lanes = Lanes(settings)
     token = settings.auth_token
     app.state.sessions = Sessions(token, settings.session_ttl, settings.max_sessions) if token else None
-    errors.install(app)
+    handlers.install(app)
     for router in ROUTERS:
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=pages.ROOT / "static"), name="static")

@@ -251,8 +251,8 @@ def upload(body: bytes, content_type: str, settings: Settings) -> dict[str, Any]
 
 def _upload(fields: dict[str, Any], texts: dict[str, Any], settings: Settings) -> dict[str, Any]:
     """An uploaded file's fields and the form's JSON texts -> the /api/v1/loss answer."""
-    given = _overlaid(fields.pop("config", None), _json_form("config", texts["config"]))
-    given_form = {"config": given, **{k: _json_form(k, texts[k]) for k in ("token_rows", "heatmap_rows")}}
+    given = _overlaid(fields.pop("config", None), json_form("config", texts["config"]))
+    given_form = {"config": given, **{k: json_form(k, texts[k]) for k in ("token_rows", "heatmap_rows")}}
     form_model = validated(UploadForm, {k: v for k, v in given_form.items() if v is not None}, ["body"])
     fields.pop("full_kl", None)
     input_dtypes = fields.pop(INPUT_DTYPES, {})
@@ -289,7 +289,7 @@ def _overlaid(base: Any, over: Any) -> Any:
     return base if over is None else over
 
 
-def _json_form(name: str, text: str | None) -> Any:
+def json_form(name: str, text: str | None) -> Any:
     if text is None or text == "":
         return None
     return read_json(text, ["body", name])

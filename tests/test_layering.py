@@ -74,3 +74,70 @@ def test_the_library_and_its_cli_work_without_the_web_stack(tmp_path: Path) -> N
     parts = answer["policy_loss"] + answer["kl_loss"]
     assert abs(answer["loss"] - parts) <= 1e-6 * max(1.0, abs(answer["policy_loss"]), abs(answer["kl_loss"]))
     assert len(answer["tokens"]["ratio"]) == len(ragged_body(1)["per_token_logps"])
+
+
+def app_imports() -> dict[str, set[str]]:
+    """app module -> the app modules its import statements name (``from app import x`` included)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "app").glob("*.py")):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module == "app":
+                names |= {f"app.{alias.name}" for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("app."):
+                names.add(str(node.module))
+            elif isinstance(node, ast.Import):
+                names |= {alias.name for alias in node.names if alias.name.startswith("app.")}
+        graph[f"app.{path.stem}"] = names
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One path per module that leads back to itself (depth-first from each module)."""
+    found = []
+    for start in sorted(graph):
+        stack = [(start, [start])]
+        seen: set[str] = set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in sorted(graph.get(node, ())):
+                if nxt == start:
+                    found.append([*path, start])
+                    stack.clear()
+                    break
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+    return found
+
+
+def test_the_app_modules_form_no_import_cycle() -> None:
+    graph = app_imports()
+    assert "app.main" in graph and graph["app.main"]  # the scan saw the app
+    assert cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [
+        ["a", "b", "c", "a"],
+        ["b", "c", "a", "b"],
+        [
+            "c",
+            "a",
+            "b",
+            "c",
+        ],
+    ]
+
+
+def test_no_private_name_is_imported_across_modules() -> None:
+    private = [
+        f"{path.relative_to(ROOT)}:{node.lineno} imports {node.module}.{alias.name}"
+        for folder in ("app", "grpo")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("app", "grpo")
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    ]
+    assert private == []
