@@ -31,7 +31,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 import grpo
 from app.auth import COOKIE
-from app.errors import ApiError, LimitError, config_error, error_item
+from app.errors import LimitError, config_error, error_item
 from app.ingest import check_cost
 from app.lab_workers import LabManager, LabRefused, LabRun
 from app.schemas import ConfigRequest, ErrorResponse
@@ -44,7 +44,6 @@ log = logging.getLogger("grpo_lens.lab")
 KEEPALIVE_SECONDS = 10.0
 COALESCE_SECONDS = 0.2  # a stream sends what came in this long at once: fewer wakeups per stream while a run trains
 RUN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-MAX_RUN_JSON_BYTES = 1024 * 1024  # run.json is a few KB; a larger one is not read to answer a step
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -404,37 +403,22 @@ def _step_file(settings: Settings, run_id: str, step: int) -> Path:
 
 
 def lab_step(path: str, settings: Settings) -> dict[str, Any]:
-    """A lab run's step file as the dashboard's input (in a lane: ``app.lanes``), under the same
-    limits as /api/v1/loss, checked from the file's size and header before its tensors are read."""
+    """A step file as the dashboard's input (in a lane: ``app.lanes``), under the same limits as
+    /api/v1/loss, checked from the file's size and header before its tensors are read. A captured
+    run's step opens too: its micro-batch 0, the lab's whole step."""
     file = Path(path)
-    run_dir = file.parent.parent
-    source = _run_json(run_dir / "run.json").get("source")
-    if source != "lab":
-        msg = f"run {run_dir.name!r} is not a lab run (source {source!r}): its steps are under /api/v1/runs"
-        raise ApiError(404, [error_item(["path", "run_id"], msg, "not_found")])
     size = file.stat().st_size
     if size > settings.max_upload_bytes:
-        raise LimitError(["path", "step"], f"the step file has {size} bytes; at most {settings.max_upload_bytes}")
+        msg = f"the step file {file.name} has {size} bytes; at most {settings.max_upload_bytes} (a setting)"
+        raise LimitError(["path", "step"], msg)
     rows, tokens, fields = _step_shape(file)
     check_cost([tokens] * rows, fields, "float32", settings)
     return _step_request(file)
 
 
-def _run_json(path: Path) -> dict[str, Any]:
-    with path.open("rb") as f:
-        data = f.read(MAX_RUN_JSON_BYTES + 1)
-    if len(data) > MAX_RUN_JSON_BYTES:
-        raise LimitError(["path", "run_id"], f"the run's run.json is larger than {MAX_RUN_JSON_BYTES} bytes")
-    try:
-        info = json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        raise grpo.GrpoInputError("run.json", "valid JSON of a run") from exc
-    return info if isinstance(info, dict) else {}
-
-
 def _step_shape(path: Path) -> tuple[int, int, int]:
     """(rows, tokens, per-token tensors) of a step file, from its safetensors header alone."""
-    bad = grpo.GrpoInputError("file", "a safetensors step file holding a 2-D per_token_logps")
+    bad = grpo.GrpoInputError("file", f"a safetensors step file holding a 2-D per_token_logps ({path.name})")
     with path.open("rb") as f:
         head = f.read(8)
         size = struct.unpack("<Q", head)[0] if len(head) == 8 else -1

@@ -423,11 +423,12 @@ def test_a_step_without_reference_log_probs_defaults_them_to_the_policy(tmp_path
     assert request["ref_per_token_logps"] == request["per_token_logps"] == request["old_per_token_logps"]
 
 
-def test_a_step_of_a_run_that_is_not_a_lab_run_is_a_404_that_says_so(tmp_path: Path) -> None:
+def test_a_step_of_a_captured_run_opens_as_its_micro_batch_0(tmp_path: Path) -> None:
     step_run(tmp_path, "captured", "trl", ref=True)
     response = get_step(tmp_path, "captured")
-    assert response.status_code == 404
-    assert "not a lab run" in response.json()["detail"][0]["msg"]
+    assert response.status_code == 200, response.text
+    request = response.json()["request"]
+    assert request["ref_per_token_logps"] != request["per_token_logps"]
 
 
 def test_a_step_past_the_request_limits_is_a_413_before_it_is_read(tmp_path: Path) -> None:
