@@ -18,6 +18,9 @@ Each figure of issue 8 beside its floor or its alone-case, in one run:
 6. hostile bodies: a 66 KB body padded to 4,001 x 4,000 and a 1.6 MB body padded to 100,001 x 2,000:
    status, time to answer, RSS growth (target: 413, at once, no growth).
 7. load: 32 concurrent clients posting the article's example for a few seconds (target: 0 errors).
+8. event streams: 1,000 lab event streams opened on one training run from 50 sessions (distinct sign-in
+   cookies), half never reading, the caps at their defaults: accepted and refused counts, and ``/healthz``
+   and small ``/loss`` p99 while they are open against alone (targets <= 100 ms and <= 300 ms).
 
 Starts ``uvicorn app.main:app`` on a free loopback port under a memory cap (``--cap-gb``, RLIMIT_AS, so
 a server that would allocate without bound fails its request instead of the machine), or uses --url
@@ -541,13 +544,120 @@ async def load(base: str, clients: int, seconds: float) -> None:
     print(f"   errors {len(errors)}{' ' + str(sorted(set(errors))) if errors else ''}   (target 0)")
 
 
+def probe(base: str, seconds: float) -> tuple[list[float], list[float]]:
+    """/healthz and small /loss (the article's example) times, each from its own client, for ``seconds``."""
+    body = json.dumps(ARTICLE_EXAMPLE).encode()
+    out: tuple[list[float], list[float]] = ([], [])
+    stop = threading.Event()
+
+    def loop(i: int) -> None:
+        with httpx.Client(base_url=base, timeout=60, headers=STATE["auth"]) as client:
+            while not stop.is_set():
+                start = time.perf_counter()
+                with suppress(httpx.HTTPError):
+                    if i == 0:
+                        client.get("/healthz")
+                    else:
+                        client.post("/api/v1/loss", content=body, headers=JSON)
+                out[i].append(time.perf_counter() - start)
+                stop.wait(0.02)
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    return out
+
+
+async def open_streams(host: str, port: int, path: str, total: int, sessions: int, held: list[Any]) -> dict[str, int]:
+    """``total`` event streams on ``path`` from ``sessions`` sign-in cookies, every other one never read
+    past its status line; the accepted ones stay open (in ``held``) until the caller closes them."""
+    counts = {"accepted": 0, "refused": 0, "failed": 0}
+    auth = "".join(f"{k}: {v}\r\n" for k, v in STATE["auth"].items())
+    gate = asyncio.Semaphore(64)  # connections being opened at once: the listen backlog is finite
+
+    async def read_on(reader: asyncio.StreamReader) -> None:
+        with suppress(Exception):
+            while await reader.read(65536):
+                pass
+
+    async def one(i: int) -> None:
+        async with gate:
+            try:
+                reader, writer = await asyncio.open_connection(host, port)
+                cookie = f"grpo_lens_session=bench-{i % sessions}"
+                writer.write(f"GET {path} HTTP/1.1\r\nhost: {host}\r\ncookie: {cookie}\r\n{auth}\r\n".encode())
+                status = (await reader.readline()).split()
+            except OSError:
+                counts["failed"] += 1
+                return
+        if status[1:2] == [b"200"]:
+            counts["accepted"] += 1
+            held.append((writer, asyncio.ensure_future(read_on(reader)) if i % 2 else None))
+        else:
+            counts["refused" if status[1:2] == [b"429"] else "failed"] += 1
+            writer.close()
+
+    await asyncio.gather(*(one(i) for i in range(total)))
+    return counts
+
+
+def event_streams(base: str, seconds: float, total: int = 1000, sessions: int = 50) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # a descriptor per stream here...
+    if STATE["pid"] is not None:
+        resource.prlimit(STATE["pid"], resource.RLIMIT_NOFILE, (hard, hard))  # ... and in the server
+    alone = probe(base, seconds)
+    name = f"bench-streams-{os.getpid()}"
+    headers = STATE["auth"]
+    started = httpx.post(f"{base}/api/v1/lab/runs", json={"name": name, "steps": 1000}, headers=headers)
+    started.raise_for_status()
+    status = f"{base}/api/v1/lab/runs/{name}/status"
+    for _ in range(1200):  # its worker starts (seconds: spawn, imports) and trains while the streams are open
+        if httpx.get(status, headers=headers).json().get("steps_done"):
+            break
+        time.sleep(0.1)
+    host, port = base.removeprefix("http://").split(":")
+    loop = asyncio.new_event_loop()
+    held: list[Any] = []
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        path = f"/api/v1/lab/runs/{name}/events"
+        counts = asyncio.run_coroutine_threadsafe(open_streams(host, int(port), path, total, sessions, held), loop)
+        opened = counts.result(timeout=300)
+        during = probe(base, seconds)
+        steps = httpx.get(status, headers=headers).json().get("steps_done")
+    finally:
+        for writer, reading in held:
+            loop.call_soon_threadsafe(writer.close)
+            if reading is not None:
+                loop.call_soon_threadsafe(reading.cancel)
+        httpx.delete(f"{base}/api/v1/lab/runs/{name}", headers=headers)
+        for _ in range(100):  # the worker stops after its step; then the run's directory can go
+            if httpx.get(status, headers=headers).json().get("status") != "running":
+                break
+            time.sleep(0.1)
+        httpx.delete(f"{base}/api/v1/runs/{name}", headers=headers)
+        loop.call_soon_threadsafe(loop.stop)
+    print(f"8. event streams: {total} opened on one training lab run from {sessions} sessions, half never reading")
+    print(f"   accepted {opened['accepted']}   refused (429) {opened['refused']}   failed {opened['failed']}")
+    print(f"   the run had trained {steps} steps at the end; descriptors: soft limit {soft} raised to {hard}")
+    for label, i, target in (("GET  /healthz", 0, 0.1), ("POST /api/v1/loss (small)", 1, 0.3)):
+        a, d = pct(alone[i], 99), pct(during[i], 99)
+        print(f"   {label:27s} p99 alone {ms(a)}   with the streams {ms(d)}   (target <= {ms(target).strip()})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=None, help="a running server (default: start one on loopback)")
     parser.add_argument("--port", type=int, default=0, help="port of the server started here (default: a free one)")
     parser.add_argument("--cap-gb", type=float, default=8.0, help="RLIMIT_AS of the server started here (0: none)")
     parser.add_argument("--quick", action="store_true", help="fewer repeats and shorter phases")
-    parser.add_argument("--only", default="1234567", help="which figures to print, e.g. 245")
+    parser.add_argument("--only", default="12345678", help="which figures to print, e.g. 245")
     parser.add_argument("--token", default=os.environ.get("GRPO_LENS_AUTH_TOKEN"), help="bearer token, if set")
     args = parser.parse_args()
     if args.token:
@@ -569,6 +679,7 @@ def main() -> None:
             "5": lambda: fairness(base, 40, seconds),
             "6": lambda: hostile(base),
             "7": lambda: asyncio.run(load(base, 32, seconds / 2)),
+            "8": lambda: event_streams(base, seconds / 2),
         }
         for key in args.only:
             steps[key]()
