@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 import grpo
-from app.errors import CONFIG_FIELDS, ApiError, LimitError, as_api_error, config_error, error_item, error_json
+from app.errors import CONFIG_FIELDS, ApiError, LimitError, Loc, as_api_error, config_error, error_item, error_json
 from app.ingest import (
     PER_TOKEN,
     Flat,
@@ -162,8 +162,9 @@ def export(body: bytes, fmt: str, settings: Settings) -> Reply:
     given = sum(isinstance(prepared.fields.get(name), np.ndarray | list) for name in PER_TOKEN)
     # The file and the answer's copy of it. Display strings count apart: where they make the file too
     # large (NPZ pads every one to the longest), the 413 names them.
-    for without, loc in ((["tokens"], None), ([], ["body", "tokens"])):
-        size = file_bytes({k: v for k, v in fields.items() if k not in without}, fmt, prepared.lengths)
+    for strings in (False, True):
+        size = file_bytes(fields if strings else {**fields, "tokens": None}, fmt, prepared.lengths)
+        loc: Loc | None = ["body", "tokens"] if strings else None
         check_cost(
             prepared.lengths, given, "float32", settings, output_bytes=2 * size, output=f"a {fmt} file", output_loc=loc
         )

@@ -47,8 +47,8 @@ def padded_arrays(fields: dict[str, Any], lengths: list[int] | None = None) -> d
     lengths = row_lengths(fields, lengths)
     width = max(lengths, default=0)
     present = np.arange(width)[None, :] < np.asarray(lengths, dtype=np.int64)[:, None]  # (B, T)
-    mask = _grid(fields.get("completion_mask"), present)
-    out = {"completion_mask": present.astype(np.float64) if mask is None else mask}
+    mask = fields.get("completion_mask")
+    out = {"completion_mask": present.astype(np.float64) if mask is None else _grid(mask, present)}
     for name in PER_TOKEN:
         if fields.get(name) is not None:
             out[name] = _grid(fields[name], present)
@@ -63,10 +63,8 @@ def padded_arrays(fields: dict[str, Any], lengths: list[int] | None = None) -> d
     return out
 
 
-def _grid(value: Any, present: np.ndarray) -> np.ndarray | None:
-    """A per-token field as a (B, T) float64 array padded with 0 (None stays None); an array is padded already."""
-    if value is None:
-        return None
+def _grid(value: Any, present: np.ndarray) -> np.ndarray:
+    """A per-token field as a (B, T) float64 array padded with 0 (an array is padded already)."""
     if isinstance(value, np.ndarray):
         return np.asarray(value, dtype=np.float64)
     grid = np.zeros(present.shape)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -117,3 +118,51 @@ def test_an_export_is_answered_as_its_file() -> None:
     assert "server-timing" in response.headers
     empty = error_detail(http.post("/api/v1/export/json", content=b"", headers=JSON), 422)
     assert empty[0]["loc"] == ["body"]
+
+
+# --- slow clients, on both of uvicorn's parsers ----------------------------------------------------------
+# `make run` and the image serve httptools (a C parser: large bodies received with little of the GIL);
+# h11 stays for installs without it. Each drops a client whose headers are late, and BodyLimit answers
+# a body that is late with 408, whichever parser read it.
+@pytest.fixture(scope="module", params=["HeaderTimeoutHttpTools", "HeaderTimeoutH11"])
+def slow_limits(request: pytest.FixtureRequest) -> Iterator[str]:
+    with serve({"GRPO_LENS_REQUEST_TIMEOUT": "3"}, http=f"app.server:{request.param}") as url:
+        yield url
+
+
+def _socket(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=30)
+
+
+def test_a_client_that_sends_its_headers_too_slowly_is_dropped(slow_limits: str) -> None:
+    with _socket(slow_limits) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+        assert sock.recv(1024) == b""  # closed by the server (the socket's own timeout is 30 s)
+    with _socket(slow_limits) as sock:  # after an answer on a kept-alive connection too
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        while not answer.endswith(b"}"):  # the whole answer (its JSON body ends the stream of bytes)
+            answer += sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\n")
+        assert sock.recv(1024) == b""
+
+
+def test_a_client_that_sends_its_body_too_slowly_gets_408(slow_limits: str) -> None:
+    with _socket(slow_limits) as sock:
+        sock.sendall(
+            b"POST /api/v1/loss HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+        )
+        answer = b""
+        while chunk := sock.recv(4096):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 3 s" in answer
+
+
+def test_both_parsers_answer_alike(slow_limits: str) -> None:
+    with httpx.Client(base_url=slow_limits, timeout=60) as http:
+        response = http.post("/api/v1/loss", json=ARTICLE)
+        assert response.status_code == 200 and response.json()["num_positions"] == 15
+        exported = http.post("/api/v1/export/safetensors", json=ARTICLE)
+        assert exported.status_code == 200 and exported.headers["content-type"] == "application/octet-stream"
