@@ -136,11 +136,18 @@ def _statm(pid: int) -> float:
 
 def cpu_seconds(pid: int | None) -> float | None:
     """User + system CPU time of process ``pid`` so far (None without one: a server given by --url)."""
+    split = cpu_split(pid)
+    return None if split is None else split[0] + split[1]
+
+
+def cpu_split(pid: int | None) -> tuple[float, float, int] | None:
+    """User and system CPU seconds of process ``pid`` so far, and its minor page faults."""
     if pid is None:
         return None
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick, int(fields[7])
 
 
 def rss() -> float | None:
@@ -437,16 +444,20 @@ def upload_stream(base: str, auth: dict[str, str], blob: bytes, stop: Any, statu
                 stop.wait(float(response.headers.get("retry-after", "1")))
 
 
-def main_cpu_per_upload(base: str, blob: bytes, uploads: int = 10) -> float | None:
-    """CPU seconds the server's main process spends on one upload of ``blob``, the uploads one at a time
-    (its work runs in a worker process: what is left here holds the GIL that small requests need)."""
+def main_cpu_per_upload(base: str, blob: bytes, uploads: int = 10) -> tuple[float, float, float] | None:
+    """User and system CPU seconds the server's main process spends on one upload of ``blob``, and its
+    page faults, the uploads one at a time (its work runs in a worker process: what is left here holds
+    the GIL that small requests need; system time is the kernel's: socket copies, page faults)."""
     with httpx.Client(base_url=base, timeout=600, headers=STATE["auth"]) as client:
         client.post("/api/v1/upload", files={"file": ("batch.json", blob)})  # warm: the worker's first job
-        before = cpu_seconds(STATE["pid"])
+        before = cpu_split(STATE["pid"])
         for _ in range(uploads):
             client.post("/api/v1/upload", files={"file": ("batch.json", blob)})
-        after = cpu_seconds(STATE["pid"])
-    return None if before is None or after is None else (after - before) / uploads
+        after = cpu_split(STATE["pid"])
+    if before is None or after is None:
+        return None
+    user, system, faults = ((a - b) / uploads for a, b in zip(after, before, strict=True))
+    return user, system, faults
 
 
 def fairness(base: str, clients: int, seconds: float) -> None:
@@ -486,7 +497,11 @@ def fairness(base: str, clients: int, seconds: float) -> None:
     print(f"   ratio beside / alone             p50 {b50 / a50:8.2f}x   (target <= 1.5x; p99 target <= 300 ms)")
     print(f"   uploads ({len(upload) / MB:.0f} MB each) answered: {done}")
     if per_upload is not None:
-        print(f"   the server's main process per upload, alone: {ms(per_upload)} of CPU (reading it, handing it over)")
+        user, system, faults = per_upload
+        print(
+            f"   the server's main process per upload, alone: {ms(user + system)} of CPU (reading it, handing it "
+            f"over): user {ms(user).strip()}, system {ms(system).strip()}, {faults:.0f} page faults"
+        )
     if cpu_before is not None and cpu_after is not None:
         # The main process's CPU while the uploads came (its GIL is what the small requests wait for):
         # reading the bodies, handing them over, and the small requests' own work.
@@ -532,13 +547,15 @@ def export_hostile(base: str) -> None:
         "1.2 MB: 200,000 tokens + 2,000 one-token rows": (200_000, 2000),
         "133 KB: 20,000 tokens + 2,000 one-token rows": (20_000, 2000),
     }
-    print("x. hostile export bodies (padded far past what they send), each route once after a warm-up")
+    print("x. hostile export bodies (padded far past what they send), each route once after a warm-up of each")
     with httpx.Client(base_url=base, timeout=120, headers=STATE["auth"]) as client:
         for name, (width, rows) in cases.items():
             data = {"per_token_logps": [[-1.0] * width] + [[-1.0]] * rows, "advantages": [1.0] * (rows + 1)}
             body = json.dumps(data).encode()
-            for path in ["/api/v1/loss", *(f"/api/v1/export/{fmt}" for fmt in ("json", "jsonl", "safetensors", "npz"))]:
-                client.post("/api/v1/export/json", json=ARTICLE_EXAMPLE)  # warm: the lanes' first call
+            paths = ["/api/v1/loss", *(f"/api/v1/export/{fmt}" for fmt in ("json", "jsonl", "safetensors", "npz"))]
+            for path in paths:  # warm: each route's first call, and the worker's (a large body goes there)
+                client.post(path, content=body, headers=JSON)
+            for path in paths:
                 before = rss()
                 with Sampler() as sampler:
                     start = time.perf_counter()
@@ -558,15 +575,16 @@ def memory_back(base: str) -> None:
     """RSS idle, at peak and 10 s after each kind of large request (the main process and its workers)."""
     data = batch(256, 4096, fields=3, seed=3, digits=4)
     body = json.dumps(data, separators=(",", ":")).encode()
+    batch_only = json.dumps({k: v for k, v in data.items() if k != "config"}, separators=(",", ":")).encode()
     kinds: dict[str, Callable[[httpx.Client], httpx.Response]] = {
         "POST /api/v1/loss, 1M-token JSON": lambda c: c.post("/api/v1/loss", content=body, headers=JSON),
         "POST /api/v1/upload, the same as a .json file": lambda c: c.post(
             "/api/v1/upload", files={"file": ("batch.json", body)}
         ),
         "POST /api/v1/export/safetensors, the same": lambda c: c.post(
-            "/api/v1/export/safetensors", content=body, headers=JSON
+            "/api/v1/export/safetensors", content=batch_only, headers=JSON
         ),
-        "POST /api/v1/export/json, the same": lambda c: c.post("/api/v1/export/json", content=body, headers=JSON),
+        "POST /api/v1/export/json, the same": lambda c: c.post("/api/v1/export/json", content=batch_only, headers=JSON),
     }
     print(f"m. memory back: RSS of the main process + lane workers, idle / peak / 10 s after ({len(body) / MB:.0f} MB)")
     with httpx.Client(base_url=base, timeout=600, headers=STATE["auth"]) as client:

@@ -24,6 +24,7 @@ import pytest
 from api_fixtures import ARTICLE, error_detail, serve
 from fastapi.testclient import TestClient
 
+from app import lanes
 from app.main import create_app
 from app.settings import Settings
 from grpo.export import FORMATS
@@ -166,3 +167,19 @@ def test_both_parsers_answer_alike(slow_limits: str) -> None:
         assert response.status_code == 200 and response.json()["num_positions"] == 15
         exported = http.post("/api/v1/export/safetensors", json=ARTICLE)
         assert exported.status_code == 200 and exported.headers["content-type"] == "application/octet-stream"
+
+
+# --- memory back after any route ------------------------------------------------------------------------
+# Only the large /loss-style jobs trimmed the heap: a listing, a download or an export on the main
+# process left it at 1.27 GB from 307 MB idle. Now every response is followed by the rule.
+def test_any_route_that_grew_the_process_arms_the_idle_trim(monkeypatch: pytest.MonkeyPatch) -> None:
+    lanes.trim_when_idle(None)  # no trim due from an earlier test: one due would not be postponed
+    armed: list[float | None] = []
+    monkeypatch.setattr(lanes, "trim_when_idle", armed.append)
+    http = api(trim_idle=0.25)
+    monkeypatch.setattr(lanes, "rss_bytes", lambda pid: 0)  # no larger than after the last trim
+    assert http.get("/api/v1/examples/npz").status_code == 200
+    assert armed == []
+    monkeypatch.setattr(lanes, "rss_bytes", lambda pid: 2**50)  # far larger, after a plain GET route
+    assert http.get("/api/v1/options").status_code == 200
+    assert armed == [0.25]
