@@ -54,7 +54,7 @@ $(TRAINERS): $(STAMP) requirements/constraints.txt requirements/verl.txt
 	touch $(TRAINERS)
 
 run: $(STAMP)
-	$(PY) -m uvicorn app.main:app --host $(HOST) --port $(PORT) --http app.server:HeaderTimeoutH11
+	$(PY) -m uvicorn app.main:app --host $(HOST) --port $(PORT) --http app.server:HeaderTimeoutHttpTools
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

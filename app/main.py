@@ -18,7 +18,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from app import api, export, handlers, lab, pages, runs
 from app.auth import RequireToken, Sessions
 from app.lanes import Lanes
-from app.middleware import BodyLimit, HeadAsGet, SecurityHeaders
+from app.middleware import BodyLimit, HeadAsGet, SecurityHeaders, TrimWhenGrown
 from app.settings import Settings, get_settings
 from grpo._allocator import keep_freed_memory
 
@@ -62,6 +62,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     # Middleware, innermost first: the last added sees the request first.
     app.add_middleware(HeadAsGet)
+    app.add_middleware(TrimWhenGrown, idle=settings.trim_idle)  # memory back after any route that grew the process
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"])
     app.add_middleware(
