@@ -1,6 +1,8 @@
 // The Lab view: start GRPO runs on the server's synthetic tasks and watch every logged metric grow
 // live. Steps arrive as Server-Sent Events (no polling); each animation frame appends the new points
-// with Plotly.extendTraces (no full redraw per step). Runs overlay in distinct colours, the legend
+// with Plotly.extendTraces to the charts on screen, and a chart off screen keeps its points until it
+// is scrolled to (every chart extended on every frame held a loaded machine's main thread for seconds
+// per frame: the page froze while a comparison trained). Runs overlay in distinct colours, the legend
 // names what differs between them, and a click on a point opens that step's batch in the breakdown
 // views. The numbers all come from the server; this module only draws them.
 
@@ -16,10 +18,24 @@ const lab = {
   info: null, // /api/v1/lab/tasks
   runs: [], // {id, body, colour, status, steps, source, traces: {metric: index}}
   pending: [], // [run, event data] not drawn yet
+  queued: new Map(), // chart id -> Map(trace index -> {x, y}): points of a chart off screen, not drawn yet
+  visible: new Set(), // the chart nodes on screen (or within MARGIN of it)
   frame: 0,
   focus: [], // the current comparison's metrics (drawn first)
+  charts: null, // a promise of the charts, built with the first run (null while there is none)
   hooks: null,
 };
+
+const MARGIN = "150px 0px"; // a chart this close to the viewport counts as on screen
+const observer = new IntersectionObserver((entries) => {
+  for (const entry of entries) {
+    if (!entry.isIntersecting) lab.visible.delete(entry.target);
+    else {
+      lab.visible.add(entry.target);
+      drawQueued(entry.target.id);
+    }
+  }
+}, { rootMargin: MARGIN });
 
 const chartId = (metric) => `lab-chart-${metric.replace(/[^a-z0-9]+/gi, "-")}`;
 
@@ -38,31 +54,54 @@ export async function setup(hooks) {
   }
   $("#lab-start").addEventListener("click", startFromForm);
   $("#lab-clear").addEventListener("click", clearRuns);
-  buildCharts();
+  $("#lab-empty-metrics").textContent = String(lab.info.metrics.length);
+  document.body.dataset.lab = "ready";
 }
 
-function buildCharts() {
-  const box = clear($("#lab-charts"));
-  box.append(el("div", { class: "lab-chart", id: OVERLAY }));
-  for (const metric of orderedMetrics()) box.append(el("div", { class: "lab-chart", id: chartId(metric) }));
-  loadPlotly().then(() => {
-    const layout = (title) => ({
-      title: { text: title, font: { size: 13 } }, height: 220, margin: { l: 50, r: 50, t: 30, b: 25 },
-      xaxis: { rangemode: "tozero" }, showlegend: false, hovermode: "closest", // the run list above is the key
+// The charts exist only while there are runs. Before the first one, an empty box per metric would be a
+// wall of blank boxes between the form and the next section; one line (#lab-empty) says what will be
+// drawn instead. `charts()` builds them once for the runs on the page (the current comparison's
+// metrics first) and resolves when they can take traces.
+function charts() {
+  if (!lab.charts) lab.charts = buildCharts();
+  return lab.charts;
+}
 
-    });
-    Plotly.newPlot(OVERLAY, [], {
-      ...layout("reward (solid, left axis) and loss (dotted, right axis): the loss is not progress"),
-      height: 300, showlegend: true, legend: { orientation: "h", y: -0.12 }, margin: { l: 50, r: 60, t: 30, b: 40 },
-      yaxis: { title: { text: "reward" } }, yaxis2: { title: { text: "loss" }, overlaying: "y", side: "right" },
-    }, { responsive: true, displaylogo: false });
-    $(`#${OVERLAY}`).on("plotly_click", openPoint);
-    for (const metric of orderedMetrics()) {
-      Plotly.newPlot(chartId(metric), [], layout(metric), { responsive: true, displaylogo: false });
-      $(`#${chartId(metric)}`).on("plotly_click", openPoint);
-    }
-    for (const run of lab.runs) addTraces(run);
+async function buildCharts() {
+  $("#lab-empty").hidden = true;
+  const box = clear($("#lab-charts"));
+  const nodes = new Map([[OVERLAY, el("div", { class: "lab-chart", id: OVERLAY })]]);
+  for (const metric of orderedMetrics()) nodes.set(chartId(metric), el("div", { class: "lab-chart", id: chartId(metric) }));
+  box.append(...nodes.values());
+  await loadPlotly();
+  const layout = (title) => ({
+    title: { text: title, font: { size: 13 } }, height: 220, margin: { l: 50, r: 50, t: 30, b: 25 },
+    xaxis: { rangemode: "tozero" }, showlegend: false, hovermode: "closest", // the run list above is the key
   });
+  const config = { responsive: true, displaylogo: false };
+  await Plotly.newPlot(nodes.get(OVERLAY), [], {
+    ...layout("reward (solid, left axis) and loss (dotted, right axis): the loss is not progress"),
+    height: 300, showlegend: true, legend: { orientation: "h", y: -0.12 }, margin: { l: 50, r: 60, t: 30, b: 40 },
+    yaxis: { title: { text: "reward" } }, yaxis2: { title: { text: "loss" }, overlaying: "y", side: "right" },
+  }, config);
+  for (const metric of orderedMetrics()) await Plotly.newPlot(nodes.get(chartId(metric)), [], layout(metric), config);
+  for (const node of nodes.values()) {
+    node.on("plotly_click", openPoint);
+    if (node.isConnected) observer.observe(node); // not one the runs were cleared from meanwhile
+  }
+}
+
+// No run on the page: no charts, the line that says what a run draws.
+function removeCharts() {
+  lab.charts = null;
+  lab.queued.clear();
+  lab.visible.clear();
+  for (const node of $("#lab-charts").children) {
+    observer.unobserve(node);
+    if (window.Plotly) Plotly.purge(node);
+  }
+  clear($("#lab-charts"));
+  $("#lab-empty").hidden = false;
 }
 
 function orderedMetrics() {
@@ -102,7 +141,6 @@ async function startComparison(comparison) {
   $("#lab-watch").hidden = false;
   clearRuns();
   lab.focus = comparison.overlay ? [] : comparison.metrics;
-  buildCharts();
   for (const body of comparison.runs) await startRun(body);
 }
 
@@ -117,9 +155,18 @@ async function startRun(body) {
   }
   const run = { id: data.id, body: data.lab, colour: COLOURS[lab.runs.length % COLOURS.length], status: data.status, steps: 0 };
   lab.runs.push(run);
+  renderRunList();
+  try {
+    await charts();
+  } catch (err) { // plotly.js did not load: say so; the next run tries again
+    lab.charts = null;
+    $("#lab-error").textContent = err.message;
+    return;
+  }
+  if (!lab.runs.includes(run)) return; // cleared while the charts were built (its DELETE is sent)
   addTraces(run);
   renameTraces();
-  renderRunList();
+  // The stream opens once the run has its traces: no step arrives before there is a line to extend.
   run.source = new EventSource(`/api/v1/lab/runs/${encodeURIComponent(run.id)}/events`);
   for (const kind of ["queued", "started", "step", "done", "error", "cancelled", "interrupted"]) {
     run.source.addEventListener(kind, (e) => onEvent(run, kind, JSON.parse(e.data)));
@@ -134,12 +181,7 @@ function clearRuns() {
   lab.runs = [];
   lab.pending = [];
   renderRunList();
-  if (window.Plotly) {
-    for (const id of [OVERLAY, ...lab.info.metrics.map(chartId)]) {
-      const node = document.getElementById(id);
-      if (node?.data?.length) Plotly.deleteTraces(node, node.data.map((_, i) => i));
-    }
-  }
+  removeCharts();
 }
 
 // --- events -> charts ---------------------------------------------------------------------------
@@ -161,7 +203,8 @@ function onEvent(run, kind, data) {
   renderRunList();
 }
 
-// One extendTraces per chart per frame, with every point that arrived since the last frame.
+// Every point that arrived since the last frame joins its chart's queue; the charts on screen draw
+// theirs, one extendTraces each.
 function flush() {
   lab.frame = 0;
   if (!window.Plotly || !lab.pending.length) return;
@@ -174,11 +217,13 @@ function flush() {
     byRun.get(run).push(data);
     run.steps = data.step;
   }
-  const charts = new Map(); // chart id -> {x: [], y: [], idx: []}
   const add = (id, index, xs, ys) => {
-    if (!charts.has(id)) charts.set(id, { x: [], y: [], idx: [] });
-    const c = charts.get(id);
-    c.x.push(xs); c.y.push(ys); c.idx.push(index);
+    if (!lab.queued.has(id)) lab.queued.set(id, new Map());
+    const traces = lab.queued.get(id);
+    if (!traces.has(index)) traces.set(index, { x: [], y: [] });
+    const t = traces.get(index);
+    t.x.push(...xs);
+    t.y.push(...ys);
   };
   for (const [run, steps] of byRun) {
     const xs = steps.map((d) => d.step);
@@ -186,13 +231,21 @@ function flush() {
     add(OVERLAY, run.traces.overlayReward, xs, steps.map((d) => d.reward));
     add(OVERLAY, run.traces.overlayLoss, xs, steps.map((d) => d.loss));
   }
-  for (const [id, c] of charts) Plotly.extendTraces(id, { x: c.x, y: c.y }, c.idx);
+  for (const node of lab.visible) drawQueued(node.id);
   renderRunList();
   document.body.dataset.labPoints = String(Number(document.body.dataset.labPoints || 0) + batch.length);
 }
 
+// A chart's queued points, drawn in one extendTraces.
+function drawQueued(id) {
+  const traces = lab.queued.get(id);
+  if (!traces || !window.Plotly) return;
+  lab.queued.delete(id);
+  const idx = [...traces.keys()];
+  Plotly.extendTraces(id, { x: idx.map((i) => traces.get(i).x), y: idx.map((i) => traces.get(i).y) }, idx);
+}
+
 function addTraces(run) {
-  if (!window.Plotly) return;
   run.traces = {};
   const base = { x: [], y: [], mode: "lines+markers", marker: { size: 4 }, line: { color: run.colour, width: 2 }, meta: run.id };
   for (const metric of lab.info.metrics) {
@@ -224,7 +277,6 @@ export function runLabels(runs) {
 }
 
 function renameTraces() {
-  if (!window.Plotly) return;
   const labels = runLabels(lab.runs);
   for (const metric of lab.info.metrics) {
     const node = document.getElementById(chartId(metric));
