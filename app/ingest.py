@@ -107,7 +107,11 @@ def _flat(rows: Any, low: float, high: float, whole: bool) -> tuple[np.ndarray, 
 
 def check_cost(lengths: list[int] | np.ndarray, fields: int, dtype: str, settings: Settings, copies: int = 1) -> None:
     """413 when the padded grid (B x T_max positions) or its estimated memory is past the settings."""
-    B, T = len(lengths), int(max(lengths, default=0))
+    check_padded(len(lengths), int(max(lengths, default=0)), fields, dtype, settings, copies)
+
+
+def check_padded(B: int, T: int, fields: int, dtype: str, settings: Settings, copies: int = 1) -> None:
+    """check_cost for B rows whose longest holds T positions (a step file's tensors: already padded)."""
     padded = B * T * copies
     estimate = B * T * (INPUT_BYTES * (fields + 1) + EVALUATE_BYTES.get(dtype, 320) * copies)
     what = f"{B} rows padded to the longest ({T} positions): {B * T} positions"
