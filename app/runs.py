@@ -140,7 +140,8 @@ async def step_detail(
     ):
         where = f"step {step}" + ("" if micro is None else f" micro-batch {micro}")
         raise _not_found(["path", "step"], f"run {run!r} has no {where}")
-    plan = await run_sync(request, summaries.step_plan, loaded, step, micro, settings)
+    dtype = (overrides or {}).get("dtype")
+    plan = await run_sync(request, summaries.step_plan, loaded, step, micro, settings, dtype)
     lanes = request.app.state.lanes
     return _answer(await lanes.run(plan.size, summaries.step_json, str(path), step, micro, overrides, settings))
 
@@ -185,7 +186,7 @@ async def replay_run(
     loc: list[str | int] = ["body", "config"] if "config" in body else ["body"]
     overrides = summaries.overrides(body.get("config", body), loc) or {}
     loaded = await run_sync(request, _opened, settings, run)
-    plan = await run_sync(request, summaries.replay_plan, loaded, after, settings)
+    plan = await run_sync(request, summaries.replay_plan, loaded, after, settings, overrides.get("dtype"))
     lanes = request.app.state.lanes
     return _answer(await lanes.run(plan.size, summaries.replay_json, str(path), plan.steps, overrides, plan.next))
 

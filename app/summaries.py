@@ -162,7 +162,7 @@ class Scan:
 def scan(path: Path) -> Scan:
     at = time.time_ns()
     listing, listing_newest = listing_key(path)
-    rows = [f"run.json\t{listing[0]}\t{listing[1]}"]
+    rows = [f"run.json\t{listing[0]}\t{listing[1]}", f"name\t{path.name}"]  # the page names its run
     newest, total, count = listing[1], 0, 0
     with suppress(FileNotFoundError, NotADirectoryError), os.scandir(path / "steps") as entries:
         for entry in entries:
@@ -252,7 +252,7 @@ def entry(path: Path) -> dict[str, Any]:
     key, newest = listing_key(path)
     header, _ = _cached(path, None)
     if header is not None and header.get("listing_key") == key and isinstance(header.get("listing"), dict):
-        return dict(header["listing"])
+        return {**header["listing"], "name": path.name}  # a run renamed keeps its files' times
     found = fresh_entry(path)
     if _settled(at, newest) and (header is None or header.get("page") is None):  # never drop a kept page
         _write(path, {"listing_key": key, "listing": found, "page": None, "status": None})
@@ -312,24 +312,28 @@ def lookup(path: Path) -> tuple[Scan, Reply | None]:
     return found, page
 
 
-def check_costs(refs: tuple[StepRef, ...] | list[StepRef], settings: Settings, joined: bool = False) -> int:
+def check_costs(
+    refs: tuple[StepRef, ...] | list[StepRef], settings: Settings, joined: bool = False, dtype: str | None = None
+) -> int:
     """413 when a micro-batch (each, or all ``joined`` into one batch) is past the padded-size or memory
-    limits, read from the files' headers; the files' total size."""
-    rows, longest, fields, total = 0, 0, 1, 0
+    limits, read from the files' headers (in ``dtype``, else each file's own config's); the files' total size."""
+    rows, longest, fields, total, widest = 0, 0, 1, 0, "float32"
     for ref in refs:
         header = read_header(ref.path)
         total += ref.path.stat().st_size
-        shape = (header.get("per_token_logps") or {}).get("shape") if isinstance(header, dict) else None
+        logp = header.get("per_token_logps")
+        shape = logp.get("shape") if isinstance(logp, dict) else None
         if not (isinstance(shape, list) and len(shape) == 2 and all(isinstance(n, int) for n in shape)):
             continue  # not a step file: loading it says what is wrong
         given = sum(isinstance(v, dict) and v.get("shape") == shape for v in header.values())
-        dtype = _stored_dtype(header)
+        computed = dtype or _stored_dtype(header)
         if joined:
             rows, longest, fields = rows + shape[0], max(longest, shape[1]), max(fields, given)
+            widest = "float64" if "float64" in (widest, computed) else widest
             continue
-        _check(ref, shape[0], shape[1], given, dtype, settings)
+        _check(ref, shape[0], shape[1], given, computed, settings)
     if joined and refs:
-        _check(refs[0], rows, longest, fields, "float32", settings)
+        _check(refs[0], rows, longest, fields, widest, settings)
     return total
 
 
@@ -438,13 +442,14 @@ class Plan:
     size: int
 
 
-def step_plan(run: Run, step: int, micro: int | None, settings: Settings) -> Plan:
+def step_plan(run: Run, step: int, micro: int | None, settings: Settings, dtype: str | None = None) -> Plan:
+    """A step's micro-batches (one, across ranks, with ``micro``) are joined into one batch: checked as one."""
     refs = [r for r in run.micro_batches(step) if micro is None or r.micro == micro]
-    total = check_costs(refs, settings, joined=micro is None)
+    total = check_costs(refs, settings, joined=True, dtype=dtype)
     return Plan([step], None, lane_size(total, 1))
 
 
-def replay_plan(run: Run, after: int, settings: Settings) -> Plan:
+def replay_plan(run: Run, after: int, settings: Settings, dtype: str | None = None) -> Plan:
     """Whole steps after ``after``, up to ``replay_max_micro_batches`` micro-batches (each evaluated twice)."""
     budget = settings.replay_max_micro_batches
     steps: list[int] = []
@@ -459,6 +464,6 @@ def replay_plan(run: Run, after: int, settings: Settings) -> Plan:
             break
         steps.append(number)
         refs += these
-    total = check_costs(refs, settings)
+    total = check_costs(refs, settings, dtype=dtype)
     more = len(steps) < len(numbers)
     return Plan(steps, steps[-1] if more else None, lane_size(total, 2 * len(refs)))
