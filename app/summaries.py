@@ -14,11 +14,14 @@ in the same header under a key of run.json's size and time and the steps/ direct
 added, removed or renamed there changes it): a listing costs a few stats per run once entries are kept.
 A run whose run.json the rules refuse is listed as invalid, with the reason.
 
-A key is trusted only once the newest time it holds is ``RACY_SECONDS`` older than the scan that made
-it: file times move in ticks (milliseconds; seconds on some filesystems), so a file rewritten in the
-same tick as the scan would keep its time. Until a run's files settle its summary is recomputed (git's
-"racily clean" rule). The cache file is not synced: a crash loses it (recomputed) or tears it (its
-length is checked, and a torn one is refused).
+A summary is kept only when the newest time its key holds is ``RACY_SECONDS`` older than the moment
+its computation began reading: file times move in ticks (milliseconds; seconds on some filesystems), so
+a file rewritten in the tick of its last write would keep its time; a later change has a later time.
+Until a run's files settle, its page is recomputed (git's "racily clean" rule). A run's scan is
+remembered for ``RESCAN_SECONDS`` while run.json and steps/ keep their own times (any step file added,
+removed or renamed into place changes steps/'s): a warm page costs a few stats, not one per step
+file, and a step file rewritten in place is seen within those seconds. The cache file is not synced:
+a crash loses it (recomputed) or tears it (its length is checked, and a torn one is refused).
 
 Steps and replays are checked as /api/v1/loss is, before anything is loaded: each micro-batch's padded
 size and estimated memory from its file's header (413 past the limits), and their lane from their
@@ -33,7 +36,9 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
@@ -66,6 +71,8 @@ MAX_TEXT = 200  # characters of a listed field (source, created, status)
 MAX_DEPTH = 32  # nesting of run.json's values (the page answers them whole)
 LISTED = ("source", "created", "status")
 RACY_SECONDS = 2.0
+RESCAN_SECONDS = 10.0
+MAX_SCANS = 1024  # runs whose last scan is remembered
 # The lanes size work by the JSON body it comes from (app.lanes): a float32's 4 bytes in a step file are
 # about 20 characters of JSON, and one evaluate holds the GIL about as long as parsing 64 KiB of JSON does.
 JSON_PER_BYTE = 5
@@ -148,19 +155,17 @@ def listing_key(path: Path) -> tuple[list[int], int]:
 class Scan:
     """A run's files as a stat saw them: what its summary is keyed by, and what computing it costs."""
 
-    at: int
-    """When the scan began (ns since the epoch): a key is trusted once its newest time is RACY_SECONDS older."""
     listing: list[int]
     listing_newest: int
     files: str
-    """A digest of the names, sizes and times of run.json and the step files."""
+    """A digest of the names, sizes, times and inodes of run.json and the step files (a file replaced by a
+    rename, as every writer here does, is a new inode whatever its time)."""
     newest: int
     step_bytes: int
     step_files: int
 
 
 def scan(path: Path) -> Scan:
-    at = time.time_ns()
     listing, listing_newest = listing_key(path)
     rows = [f"run.json\t{listing[0]}\t{listing[1]}", f"name\t{path.name}"]  # the page names its run
     newest, total, count = listing[1], 0, 0
@@ -172,14 +177,38 @@ def scan(path: Path) -> Scan:
                 stat = entry.stat()
             except OSError:  # gone since it was listed
                 continue
-            rows.append(f"steps/{entry.name}\t{stat.st_size}\t{stat.st_mtime_ns}")
+            rows.append(f"steps/{entry.name}\t{stat.st_size}\t{stat.st_mtime_ns}\t{stat.st_ino}")
             newest, total, count = max(newest, stat.st_mtime_ns), total + stat.st_size, count + 1
     digest = hashlib.sha256("\n".join(sorted(rows)).encode("utf-8", "surrogateescape")).hexdigest()
-    return Scan(at, listing, listing_newest, digest, newest, total, count)
+    return Scan(listing, listing_newest, digest, newest, total, count)
 
 
-def _settled(at: int, newest: int) -> bool:
-    return at - newest >= RACY_SECONDS * 1e9
+def _settled(read_from: int, newest: int) -> bool:
+    """Whether content read from ``read_from`` (ns) on may be kept under a key whose newest time is ``newest``:
+    a change after the read then has a later time than the key holds, so a later stat sees it."""
+    return read_from - newest >= RACY_SECONDS * 1e9
+
+
+_scans: OrderedDict[str, tuple[list[int], float, Scan]] = OrderedDict()  # run -> (listing key, when, scan)
+_scans_lock = threading.Lock()
+
+
+def current_scan(path: Path) -> Scan:
+    """The run's scan, stat by stat, at most every RESCAN_SECONDS while run.json and steps/ keep their own
+    times (a step file added, removed or renamed changes steps/'s): a warm page costs a few stats, not one
+    per step file. A step file rewritten in place, not renamed, is seen within RESCAN_SECONDS."""
+    key, _ = listing_key(path)
+    with _scans_lock:
+        memo = _scans.get(str(path))
+    if memo is not None and memo[0] == key and time.monotonic() - memo[1] < RESCAN_SECONDS:
+        return memo[2]
+    found = scan(path)
+    with _scans_lock:
+        _scans[str(path)] = (found.listing, time.monotonic(), found)
+        _scans.move_to_end(str(path))
+        while len(_scans) > MAX_SCANS:
+            _scans.popitem(last=False)
+    return found
 
 
 # --- the summary file --------------------------------------------------------------------------------------
@@ -307,7 +336,7 @@ def listing(
 def lookup(path: Path) -> tuple[Scan, Reply | None]:
     """The run's files as they are, and its page when the kept one was made from exactly these."""
     read_info(path)
-    found = scan(path)
+    found = current_scan(path)
     _, page = _cached(path, found.files)
     return found, page
 
@@ -355,7 +384,7 @@ def _check(ref: StepRef, rows: int, longest: int, fields: int, dtype: str, setti
 
 def summarise(path: str, found: Scan, settings: Settings) -> Any:
     """Compute a run's page and keep it (a lane's job: a path and a scan in, the page's JSON out)."""
-    run_dir = Path(path)
+    started, run_dir = time.time_ns(), Path(path)
     error: ApiError | None = None
     try:
         read_info(run_dir)
@@ -366,9 +395,9 @@ def summarise(path: str, found: Scan, settings: Settings) -> Any:
         error = as_api_error(exc, "run page")
         body = error_json(error.items)
     header: dict[str, Any] = {"listing_key": None, "listing": fresh_entry(run_dir), "page": None, "status": None}
-    if _settled(found.at, found.listing_newest):
+    if _settled(started, found.listing_newest):
         header["listing_key"] = found.listing
-    if _settled(found.at, found.newest):
+    if _settled(started, found.newest):
         header.update(page=found.files, status=200 if error is None else error.status)
     if header["listing_key"] is not None or header["page"] is not None:
         _write(run_dir, header, body)

@@ -104,6 +104,29 @@ def test_a_new_step_file_is_recomputed(http: TestClient, tmp_path: Path, counted
     assert counted == ["r", "r"]
 
 
+def test_a_warm_page_stats_no_step_file(
+    http: TestClient, tmp_path: Path, counted: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kept page is answered after a few stats (run.json, steps/) while those keep their times; every
+    step file is stat-ed again after RESCAN_SECONDS, which finds one rewritten in place."""
+    run = settle(write_run(tmp_path, "r"))
+    scans: list[str] = []
+    real = summaries.scan
+    monkeypatch.setattr(summaries, "scan", lambda path: scans.append(path.name) or real(path))
+    assert http.get("/api/v1/runs/r").json()["ok"] and http.get("/api/v1/runs/r").json()["ok"]
+    assert scans == ["r"] and counted == ["r"]
+    steps = os.stat(run / "steps")
+    step = run / "steps" / "000001-000.safetensors"
+    meta = read_metadata(step.read_bytes())
+    with open(step, "r+b") as f:  # in place: steps/ keeps its time
+        f.write(save(step_tensors(10), metadata={**meta, "meta": json.dumps({"loss": 5.0})}))
+        f.truncate()
+    os.utime(run / "steps", ns=(steps.st_atime_ns, steps.st_mtime_ns))
+    monkeypatch.setattr(summaries, "RESCAN_SECONDS", 0.0)
+    assert not http.get("/api/v1/runs/r").json()["ok"]
+    assert scans == ["r", "r"] and counted == ["r", "r"]
+
+
 @pytest.mark.parametrize(("name", "value"), [("VERSION", "99.0"), ("DEFAULT_RTOL", 1e-3)])
 def test_the_key_holds_the_version_and_the_tolerances(
     http: TestClient, tmp_path: Path, counted: list[str], monkeypatch: pytest.MonkeyPatch, name: str, value: Any
