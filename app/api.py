@@ -18,8 +18,8 @@ from pydantic.json_schema import models_json_schema
 from app import work
 from app.errors import error_item
 from app.options import options_json
-from app.responses import dumps
 from app.schemas import CompareRequest, ErrorResponse, LossRequest
+from grpo.answer import dumps
 from grpo.experiments import EXPERIMENTS, Experiment
 
 router = APIRouter()

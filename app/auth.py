@@ -1,27 +1,47 @@
 """Only the team gets in: an optional shared secret (``GRPO_LENS_AUTH_TOKEN``).
 
-When it is set, every route but ``/healthz`` and the sign-in page asks for it: the API as
-``Authorization: Bearer <token>`` (401 JSON otherwise), the browser as a cookie set by the sign-in
-page (HttpOnly, SameSite=Strict, Secure over HTTPS). The cookie holds an HMAC of the token, not the
-token; both are compared in constant time.
+When it is set, every route but ``/healthz`` and the sign-in/out forms asks for it: the API as
+``Authorization: Bearer <token>`` (401 JSON otherwise), the browser as a session cookie set by the
+sign-in page (HttpOnly, SameSite=Strict, Secure over HTTPS).
+
+A session is ``<id>.<expiry>.<signature>``: a random id, the Unix second it ends
+(``GRPO_LENS_SESSION_TTL`` after sign-in) and an HMAC of both under a key derived from the token, so
+a new token invalidates every cookie of the old one. The id must also be in this process's table of
+live sessions (``Sessions``): sign-out removes it, so a copied cookie dies with its sign-out, and a
+restart signs everyone out (nothing is written to disk). The table is per process and bounded
+(``GRPO_LENS_MAX_SESSIONS``: past it the oldest session ends).
+
+SameSite=Strict keeps other *sites* from riding the cookie, not other origins of the same site (another
+port, a sibling subdomain). So a cookie-signed-in request other than GET/HEAD, and every POST to the
+sign-in and sign-out forms, must come from this origin: an ``Origin`` equal to the request's own
+``scheme://host[:port]`` (the scheme as the trusted proxy forwarded it), or ``Sec-Fetch-Site:
+same-origin``; else a 403. Clients that send neither header (curl, Python) are not browsers and pass;
+so do bearer-token requests, which no other origin can make a browser send.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote, urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.errors import error_item, error_json
 
 COOKIE = "grpo_lens_session"
-OPEN_PATHS = ("/healthz", "/signin")
-
-
-def session_value(token: str) -> str:
-    """What the sign-in cookie holds: an HMAC of the token (the token itself never leaves the form)."""
-    return hmac.new(token.encode(), b"grpo-lens sign-in", hashlib.sha256).hexdigest()
+OPEN_PATHS = ("/healthz", "/signin", "/signout")
+FORMS = ("/signin", "/signout")  # open, but a cross-origin POST could sign a browser in or out: same-origin only
+SAFE_METHODS = ("GET", "HEAD")
+DEFAULT_PORTS = {"http": 80, "https": 443}
+# id (18 random bytes, URL-safe base64) . expiry (Unix seconds) . HMAC-SHA256 (hex); ASCII only, nothing else.
+SESSION = re.compile(r"([A-Za-z0-9_-]{24})\.([0-9]{1,12})\.([0-9a-f]{64})")
 
 
 def token_matches(given: str, token: str) -> bool:
@@ -30,12 +50,82 @@ def token_matches(given: str, token: str) -> bool:
     return hmac.compare_digest(digest(given.encode()).digest(), digest(token.encode()).digest())
 
 
-def _cookie(header: str) -> str:
+def signing_key(token: str) -> bytes:
+    """The sessions' key: derived from the token, so changing the token ends every session."""
+    return hmac.new(token.encode(), b"grpo-lens session key v1", hashlib.sha256).digest()
+
+
+class Sessions:
+    """The signed sessions this process has started and not yet ended: id -> expiry (Unix seconds).
+
+    ``clock`` is injectable (tests move time); the lock makes the table safe from route threads.
+    """
+
+    def __init__(
+        self, token: str, ttl: int = 12 * 3600, limit: int = 10_000, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.key = signing_key(token)
+        self.ttl = ttl
+        self.limit = limit
+        self.clock = clock
+        self.table: dict[str, int] = {}  # insertion order is age order: the oldest first
+        self.lock = threading.Lock()
+
+    def sign(self, sid: str, expires: int) -> str:
+        return hmac.new(self.key, f"{sid}.{expires}".encode(), hashlib.sha256).hexdigest()
+
+    def start(self) -> str:
+        """A new session; its cookie value. Expired sessions are dropped first, then, if the table is
+        still full, the oldest (that sign-in ends: failing closed keeps the table bounded)."""
+        now = self.clock()
+        sid, expires = secrets.token_urlsafe(18), int(now) + self.ttl
+        with self.lock:
+            while self.table:
+                oldest = next(iter(self.table))
+                if self.table[oldest] > now and len(self.table) < self.limit:
+                    break
+                del self.table[oldest]
+            self.table[sid] = expires
+        return f"{sid}.{expires}.{self.sign(sid, expires)}"
+
+    def signed(self, value: str) -> tuple[str, int] | None:
+        """``(id, expiry)`` of a well-formed value signed with this token's key, else None."""
+        match = SESSION.fullmatch(value)
+        if match is None or not hmac.compare_digest(match[3], self.sign(match[1], int(match[2]))):
+            return None
+        return match[1], int(match[2])
+
+    def check(self, value: str) -> str | None:
+        """The session id of a live cookie value, else None: signed with this token's key, not expired,
+        and not ended here (signed out, or started before this process)."""
+        signed = self.signed(value)
+        if signed is None:
+            return None
+        sid, expires = signed
+        with self.lock:
+            if self.clock() >= expires:  # ended by time: its entry goes too
+                self.table.pop(sid, None)
+                return None
+            return sid if self.table.get(sid) == expires else None
+
+    def end(self, value: str) -> bool:
+        """Ends the session a cookie value names (sign-out); whether it was live. Only a correctly
+        signed value can end one, so nobody ends another's session by guessing its id."""
+        signed = self.signed(value)
+        if signed is None:
+            return False
+        with self.lock:
+            return self.table.pop(signed[0], None) is not None
+
+
+def cookie_values(header: str) -> list[str]:
+    """Every value the ``Cookie`` header gives the session cookie (a sibling subdomain can add one)."""
+    values = []
     for part in header.split(";"):
         name, _, value = part.strip().partition("=")
         if name == COOKIE:
-            return value
-    return ""
+            values.append(value)
+    return values
 
 
 def safe_next(target: str | None) -> str:
@@ -45,50 +135,89 @@ def safe_next(target: str | None) -> str:
     return target
 
 
-class RequireToken:
-    """Pure ASGI middleware: a request without the token gets a 401 (API) or the sign-in page (browser)."""
+def _origin(scheme: str, netloc: str) -> tuple[str, str, int] | None:
+    """``(scheme, host, port)`` with the scheme's default port filled in; None when it does not parse."""
+    try:
+        parts = urlsplit(f"{scheme}://{netloc}")
+        port = parts.port or DEFAULT_PORTS.get(scheme.lower())
+    except ValueError:
+        return None
+    if not parts.hostname or port is None:
+        return None
+    return scheme.lower(), parts.hostname.lower(), port
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
+
+def same_origin(scope: Scope, headers: dict[str, str]) -> bool:
+    """Whether a browser sent this request from this origin, or no browser sent it at all.
+
+    ``Sec-Fetch-Site`` is set by the browser (no script can forge it) and survives a proxy that rewrites
+    ``Host``; ``Origin`` is compared with the request's own scheme (after the trusted proxy's
+    ``X-Forwarded-Proto``) and ``Host``."""
+    fetch_site, origin = headers.get("sec-fetch-site"), headers.get("origin")
+    if fetch_site == "same-origin":
+        return True
+    if origin is not None:
+        scheme, _, netloc = origin.partition("://")
+        own = _origin(scope["scheme"], headers.get("host", ""))
+        return own is not None and _origin(scheme, netloc) == own
+    return fetch_site is None
+
+
+class RequireToken:
+    """Pure ASGI middleware: a request without the token gets a 401 (API) or the sign-in page (browser);
+    a cookie-signed-in request that could change something, from another origin, a 403."""
+
+    def __init__(self, app: ASGIApp, token: str, sessions: Sessions | None = None) -> None:
         self.app = app
         self.token = token
-        self.session = session_value(token)
+        self.sessions = sessions or Sessions(token)
 
-    def allowed(self, scope: Scope) -> bool:
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    def credential(self, headers: dict[str, str]) -> str | None:
+        """``bearer``, ``cookie`` (a live session), or None."""
         scheme, _, given = headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and token_matches(given.strip(), self.token):
-            return True
-        return token_matches(_cookie(headers.get("cookie", "")), self.session)
+            return "bearer"
+        if any(self.sessions.check(value) for value in cookie_values(headers.get("cookie", ""))):
+            return "cookie"
+        return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self.allowed(scope):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = dict(scope["headers"])
-        page = (
-            scope["method"] == "GET"
-            and not scope["path"].startswith("/api/")
-            and b"text/html" in headers.get(b"accept", b"")
-        )
-        if page:  # a person at a browser: to the sign-in page, then back here
-            target = scope["path"] + ("?" + scope["query_string"].decode("latin-1") if scope["query_string"] else "")
-            from urllib.parse import quote
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        path, method = scope["path"], scope["method"]
+        kind = "open" if path in OPEN_PATHS else self.credential(headers)
+        if kind is None:
+            await self.refuse(scope, headers, send)
+            return
+        ridden = kind == "cookie" or path in FORMS  # what another origin's page could make a browser send
+        if method not in SAFE_METHODS and ridden and not same_origin(scope, headers):
+            origin = headers.get("origin", headers.get("sec-fetch-site", ""))[:100]
+            msg = (
+                f"refused: a signed-in browser request from another origin ({origin!r}); the page's own "
+                "requests come from this origin, and API clients send 'Authorization: Bearer <token>'"
+            )
+            await _error(send, 403, error_item(["header", "origin"], msg, "cross_origin"))
+            return
+        await self.app(scope, receive, send)
 
-            location = "/signin?next=" + quote(target, safe="/")
+    async def refuse(self, scope: Scope, headers: dict[str, str], send: Send) -> None:
+        """To the sign-in page for a person at a browser (then back here); a 401 for everyone else."""
+        api = scope["path"].startswith("/api/")
+        if scope["method"] == "GET" and not api and "text/html" in headers.get("accept", ""):
+            query = scope["query_string"].decode("latin-1")
+            location = "/signin?next=" + quote(scope["path"] + ("?" + query if query else ""), safe="/")
             await send({"type": "http.response.start", "status": 303, "headers": [(b"location", location.encode())]})
             await send({"type": "http.response.body", "body": b""})
             return
         msg = "sign in: send the team's token as 'Authorization: Bearer <token>' (or sign in at /signin)"
-        body = error_json([error_item(["header", "authorization"], msg, "unauthorized")])
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"www-authenticate", b'Bearer realm="grpo-lens"'),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        item = error_item(["header", "authorization"], msg, "unauthorized")
+        await _error(send, 401, item, ((b"www-authenticate", b'Bearer realm="grpo-lens"'),))
+
+
+async def _error(send: Send, status: int, item: dict[str, Any], extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    body = error_json([item])
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -16,7 +16,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from app import api, errors, export, lab, pages, runs
-from app.auth import RequireToken
+from app.auth import RequireToken, Sessions
 from app.lanes import Lanes
 from app.middleware import BodyLimit, HeadAsGet, SecurityHeaders
 from app.settings import Settings, get_settings
@@ -52,6 +52,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.lanes = Lanes(settings)
+    token = settings.auth_token
+    app.state.sessions = Sessions(token, settings.session_ttl, settings.max_sessions) if token else None
     errors.install(app)
     for router in ROUTERS:
         app.include_router(router)
@@ -69,8 +71,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ),
         timeout=settings.request_timeout,
     )
-    if settings.auth_token:
-        app.add_middleware(RequireToken, token=settings.auth_token)
+    if token:
+        app.add_middleware(RequireToken, token=token, sessions=app.state.sessions)
     if settings.allowed_hosts != ["*"]:
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.allowed_hosts, www_redirect=False)
     app.add_middleware(SecurityHeaders)

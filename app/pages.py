@@ -10,7 +10,7 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from app.auth import COOKIE, safe_next, session_value, token_matches
+from app.auth import COOKIE, cookie_values, safe_next, token_matches
 from app.boot import boot_json
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,21 +44,30 @@ def signin_page(request: Request, next: str = "/") -> HTMLResponse:
 
 @router.post("/signin", response_model=None)
 def signin(request: Request, token: Annotated[str, Form()] = "", next: Annotated[str, Form()] = "/") -> Response:
-    """The team's token -> a session cookie (HttpOnly, SameSite=Strict, Secure over HTTPS), then where you were."""
-    expected = request.app.state.settings.auth_token
-    if expected is None:
+    """The team's token -> a new session cookie (HttpOnly, SameSite=Strict, Secure over HTTPS, ending after
+    ``session_ttl``), then where you were. A session this browser held before ends."""
+    expected, sessions = request.app.state.settings.auth_token, request.app.state.sessions
+    if expected is None or sessions is None:
         return RedirectResponse(safe_next(next), status_code=303)
     if not token_matches(token, expected):
         context = {"next": safe_next(next), "error": "That token is not this instance's."}
         return templates.TemplateResponse(request, "signin.html", context, status_code=401)
+    for value in cookie_values(request.headers.get("cookie", "")):
+        sessions.end(value)
     response = RedirectResponse(safe_next(next), status_code=303)
     secure = request.url.scheme == "https"
-    response.set_cookie(COOKIE, session_value(expected), httponly=True, samesite="strict", secure=secure, path="/")
+    cookie = sessions.start()
+    response.set_cookie(COOKIE, cookie, max_age=sessions.ttl, httponly=True, samesite="strict", secure=secure, path="/")
     return response
 
 
 @router.post("/signout", response_model=None)
 def signout(request: Request) -> Response:
+    """Ends the session server-side (a copy of the cookie is refused from now on) and clears the cookie."""
+    sessions = request.app.state.sessions
+    if sessions is not None:
+        for value in cookie_values(request.headers.get("cookie", "")):
+            sessions.end(value)
     response = RedirectResponse("/signin", status_code=303)
     response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict", secure=request.url.scheme == "https")
     return response

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 class Settings(BaseSettings):
@@ -65,6 +68,26 @@ class Settings(BaseSettings):
     auth_token: str | None = Field(
         None, description="Shared secret: when set, every route but /healthz asks for it (bearer or sign-in cookie)."
     )
+    session_ttl: int = Field(
+        12 * 3600,
+        ge=60,
+        le=30 * 86400,
+        description="How long a sign-in lasts: seconds, or a duration such as 12h, 30m, 7d (1 minute to 30 days).",
+    )
+    max_sessions: int = Field(
+        10_000, ge=1, description="Sign-ins one server process remembers at once; past it, the oldest is signed out."
+    )
+
+    @field_validator("session_ttl", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> object:
+        """``12h``, ``30m``, ``90s``, ``7d`` or plain seconds (ASCII digits only)."""
+        if isinstance(value, str):
+            match = re.fullmatch(r"\s*([0-9]{1,9})\s*([smhd]?)\s*", value.lower())
+            if match:
+                return int(match[1]) * DURATION_UNITS[match[2] or "s"]
+        return value
+
     allowed_hosts: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["*"], description="Host headers served (comma-separated; * for any)."
     )

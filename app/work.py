@@ -32,9 +32,9 @@ from app.ingest import (
     read_json,
     validated,
 )
-from app.responses import breakdown_to_json, dumps
 from app.schemas import BatchRequest, CompareRequest, LossRequest, UploadForm
 from app.settings import Settings
+from grpo.answer import breakdown_to_json, dumps
 from grpo.io import INPUT_DTYPES, load_file, precision_notes
 from grpo.requests import batch_from_request
 

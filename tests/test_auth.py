@@ -8,7 +8,7 @@ import pytest
 from api_fixtures import ARTICLE
 from fastapi.testclient import TestClient
 
-from app.auth import COOKIE, session_value
+from app.auth import COOKIE, SESSION
 from app.main import create_app
 from app.settings import Settings
 
@@ -75,9 +75,11 @@ def test_signing_in_sets_an_httponly_strict_cookie_that_opens_every_route() -> N
     response = api.post("/signin", data={"token": TOKEN, "next": "/docs"})
     assert response.status_code == 303 and response.headers["location"] == "/docs"
     cookie = response.headers["set-cookie"]
-    assert cookie.startswith(f"{COOKIE}={session_value(TOKEN)};")
-    assert TOKEN not in cookie  # the cookie holds an HMAC of the token, not the token
+    name, _, value = cookie.partition(";")[0].partition("=")
+    assert name == COOKIE and SESSION.fullmatch(value)  # id.expiry.signature, never the token
+    assert TOKEN not in cookie
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/" in cookie
+    assert "Max-Age=43200" in cookie  # the browser drops it when the server would refuse it (12 h)
     assert "Secure" not in cookie  # plain http here: a Secure cookie would never come back
     assert api.get("/", headers=HTML).status_code == 200
     assert api.post("/api/v1/loss", json=ARTICLE).status_code == 200
@@ -116,6 +118,34 @@ def test_redirects_are_paths_whatever_the_host_header() -> None:
 
 
 def test_no_token_set_means_no_sign_in() -> None:
+    """No token, no session to ride: another origin's POST is not refused either (nothing to protect)."""
     api = TestClient(create_app(Settings()), follow_redirects=False)
     assert api.get("/", headers=HTML).status_code == 200
     assert api.post("/api/v1/loss", json=ARTICLE).status_code == 200
+    cross = {"origin": "http://testserver:9999", "sec-fetch-site": "same-site"}
+    assert api.post("/api/v1/loss", json=ARTICLE, headers=cross).status_code == 200
+    assert api.post("/signin", data={"token": "x"}, headers=cross).status_code == 303
+
+
+@pytest.mark.parametrize(
+    ("raw", "seconds"), [("43200", 43200), ("12h", 43200), ("30m", 1800), ("7d", 604800), (" 90S ", 90)]
+)
+def test_the_session_ttl_reads_seconds_or_a_duration(raw: str, seconds: int) -> None:
+    assert Settings(session_ttl=raw).session_ttl == seconds
+
+
+@pytest.mark.parametrize("raw", ["12 hours", "1.5h", "-5m", "59", "31d", "١٢h", ""])
+def test_a_session_ttl_out_of_range_or_unreadable_is_refused(raw: str) -> None:
+    with pytest.raises(ValueError, match="session_ttl"):
+        Settings(session_ttl=raw)
+
+
+def test_signing_in_again_ends_the_session_this_browser_held() -> None:
+    api = guarded()
+    api.post("/signin", data={"token": TOKEN})
+    first = api.cookies[COOKIE]
+    api.post("/signin", data={"token": TOKEN})
+    assert api.cookies[COOKIE] != first
+    assert api.get("/api/v1/options").status_code == 200
+    other = TestClient(api.app)  # no cookie jar: the old cookie alone
+    assert other.get("/api/v1/options", headers={"cookie": f"{COOKIE}={first}"}).status_code == 401
