@@ -16,23 +16,22 @@ import shutil
 import tempfile
 import zipfile
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
+from urllib.parse import urlencode
 
 import anyio
 from fastapi import APIRouter, Depends, File, Form, HTTPException, Query, Request, UploadFile
 from fastapi.responses import Response
 
-import grpo
+from app import summaries
 from app.api import JSONBytes
 from app.errors import LimitError
+from app.ingest import read_json
 from app.schemas import ErrorResponse
 from app.settings import Settings
-from app.work import json_form
-from grpo.answer import breakdown_to_json
-from grpo.check import check_run, replay, run_overview, step_batch
+from app.work import Reply
 from grpo.errors import GrpoInputError
-from grpo.requests import batch_from_request, row_lengths
-from grpo.runs import STEP_FILE, Run, list_runs, load_run, load_step
+from grpo.runs import STEP_FILE, Run, load_run, load_step
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -55,12 +54,6 @@ async def run_sync(request: Request, fn: Any, *args: Any) -> Any:
     return await anyio.to_thread.run_sync(lambda: fn(*args), limiter=request.app.state.lanes.threads)
 
 
-def _breakdown(fields: dict[str, Any], config: grpo.LossConfig, settings: Settings) -> dict[str, Any]:
-    """A step's batch under ``config``, answered as /api/v1/loss answers."""
-    bd = grpo.evaluate(batch_from_request(fields), config)
-    return breakdown_to_json(bd, row_lengths(fields), None, max_tokens=settings.full_token_limit)
-
-
 def _not_found(loc: list[str | int], msg: str) -> HTTPException:
     return HTTPException(404, [{"loc": loc, "msg": msg, "type": "not_found"}])
 
@@ -79,21 +72,49 @@ def _load(settings: Settings, name: str) -> Run:
 
 
 def _config_param(config: str | None) -> dict[str, Any] | None:
-    value = json_form("config", config)
-    if value is not None and not isinstance(value, dict):
-        raise GrpoInputError("config", "a JSON object: a preset and LossConfig fields", got=type(value).__name__)
-    return value
+    """``?config=``: JSON text of a preset and overrides, checked as /api/v1/loss checks its config."""
+    return summaries.overrides(None if not config else read_json(config, ["query", "config"]), ["query", "config"])
 
 
-@router.get("", summary="The runs under GRPO_LENS_RUNS_DIR, newest first")
-def runs(settings: SettingsDep) -> list[dict[str, Any]]:
-    return [run.summary() for run in list_runs(settings.runs_dir)]
+def _opened(settings: Settings, name: str) -> Run:
+    """A run to read from: its run.json within the listing's bounds (a 422 saying why not), then loaded."""
+    summaries.read_info(_run_dir(settings, name))
+    return _load(settings, name)
+
+
+def _is_name(name: str) -> bool:
+    return RUN_NAME.fullmatch(name) is not None
+
+
+def _answer(reply: Reply) -> Response:
+    return Response(reply.body, reply.status, headers=reply.headers, media_type="application/json")
+
+
+@router.get("", response_class=JSONBytes, summary="A page of the runs under GRPO_LENS_RUNS_DIR (Link: rel=next)")
+async def runs(
+    request: Request,
+    settings: SettingsDep,
+    limit: Annotated[int, Query(ge=1, le=summaries.LIMIT_MAX, description="Runs per page")] = summaries.LIMIT_DEFAULT,
+    after: Annotated[str | None, Query(max_length=256, description="The previous page's last run")] = None,
+    sort: Annotated[
+        Literal["time", "name"], Query(description="time: the run's last write, newest first; name: A to Z")
+    ] = "time",
+) -> JSONBytes:
+    """Each run as its summary (name, source, created, status, steps, files, valid: true), or, when the
+    rules refuse its run.json, ``{"name", "valid": false, "error"}``. A next page is named by the ``Link``
+    header (rel="next"), whose ``after`` is this page's last run."""
+    page, last = await run_sync(request, summaries.listing, Path(settings.runs_dir), sort, after, limit, _is_name)
+    headers = {}
+    if last is not None:
+        headers["link"] = f'<{request.url.path}?{urlencode({"limit": limit, "after": last, "sort": sort})}>; rel="next"'
+    return JSONBytes(page, headers=headers)
 
 
 @router.get("/{run}", responses=NOT_FOUND, response_class=JSONBytes, summary="A run: steps, trainer vs recomputed")
-async def run_detail(run: str, request: Request, settings: SettingsDep) -> JSONBytes:
-    loaded = _load(settings, run)
-    return JSONBytes(await run_sync(request, lambda: run_overview(loaded, check_run(loaded))))
+async def run_detail(run: str, request: Request, settings: SettingsDep) -> Response:
+    """Computed once per state of the run's files (in a worker process for a long run) and kept beside it."""
+    path = _run_dir(settings, run)
+    return _answer(await summaries.page(request.app.state.lanes, path, settings))
 
 
 @router.get(
@@ -109,25 +130,20 @@ async def step_detail(
     settings: SettingsDep,
     micro: Annotated[int | None, Query(ge=0, le=999)] = None,
     config: Annotated[str | None, Query(description="A JSON object of LossConfig fields (preset included)")] = None,
-) -> JSONBytes:
-    loaded = _load(settings, run)
+) -> Response:
+    """Checked as /api/v1/loss is (padded size and memory from the files' headers: 413), in its lane."""
+    path = _run_dir(settings, run)
+    overrides = _config_param(config)
+    loaded = await run_sync(request, _opened, settings, run)
     if step not in loaded.step_numbers() or (
         micro is not None and micro not in [r.micro for r in loaded.micro_batches(step)]
     ):
         where = f"step {step}" + ("" if micro is None else f" micro-batch {micro}")
         raise _not_found(["path", "step"], f"run {run!r} has no {where}")
-    overrides = _config_param(config)
-
-    def compute() -> dict[str, Any]:
-        from grpo.check import replay_config
-
-        fields, stored, info = step_batch(loaded, step, micro)
-        resolved = replay_config(stored, overrides)
-        breakdown = _breakdown(fields, resolved, settings)
-        request_body = {**fields, "config": {k: v for k, v in resolved.to_dict().items() if k not in ("device",)}}
-        return {"run": run, **info, "breakdown": breakdown, "request": request_body}
-
-    return JSONBytes(await run_sync(request, compute))
+    dtype = (overrides or {}).get("dtype")
+    plan = await run_sync(request, summaries.step_plan, loaded, step, micro, settings, dtype)
+    lanes = request.app.state.lanes
+    return _answer(await lanes.run(plan.size, summaries.step_json, str(path), step, micro, overrides, settings))
 
 
 @router.delete("/{run}", responses=NOT_FOUND, status_code=204, summary="Delete a run")
@@ -157,12 +173,22 @@ def download(run: str, settings: SettingsDep) -> Response:
     response_class=JSONBytes,
     summary="The same captured batches under another config, step by step, beside the original",
 )
-async def replay_run(run: str, request: Request, settings: SettingsDep, body: dict[str, Any]) -> JSONBytes:
-    loaded = _load(settings, run)
-    overrides = body.get("config", body)
-    if not isinstance(overrides, dict):
-        raise GrpoInputError("config", "a JSON object: a preset and LossConfig fields", got=type(overrides).__name__)
-    return JSONBytes(await run_sync(request, replay, loaded, overrides))
+async def replay_run(
+    run: str,
+    request: Request,
+    settings: SettingsDep,
+    body: dict[str, Any],
+    after: Annotated[int, Query(ge=0, le=999_999, description="Replay the steps after this one")] = 0,
+) -> Response:
+    """At most ``GRPO_LENS_REPLAY_MAX_MICRO_BATCHES`` micro-batches, whole steps; ``next`` is the following
+    page's ``after`` (null on the last page)."""
+    path = _run_dir(settings, run)
+    loc: list[str | int] = ["body", "config"] if "config" in body else ["body"]
+    overrides = summaries.overrides(body.get("config", body), loc) or {}
+    loaded = await run_sync(request, _opened, settings, run)
+    plan = await run_sync(request, summaries.replay_plan, loaded, after, settings, overrides.get("dtype"))
+    lanes = request.app.state.lanes
+    return _answer(await lanes.run(plan.size, summaries.replay_json, str(path), plan.steps, overrides, plan.next))
 
 
 @router.post("", responses=TOO_LARGE, status_code=201, summary="Upload a zipped run (run.json and steps/*.safetensors)")

@@ -100,6 +100,9 @@ class Settings(BaseSettings):
     )
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads per computation (0: torch's default).")
     runs_dir: Path = Field(Path("runs"), description="Where runs live (captured and lab), one directory each.")
+    replay_max_micro_batches: int = Field(
+        1000, ge=1, description="Most micro-batches one run replay evaluates (whole steps; the answer's next pages on)."
+    )
     lab_max_concurrent: int = Field(
         2, ge=1, description="Lab runs training at once (one worker process each); the rest queue."
     )

@@ -313,6 +313,24 @@ def read_metadata(data: bytes) -> dict[str, str]:
     return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
 
+def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A safetensors file's JSON header (each tensor's dtype, shape and offsets; ``__metadata__``), read
+    without its tensors: what a step costs to evaluate is known before it is loaded."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        (size,) = struct.unpack("<Q", head) if len(head) == 8 else (None,)
+        if size is None or size > min(MAX_HEADER_BYTES, os.fstat(f.fileno()).st_size - 8):
+            raise GrpoInputError("file", f"a valid safetensors file (in the step file {Path(path).name})")
+        text = f.read(size)
+    try:
+        header = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise GrpoInputError("file", f"a valid safetensors file (in the step file {Path(path).name})") from exc
+    if not isinstance(header, dict):
+        raise GrpoInputError("file", f"a valid safetensors file (in the step file {Path(path).name})")
+    return header
+
+
 def is_step_metadata(metadata: dict[str, str]) -> bool:
     return "config" in metadata and "step" in metadata and "format" in metadata
 
