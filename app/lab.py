@@ -12,7 +12,6 @@ import dataclasses
 import errno
 import json
 import logging
-import re
 import secrets
 import signal
 import struct
@@ -30,12 +29,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import Message, Receive, Scope, Send
 
 import grpo
-from app.auth import COOKIE
+from app.auth import Sessions, cookie_values
 from app.errors import LimitError, config_error, error_item
 from app.ingest import check_cost
 from app.lab_workers import LabManager, LabRefused, LabRun
 from app.schemas import ConfigRequest, ErrorResponse
 from app.settings import Settings, get_settings
+from app.store import RUN_NAME_PATTERN, RunStore, valid_name
 from grpo.check import batch_advantages
 from grpo.lab import COMPARISONS, DEFAULT_TASK, METRICS, TASKS, LabConfig
 from grpo.runs import load_step
@@ -43,13 +43,13 @@ from grpo.runs import load_step
 log = logging.getLogger("grpo_lens.lab")
 KEEPALIVE_SECONDS = 10.0
 COALESCE_SECONDS = 0.2  # a stream sends what came in this long at once: fewer wakeups per stream while a run trains
-RUN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+RUN_NAME = rf"^{RUN_NAME_PATTERN}$"  # the run store's names (pydantic's $ is the true end of the text)
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    manager = _new_manager(_settings_of(app))
+    manager = _new_manager(_settings_of(app), _budget(app))
     manager.start(asyncio.get_running_loop())
     app.state.lab = manager
     _close_streams_on_exit(manager)
@@ -119,7 +119,7 @@ def _manager(request: Request) -> LabManager:
     under an in-process test client: it spawns no worker until a run is submitted)."""
     state = request.app.state
     if not hasattr(state, "lab"):
-        state.lab = _new_manager(_settings_of(request.app))
+        state.lab = _new_manager(_settings_of(request.app), _budget(request.app))
         state.lab.start(asyncio.get_running_loop())
     manager: LabManager = state.lab
     return manager
@@ -136,6 +136,12 @@ def _request_settings(request: Request) -> Settings:
 
 
 SettingsDep = Annotated[Settings, Depends(_request_settings)]
+
+
+def _budget(app: Any) -> Callable[[], int | None] | None:
+    """The run store's remaining bytes, which lab runs count against (None: an app without a store)."""
+    store: RunStore | None = getattr(app.state, "store", None)
+    return store.remaining_bytes if store is not None else None
 
 
 def _new_manager(settings: Settings, budget: Callable[[], int | None] | None = None) -> LabManager:
@@ -280,11 +286,16 @@ async def events(run_id: str, request: Request, settings: SettingsDep) -> Stream
 
 
 def _client(request: Request) -> str:
-    """Who opens a stream, for the per-client cap: the session (the sign-in cookie) from its address
-    (uvicorn has put the forwarded one there when the proxy is trusted), so people behind one address
-    each get their own share."""
-    address = request.client.host if request.client else ""
-    return f"{request.cookies.get(COOKIE, '')}@{address}"
+    """Who opens a stream, for the per-client cap: the signed-in session when the instance has sign-in
+    (people behind one address each get their own share), else the address (uvicorn has put the
+    forwarded one there when the proxy is trusted). Without sign-in a cookie proves nothing: a client
+    could vary it to dodge the cap, so it does not count."""
+    sessions: Sessions | None = getattr(request.app.state, "sessions", None)
+    if sessions is not None:
+        for value in cookie_values(request.headers.get("cookie", "")):
+            if (sid := sessions.check(value)) is not None:
+                return f"session {sid}"
+    return f"address {request.client.host if request.client else ''}"
 
 
 @dataclass
@@ -392,7 +403,7 @@ async def step_input(run_id: str, step: int, request: Request, settings: Setting
 def _step_file(settings: Settings, run_id: str, step: int) -> Path:
     """The step file of a lab run's step (micro-batch 0: the lab writes one per step); 404 otherwise.
     Links are not followed: a run holds its own files."""
-    if not re.match(RUN_NAME, run_id):
+    if not valid_name(run_id):
         msg = f"no run {run_id!r}: names are letters, digits, '.', '-' and '_'"
         raise _refused(404, ["path", "run_id"], msg, "not_found")
     run_dir = settings.runs_dir / run_id

@@ -18,8 +18,8 @@ Each figure of issue 8 beside its floor or its alone-case, in one run:
 6. hostile bodies: a 66 KB body padded to 4,001 x 4,000 and a 1.6 MB body padded to 100,001 x 2,000:
    status, time to answer, RSS growth (target: 413, at once, no growth).
 7. load: 32 concurrent clients posting the article's example for a few seconds (target: 0 errors).
-8. event streams: 1,000 lab event streams opened on one training run from 50 sessions (distinct sign-in
-   cookies), half never reading, the caps at their defaults: accepted and refused counts, and ``/healthz``
+8. event streams: 1,000 lab event streams opened on one training run from 50 clients (distinct forwarded
+   addresses), half never reading, the caps at their defaults: accepted and refused counts, and ``/healthz``
    and small ``/loss`` p99 while they are open against alone (targets <= 100 ms and <= 300 ms).
 x. hostile export bodies: the 1.2 MB body (one 200,000-token row + 2,000 one-token rows, 400 M padded
    positions) and a 133 KB one (40 M) to /api/v1/export/{fmt} for every format, beside /api/v1/loss:
@@ -665,7 +665,7 @@ def probe(base: str, seconds: float) -> tuple[list[float], list[float]]:
 
 
 async def open_streams(host: str, port: int, path: str, total: int, sessions: int, held: list[Any]) -> dict[str, int]:
-    """``total`` event streams on ``path`` from ``sessions`` sign-in cookies, every other one never read
+    """``total`` event streams on ``path`` from ``sessions`` client addresses, every other one never read
     past its status line; the accepted ones stay open (in ``held``) until the caller closes them."""
     counts = {"accepted": 0, "refused": 0, "failed": 0}
     auth = "".join(f"{k}: {v}\r\n" for k, v in STATE["auth"].items())
@@ -680,8 +680,9 @@ async def open_streams(host: str, port: int, path: str, total: int, sessions: in
         async with gate:
             try:
                 reader, writer = await asyncio.open_connection(host, port)
-                cookie = f"grpo_lens_session=bench-{i % sessions}"
-                writer.write(f"GET {path} HTTP/1.1\r\nhost: {host}\r\ncookie: {cookie}\r\n{auth}\r\n".encode())
+                # a client per forwarded address (uvicorn trusts X-Forwarded-For from 127.0.0.1 by default)
+                client = f"127.0.{1 + i % sessions // 250}.{1 + i % sessions % 250}"
+                writer.write(f"GET {path} HTTP/1.1\r\nhost: {host}\r\nx-forwarded-for: {client}\r\n{auth}\r\n".encode())
                 status = (await reader.readline()).split()
             except OSError:
                 counts["failed"] += 1
@@ -735,7 +736,7 @@ def event_streams(base: str, seconds: float, total: int = 1000, sessions: int = 
             time.sleep(0.1)
         httpx.delete(f"{base}/api/v1/runs/{name}", headers=headers)
         loop.call_soon_threadsafe(loop.stop)
-    print(f"8. event streams: {total} opened on one training lab run from {sessions} sessions, half never reading")
+    print(f"8. event streams: {total} opened on one training lab run from {sessions} clients, half never reading")
     print(f"   accepted {opened['accepted']}   refused (429) {opened['refused']}   failed {opened['failed']}")
     print(f"   the run had trained {steps} steps at the end; descriptors: soft limit {soft} raised to {hard}")
     for label, i, target in (("GET  /healthz", 0, 0.1), ("POST /api/v1/loss (small)", 1, 0.3)):

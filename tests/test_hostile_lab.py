@@ -22,7 +22,7 @@ import pytest
 import torch
 import uvicorn
 from api_fixtures import free_port
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 
 from app import lab as lab_module
 from app.auth import COOKIE
@@ -508,8 +508,9 @@ def test_streams_are_capped_per_client_and_per_run(tmp_path: Path) -> None:
             opened: list[int] = []
             async with contextlib.AsyncExitStack() as streams:
 
-                async def open_stream(session: str) -> httpx.Response:
-                    headers = {"cookie": f"{COOKIE}={session}"}
+                async def open_stream(client: str) -> httpx.Response:
+                    # uvicorn trusts X-Forwarded-For from 127.0.0.1 (its default): one address per client
+                    headers = {"x-forwarded-for": {"a": "127.0.1.1", "b": "127.0.1.2", "c": "127.0.1.3"}[client]}
                     response = await streams.enter_async_context(
                         http.stream("GET", "/api/v1/lab/runs/busy/events", headers=headers)
                     )
@@ -557,3 +558,20 @@ def test_a_reader_that_takes_nothing_is_dropped(tmp_path: Path) -> None:
             sock.close()
 
     asyncio.run(scenario())
+
+
+def test_a_client_is_its_session_with_sign_in_else_its_address(tmp_path: Path) -> None:
+    """With sign-in, two people behind one address each get their share and a forged cookie counts as the
+    address; without sign-in a cookie proves nothing (varying it would dodge the cap): the address."""
+    signed = create_app(Settings(runs_dir=tmp_path, auth_token="t" * 32))
+    one, two = signed.state.sessions.start(), signed.state.sessions.start()
+
+    def client(app: FastAPI, cookie: str) -> str:
+        scope = {"type": "http", "app": app, "headers": [(b"cookie", f"{COOKIE}={cookie}".encode())]}
+        return lab_module._client(Request({**scope, "client": ("127.0.0.1", 5000)}))
+
+    assert client(signed, one) != client(signed, two)
+    assert client(signed, one).startswith("session ")
+    assert client(signed, "forged") == client(signed, "another forged") == "address 127.0.0.1"
+    plain = create_app(Settings(runs_dir=tmp_path))
+    assert client(plain, "a") == client(plain, "b") == "address 127.0.0.1"
