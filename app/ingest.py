@@ -106,22 +106,11 @@ def _flat(rows: Any, low: float, high: float, whole: bool) -> tuple[np.ndarray, 
 
 
 def check_cost(
-    lengths: list[int] | np.ndarray,
-    fields: int,
-    dtype: str,
-    settings: Settings,
-    copies: int = 1,
-    output_bytes: int = 0,
-    output: str = "",
-    output_loc: Loc | None = None,
+    lengths: list[int] | np.ndarray, fields: int, dtype: str, settings: Settings, copies: int = 1, **output: Any
 ) -> None:
-    """413 when the padded grid (B x T_max positions) or its estimated memory is past the settings.
-
-    ``output_bytes``: memory the answer takes beyond evaluating (an exported file and its copies),
-    ``output`` what it is, for the message; ``output_loc`` the field a memory 413 names (default:
-    per_token_logps, whose rows make the grid)."""
-    B, T = len(lengths), int(max(lengths, default=0))
-    check_padded(B, T, fields, dtype, settings, copies, output_bytes, output, output_loc)
+    """413 when the padded grid (B x T_max positions) or its estimated memory is past the settings;
+    ``output``: what the answer takes beyond evaluating, as ``check_padded`` takes it."""
+    check_padded(len(lengths), int(max(lengths, default=0)), fields, dtype, settings, copies, **output)
 
 
 def check_padded(
@@ -135,7 +124,10 @@ def check_padded(
     output: str = "",
     output_loc: Loc | None = None,
 ) -> None:
-    """check_cost for B rows whose longest holds T positions (a step file's tensors: already padded)."""
+    """413 when B rows padded to T positions (x ``copies`` configs), or their estimated memory, are past the
+    settings. ``output_bytes``: memory the answer takes beyond evaluating (an exported file and its copies),
+    ``output`` what it is, for the message; ``output_loc`` the field a memory 413 names (default:
+    per_token_logps, whose rows make the grid)."""
     padded = B * T * copies
     estimate = B * T * (INPUT_BYTES * (fields + 1) + EVALUATE_BYTES.get(dtype, 320) * copies) + output_bytes
     what = f"{B} rows padded to the longest ({T} positions): {B * T} positions"
