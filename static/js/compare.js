@@ -2,7 +2,7 @@
 
 import { postJSON } from "./api.js";
 import * as charts from "./charts.js";
-import { $, clear, el, plot } from "./dom.js";
+import { $, clear, el, plot, purge } from "./dom.js";
 import { fmt } from "./format.js";
 import { COMPARE, COMPARE_ROWS } from "./labels.js";
 import * as redraw from "./redraw.js";
@@ -49,7 +49,7 @@ export function setup() {
   redraw.register("compare-grads", "compare", (data) => {
     const tokens = data.lengths.reduce((a, b) => a + b, 0);
     if (tokens <= ALL_TOKENS_LIMIT && data.results[0].tokens_complete) return plot("compare-grads", charts.compareGrads(data.results, names(data), data.text));
-    if (window.Plotly) Plotly.purge("compare-grads"); // too many tokens for one bar each: no chart rather than an old one
+    purge("compare-grads"); // too many tokens for one bar each: no chart rather than an old one
     return null;
   });
   buildCompareChoices();
@@ -75,8 +75,9 @@ async function renderCompare(data) {
   const table = clear($("#compare-table"));
   table.append(el("thead", {}, el("tr", {}, el("th", { text: "" }), ...names(data).map((n) => el("th", { scope: "col", text: n })))));
   table.append(el("tbody", {}, ...COMPARE_ROWS.map(([label, get]) => el("tr", {}, el("td", { text: label }), ...data.results.map((r) => el("td", { class: "num", text: fmt(get(r), 5) }))))));
-  // One computed sentence per preset (the library's, from its explanation) on length weighting.
-  const lengths = data.results.map((r, k) => [names(data)[k], r.explanation.find((t) => t.startsWith("Per token, the shortest row"))]).filter(([, t]) => t);
+  // One computed sentence per preset (the library's, from its explanation) on length weighting,
+  // found by its key (explanation_keys), never by its wording.
+  const lengths = data.results.map((r, k) => [names(data)[k], r.explanation[r.explanation_keys.indexOf("length")]]).filter(([, t]) => t);
   clear($("#compare-lengths")).append(...(lengths.length ? [el("li", { class: "head", text: COMPARE.lengthsHead })] : []), ...lengths.map(([n, t]) => el("li", {}, el("strong", { text: `${n}: ` }), t)));
   await redraw.publish("compare", data);
   document.body.dataset.compared = String((Number(document.body.dataset.compared) || 0) + 1);
