@@ -366,3 +366,92 @@ export function experimentChart(exp) {
     }),
   };
 }
+
+// --- a run's steps (the Runs view) ------------------------------------------------------------------
+// A chart over a run's optimiser steps.
+const stepsLayout = (title, extra = {}) =>
+  base(title, { height: 280, xaxis: { title: { text: "optimiser step" }, dtick: 1 }, legend: { orientation: "h", y: -0.3 }, ...extra });
+
+export function lossChart(data) {
+  const x = data.steps.map((s) => s.step);
+  const bad = data.steps.filter((s) => !s.ok);
+  return {
+    data: [
+      { x, y: data.steps.map((s) => s.trainer_loss), name: "trainer (returned, summed over micro-batches)", mode: "lines+markers", line: { color: "#6b7280" } },
+      { x, y: data.steps.map((s) => s.lens_loss), name: "GRPO Lens (recomputed)", mode: "lines+markers", line: { color: "#2563eb", dash: "dot" } },
+      { x: bad.map((s) => s.step), y: bad.map((s) => s.lens_loss), name: "mismatch", mode: "markers", marker: { color: "#dc2626", size: 14, symbol: "x" } },
+    ],
+    layout: stepsLayout("Loss per step: trainer vs recomputed", { yaxis: { title: { text: "loss" } } }),
+  };
+}
+
+const RUN_METRICS = [
+  ["clip_ratio/region_mean", "#dc2626"], ["clip_ratio/low_mean", "#f97316"], ["clip_ratio/high_mean", "#eab308"],
+  ["actor/pg_clipfrac", "#db2777"], ["kl", "#7c3aed"],
+];
+
+export function metricsChart(data) {
+  const x = data.steps.map((s) => s.step);
+  const traces = [];
+  for (const [name, color] of RUN_METRICS) {
+    if (!data.steps.some((s) => name in s.lens_mean)) continue;
+    traces.push({ x, y: data.steps.map((s) => s.lens_mean[name] ?? null), name: `${name} (GRPO Lens, mean over micro-batches)`, mode: "lines+markers", line: { color } });
+    if (data.steps.some((s) => name in s.logged)) {
+      traces.push({ x, y: data.steps.map((s) => s.logged[name] ?? null), name: `${name} (trainer logged)`, mode: "markers", marker: { color, symbol: "circle-open", size: 11 } });
+    }
+  }
+  const extra = [
+    ["reward", (s) => s.reward, "#16a34a"],
+    ["advantage std", (s) => s.lens_mean["lens/advantage/std"], "#0891b2"],
+    ["mean length", (s) => s.lens_mean["completions/mean_length"], "#64748b"],
+  ];
+  for (const [name, get, color] of extra) {
+    if (data.steps.some((s) => get(s) != null)) traces.push({ x, y: data.steps.map(get), name, yaxis: "y2", mode: "lines", line: { color, width: 1.5 } });
+  }
+  return {
+    data: traces,
+    layout: stepsLayout("Metrics per step (filled: recomputed; rings: logged by the trainer)", {
+      height: 340, yaxis: { title: { text: "fraction / KL" } },
+      yaxis2: { title: { text: "reward · advantage std · length" }, overlaying: "y", side: "right" },
+    }),
+  };
+}
+
+export function replayChart(data, preset) {
+  const x = data.steps.map((s) => s.step);
+  const series = [["loss", "#2563eb"], ["policy_loss", "#16a34a"], ["kl_loss", "#7c3aed"], ["clip_ratio/region_mean", "#dc2626"]];
+  const traces = [];
+  for (const [key, color] of series) {
+    traces.push({ x, y: data.steps.map((s) => s.original[key]), name: `${key} (as captured)`, mode: "lines+markers", line: { color } });
+    traces.push({ x, y: data.steps.map((s) => s.replay[key]), name: `${key} (${preset})`, mode: "lines+markers", line: { color, dash: "dash" } });
+  }
+  return { data: traces, layout: stepsLayout(`These same batches under ${preset}`, { height: 320 }) };
+}
+
+// --- the Lab: live runs (lab.js adds each run's traces and extends them step by step) --------------
+const LAB_CHART = {
+  height: 220, margin: { l: 50, r: 50, t: 30, b: 25 }, xaxis: { rangemode: "tozero" },
+  showlegend: false, hovermode: "closest", // the run list above the charts is the key
+};
+
+// One metric's chart, empty until runs add their traces.
+export function labMetric(metric) {
+  return { data: [], layout: base(metric, LAB_CHART) };
+}
+
+// Reward and loss of every run on one figure: the loss is not progress.
+export function labOverlay() {
+  return {
+    data: [],
+    layout: base("reward (solid, left axis) and loss (dotted, right axis): the loss is not progress", {
+      ...LAB_CHART, height: 300, showlegend: true, legend: { orientation: "h", y: -0.12 }, margin: { l: 50, r: 60, t: 30, b: 40 },
+      yaxis: { title: { text: "reward" } }, yaxis2: { title: { text: "loss" }, overlaying: "y", side: "right" },
+    }),
+  };
+}
+
+// One run's (empty) trace on a lab chart: `kind` is "metric", "reward" or "loss" (the overlay's, on its right axis).
+export function labTrace(run, name, kind = "metric") {
+  const line = { color: run.colour, width: 2, ...(kind === "loss" ? { dash: "dot" } : {}) };
+  return { x: [], y: [], name, mode: "lines+markers", marker: { size: 4 }, line, meta: run.id, ...(kind === "loss" ? { yaxis: "y2" } : {}) };
+}

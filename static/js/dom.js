@@ -58,6 +58,11 @@ export function plot(id, spec) {
   return window.Plotly ? draw() : loadPlotly().then(nextTask).then(draw);
 }
 
+// Remove the figure in this element (a view with nothing to show rather than an old figure).
+export function purge(id) {
+  if (window.Plotly) Plotly.purge(id);
+}
+
 export function setStatus(text, kind = "") {
   const node = $("#status");
   node.textContent = text;

@@ -2,14 +2,15 @@
 
 import { $, clear, download, el, setStatus } from "./dom.js";
 import { CELL_LABELS, INPUT, SCENARIO, UPLOAD } from "./labels.js";
-import { currentRequest, fromUpload, scenarios, state } from "./state.js";
+import { postForFile } from "./api.js";
+import { currentRequest, fromUpload, load, scenarios, state } from "./state.js";
 
 const TABLE_EDIT_LIMIT = 400; // tokens: past this, edit as JSON or upload a file
 const PER_TOKEN = Object.keys(CELL_LABELS);
 const ROW_FIELDS = [...PER_TOKEN, "completion_mask", "tokens", "entropies"];
 
-// `recompute(delay)` schedules a recompute; `computeNow()` runs one at once.
-let hooks = { recompute: () => {}, computeNow: () => {} };
+// `recompute(delay)` schedules a recompute.
+let hooks = { recompute: () => {} };
 
 export function setup(h) {
   hooks = h;
@@ -22,8 +23,21 @@ export function setup(h) {
   $("#upload-file").addEventListener("change", (e) => onUpload(e.target.files[0]));
   $("#import-input").addEventListener("change", (e) => importInput(e.target.files[0]));
   $("#export-input").addEventListener("click", exportInput);
-  for (const fmt of ["safetensors", "npz"]) $(`#export-${fmt}`).addEventListener("click", () => exportFile(fmt));
+  buildFormats();
   buildUploadHelp();
+}
+
+// The formats come from /api/v1/options: the upload's label and accepted extensions, and one export
+// button per format the server writes (JSON is "Export input", written here with the settings).
+const formats = () => state.ui.options.formats.upload;
+
+function buildFormats() {
+  const labels = formats().map((f) => f.label);
+  $("#upload-label").textContent = UPLOAD.fileLabel(`${labels.slice(0, -1).join(", ")} or ${labels.at(-1)}`);
+  $("#upload-file").setAttribute("accept", state.ui.options.formats.accept);
+  const exports = formats().filter((f) => f.export && f.name !== "json");
+  clear($("#export-formats")).append(...exports.map((f) =>
+    el("button", { type: "button", id: `export-${f.name}`, title: UPLOAD.exportTitle(f.label), text: f.extensions[0], onclick: () => exportFile(f.name) })));
 }
 
 // The upload tab lists the tensors a file may hold, links an example of each format, and says
@@ -32,7 +46,7 @@ function buildUploadHelp() {
   const table = el("table", { class: "metrics upload-fields" },
     el("thead", {}, el("tr", {}, ...UPLOAD.head.map((h) => el("th", { scope: "col", text: h })))),
     el("tbody", {}, ...UPLOAD.fields.map((row) => el("tr", {}, ...row.map((text) => el("td", { text }))))));
-  const links = ["json", "jsonl", "safetensors", "npz"].map((fmt) => el("a", { href: `/api/v1/examples/${fmt}`, download: `grpo-lens-example.${fmt}`, text: fmt }));
+  const links = formats().filter((f) => f.export).map((f) => el("a", { href: `/api/v1/examples/${f.name}`, download: `grpo-lens-example${f.extensions[0]}`, text: f.name }));
   clear($("#upload-help")).append(table,
     el("p", { class: "muted", text: UPLOAD.precision }),
     el("p", {}, UPLOAD.examples, " ", ...links.flatMap((a, i) => (i ? [" · ", a] : [a]))));
@@ -44,18 +58,18 @@ async function exportFile(fmt) {
     setStatus(INPUT.fileHoldsBatch, "error");
     return;
   }
-  const response = await fetch(`/api/v1/export/${fmt}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(currentRequest()) });
-  if (!response.ok) {
-    setStatus(INPUT.exportFailed(fmt, response.status), "error");
-    return;
+  try {
+    download(`grpo-lens-input.${fmt}`, await postForFile(`/api/v1/export/${fmt}`, currentRequest()), "application/octet-stream");
+  } catch (err) {
+    setStatus(INPUT.exportFailed(fmt, err.status), "error");
   }
-  download(`grpo-lens-input.${fmt}`, await response.blob(), "application/octet-stream");
 }
 
+// The first edit loads the batch on screen as an edited one (the table already shows it).
 function editableInput() {
-  if (!state.input) state.input = structuredClone(currentRequest());
-  state.ui.uploadFile = null;
-  if (state.ui.origin.kind !== "edited") state.ui.origin = { kind: "edited", name: "" };
+  if (!state.input || state.ui.origin.kind !== "edited") {
+    load({ input: state.input ?? structuredClone(currentRequest()), row: state.row }, { kind: "edited", name: "" });
+  }
   return state.input;
 }
 
@@ -194,6 +208,8 @@ export function renderJSONBox() {
   $("#json-box").value = JSON.stringify({ ...currentRequest(), config: state.config }, null, 1);
 }
 
+const FROM_JSON_BOX = new Set(["json", "import", "upload"]); // read from the box's text (or a binary file: no text)
+
 function applyJSON(origin = { kind: "json", name: "" }) {
   let body;
   try {
@@ -207,30 +223,20 @@ function applyJSON(origin = { kind: "json", name: "" }) {
     return;
   }
   const { config, ...input } = body;
-  if (config) state.config = { preset: "article", ...config };
-  state.input = input;
-  state.ui.origin = origin;
-  state.ui.uploadFile = null;
-  state.row = -1;
-  renderInputTable();
-  hooks.computeNow();
+  load({ input, config }, origin);
 }
 
 async function onUpload(file) {
   if (!file) return;
   $("#upload-error").textContent = "";
-  if (file.name.toLowerCase().endsWith(".json")) {
+  const json = formats().find((f) => f.name === "json").extensions; // the request's own text: into the JSON box
+  if (json.some((ext) => file.name.toLowerCase().endsWith(ext))) {
     $("#json-box").value = await file.text();
     applyJSON({ kind: "upload", name: file.name });
     return;
   }
-  state.ui.uploadFile = file;
-  state.ui.origin = { kind: "upload", name: file.name };
-  state.input = null;
-  state.row = -1;
   $("#upload-info").textContent = INPUT.uploaded(file.name, file.size);
-  renderInputTable();
-  hooks.computeNow();
+  load({ file }, { kind: "upload", name: file.name });
 }
 
 function exportInput() {
@@ -254,17 +260,16 @@ function buildScenarios() {
   select.value = state.scenario;
   select.addEventListener("change", () => {
     const s = scenarios().get(select.value);
-    state.scenario = s.name;
-    state.input = null;
-    state.ui.uploadFile = null;
-    state.ui.origin = { kind: "scenario", name: "" };
-    state.row = -1;
-    state.config = { preset: s.preset, ...s.overrides };
-    renderScenarioNotes();
-    renderInputTable();
-    renderJSONBox();
-    hooks.computeNow();
+    load({ scenario: s.name, config: { preset: s.preset, ...s.overrides } }, { kind: "scenario", name: "" });
   });
+}
+
+// After a load: the views of the input show the new batch, except the one it came from (a table
+// redrawn under the cell being edited would lose the focus; a pasted JSON text keeps its layout).
+export function showLoaded(origin) {
+  renderScenarioNotes();
+  if (origin.kind !== "edited") renderInputTable();
+  if (!FROM_JSON_BOX.has(origin.kind)) renderJSONBox();
 }
 
 // The notes and the header name what is loaded: a scenario, an edited one, a JSON batch, a file.

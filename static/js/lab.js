@@ -4,8 +4,9 @@
 // names what differs between them, and a click on a point opens that step's batch in the breakdown
 // views. The numbers all come from the server; this module only draws them.
 
-import { ApiError, getJSON } from "./api.js";
-import { $, clear, el, loadPlotly } from "./dom.js";
+import { events, getJSON, remove, sendJSON } from "./api.js";
+import { labMetric, labOverlay, labTrace } from "./charts.js";
+import { $, clear, el, loadPlotly, plot } from "./dom.js";
 import { fmt } from "./format.js";
 
 const COLOURS = ["#2f5bd3", "#e45756", "#1a7f4b", "#f58518", "#8e44ad", "#17becf", "#8c564b", "#bcbd22"];
@@ -46,19 +47,10 @@ function buildCharts() {
   box.append(el("div", { class: "lab-chart", id: OVERLAY }));
   for (const metric of orderedMetrics()) box.append(el("div", { class: "lab-chart", id: chartId(metric) }));
   loadPlotly().then(() => {
-    const layout = (title) => ({
-      title: { text: title, font: { size: 13 } }, height: 220, margin: { l: 50, r: 50, t: 30, b: 25 },
-      xaxis: { rangemode: "tozero" }, showlegend: false, hovermode: "closest", // the run list above is the key
-
-    });
-    Plotly.newPlot(OVERLAY, [], {
-      ...layout("reward (solid, left axis) and loss (dotted, right axis): the loss is not progress"),
-      height: 300, showlegend: true, legend: { orientation: "h", y: -0.12 }, margin: { l: 50, r: 60, t: 30, b: 40 },
-      yaxis: { title: { text: "reward" } }, yaxis2: { title: { text: "loss" }, overlaying: "y", side: "right" },
-    }, { responsive: true, displaylogo: false });
+    plot(OVERLAY, labOverlay());
     $(`#${OVERLAY}`).on("plotly_click", openPoint);
     for (const metric of orderedMetrics()) {
-      Plotly.newPlot(chartId(metric), [], layout(metric), { responsive: true, displaylogo: false });
+      plot(chartId(metric), labMetric(metric));
       $(`#${chartId(metric)}`).on("plotly_click", openPoint);
     }
     for (const run of lab.runs) addTraces(run);
@@ -107,12 +99,11 @@ async function startComparison(comparison) {
 }
 
 async function startRun(body) {
-  const response = await fetch("/api/v1/lab/runs", {
-    method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body),
-  });
-  const data = await response.json();
-  if (!response.ok) {
-    $("#lab-error").textContent = new ApiError(response.status, data.detail).message;
+  let data;
+  try {
+    data = await sendJSON("/api/v1/lab/runs", body);
+  } catch (err) {
+    $("#lab-error").textContent = err.message;
     return;
   }
   const run = { id: data.id, body: data.lab, colour: COLOURS[lab.runs.length % COLOURS.length], status: data.status, steps: 0 };
@@ -120,16 +111,19 @@ async function startRun(body) {
   addTraces(run);
   renameTraces();
   renderRunList();
-  run.source = new EventSource(`/api/v1/lab/runs/${encodeURIComponent(run.id)}/events`);
-  for (const kind of ["queued", "started", "step", "done", "error", "cancelled", "interrupted"]) {
-    run.source.addEventListener(kind, (e) => onEvent(run, kind, JSON.parse(e.data)));
-  }
+  const kinds = ["queued", "started", "step", "done", "error", "cancelled", "interrupted"];
+  run.source = events(`/api/v1/lab/runs/${encodeURIComponent(run.id)}/events`, Object.fromEntries(kinds.map((kind) => [kind, (data) => onEvent(run, kind, data)])));
+}
+
+// The run's end comes as an event; a cancel the server refuses (the run is gone) is said under the form.
+function cancel(run) {
+  remove(`/api/v1/lab/runs/${encodeURIComponent(run.id)}`).catch((err) => { $("#lab-error").textContent = err.message; });
 }
 
 function clearRuns() {
   for (const run of lab.runs) {
     run.source?.close();
-    if (!TERMINAL.has(run.status)) fetch(`/api/v1/lab/runs/${encodeURIComponent(run.id)}`, { method: "DELETE" });
+    if (!TERMINAL.has(run.status)) cancel(run);
   }
   lab.runs = [];
   lab.pending = [];
@@ -194,17 +188,16 @@ function flush() {
 function addTraces(run) {
   if (!window.Plotly) return;
   run.traces = {};
-  const base = { x: [], y: [], mode: "lines+markers", marker: { size: 4 }, line: { color: run.colour, width: 2 }, meta: run.id };
   for (const metric of lab.info.metrics) {
     const node = document.getElementById(chartId(metric));
     run.traces[metric] = node.data.length;
-    Plotly.addTraces(node, { ...base, name: run.id });
+    Plotly.addTraces(node, labTrace(run, run.id));
   }
   const overlay = document.getElementById(OVERLAY);
   run.traces.overlayReward = overlay.data.length;
-  Plotly.addTraces(overlay, { ...base, name: `${run.id}: reward` });
+  Plotly.addTraces(overlay, labTrace(run, `${run.id}: reward`, "reward"));
   run.traces.overlayLoss = overlay.data.length;
-  Plotly.addTraces(overlay, { ...base, name: `${run.id}: loss`, yaxis: "y2", line: { ...base.line, dash: "dot" } });
+  Plotly.addTraces(overlay, labTrace(run, `${run.id}: loss`, "loss"));
 }
 
 // The legend names what differs between the runs on the page (their request fields).
@@ -240,7 +233,7 @@ function renderRunList() {
   const labels = runLabels(lab.runs);
   lab.runs.forEach((run, i) => {
     const cancel = TERMINAL.has(run.status) ? null : el("button", {
-      type: "button", text: "Cancel", onclick: () => fetch(`/api/v1/lab/runs/${encodeURIComponent(run.id)}`, { method: "DELETE" }),
+      type: "button", text: "Cancel", onclick: () => cancel(run),
     });
     list.append(el("li", { dataset: { run: run.id, status: run.status } },
       el("span", { class: "swatch", style: `background:${run.colour}` }),

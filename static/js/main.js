@@ -1,8 +1,11 @@
 // Wires the page: options -> controls; state <-> URL; input -> /api/v1/loss -> the views.
-// The modules: state.js (the one state object), labels.js (every label), input.js (the input
-// editor), controls.js (the settings), views.js (summary, charts, rows), compare.js, reference.js.
+// The modules: state.js (the one state object and the one way a batch is loaded), api.js (every
+// request), charts.js (every figure), dom.js (DOM helpers and the one drawing call), redraw.js (which
+// view is drawn when), labels.js (every label), format.js (numbers as text), input.js (the input
+// editor), controls.js (the settings), views.js (summary, charts, rows), compare.js, reference.js,
+// runs.js (captured runs), lab.js (live lab runs).
 
-import { ApiError, getJSON, postForm, postJSON } from "./api.js";
+import { ApiError, postForm, postJSON } from "./api.js";
 import * as compare from "./compare.js";
 import { buildControls, renderControls } from "./controls.js";
 import { $, download, el, setStatus } from "./dom.js";
@@ -12,7 +15,7 @@ import * as lab from "./lab.js";
 import { EXPERIMENTS, STALE, STATUS } from "./labels.js";
 import { currentSeq, drawOnScreen, hold, invalidate, isCurrent, whenQuiet } from "./redraw.js";
 import { buildGlossary, loadExperiments } from "./reference.js";
-import { currentRequest, readURL, scenarios, state, writeURL } from "./state.js";
+import { currentRequest, load, onLoad, readURL, state, writeURL } from "./state.js";
 import * as runs from "./runs.js";
 import * as views from "./views.js";
 
@@ -126,18 +129,16 @@ async function copyLink() {
   }
 }
 
+// Every load (state.js `load`): the input views show the new batch, then one recompute (an edit's own
+// recompute, a moment later, replaces this one).
+function onLoaded(origin) {
+  input.showLoaded(origin);
+  schedule(0);
+}
+
 // A lab step's batch (an /api/v1/loss request and its config) becomes the input of every view.
 function openBatch(request, config, title, note) {
-  state.scenario = "";
-  state.input = request;
-  state.config = config;
-  state.row = -1;
-  state.ui.uploadFile = null;
-  state.ui.origin = { kind: "step", name: title, note };
-  input.renderInputTable();
-  input.renderJSONBox();
-  input.renderScenarioNotes();
-  compute();
+  load({ scenario: "", input: request, config }, { kind: "step", name: title, note });
   $("#summary").scrollIntoView();
 }
 
@@ -153,14 +154,13 @@ async function init() {
   const boot = readBoot();
   state.ui.options = boot.options;
   readURL(state.ui.options.fields);
-  if (!scenarios().has(state.scenario)) state.scenario = "article";
-  if (state.input) state.ui.origin = { kind: "edited", name: "" };
   // (With every row's tokens in the answer, the heatmap_rows the page asks for changes nothing.)
   const carried = boot.first && boot.first.answer.tokens_complete && !state.ui.uploadFile && sameJSON(boot.first.request, { ...currentRequest(), config: state.config });
   const first = carried ? Promise.resolve(boot.first.answer) : fetchLoss(); // in flight while the controls are built
   first.catch(() => {}); // its error is reported by compute() below
   views.setup({ pickRow });
-  input.setup({ recompute: schedule, computeNow: compute });
+  input.setup({ recompute: schedule });
+  onLoad(onLoaded);
   buildControls(schedule);
   for (const id of ["#contrib-row", "#grad-row"]) $(id).addEventListener("change", (e) => pickRow(Number(e.target.value)));
   $("#export-json").addEventListener("click", () => state.ui.last && download("grpo-lens-breakdown.json", JSON.stringify(state.ui.last)));
@@ -187,18 +187,10 @@ function sameJSON(a, b) {
   return keys.length === Object.keys(b).length && keys.every((k) => Object.hasOwn(b, k) && sameJSON(a[k], b[k]));
 }
 
-// The Runs view: its step slider loads a captured step into every view, through the same input
-// path as a pasted JSON body (state.input and state.config, then one recompute).
+// The Runs view: its step slider loads a captured step into every view (an /api/v1/loss body).
 function loadRequest(body, title = "", note = "") {
   const { config, ...fields } = body;
-  state.config = { ...config, preset: config.preset || "article" };
-  state.input = fields;
-  state.ui.uploadFile = null;
-  state.ui.origin = { kind: "step", name: title, note };
-  state.row = -1;
-  input.renderInputTable();
-  input.renderScenarioNotes();
-  schedule(0);
+  load({ input: fields, config }, { kind: "step", name: title, note });
 }
 
 async function setupRuns() {
