@@ -72,7 +72,7 @@ HEALTHCHECK --start-period=60s --interval=30s --timeout=5s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4)"]
 ENTRYPOINT ["grpo-lens-entrypoint"]
 CMD ["uvicorn", "app.main:app", "--host", "0.0.0.0", "--port", "8000", "--timeout-graceful-shutdown", "3", \
-     "--http", "app.server:HeaderTimeoutH11"]
+     "--http", "app.server:HeaderTimeoutHttpTools"]
 
 # The source, root-owned (the app cannot change its own code), least often edited first.
 WORKDIR /app

@@ -61,7 +61,7 @@ $(NODE_STAMP): package.json package-lock.json
 	touch $(NODE_STAMP)
 
 run: $(STAMP)
-	$(PY) -m uvicorn app.main:app --host $(HOST) --port $(PORT) --http app.server:HeaderTimeoutH11
+	$(PY) -m uvicorn app.main:app --host $(HOST) --port $(PORT) --http app.server:HeaderTimeoutHttpTools
 
 lint: $(STAMP) $(NODE_STAMP)
 	$(PY) -m ruff check .

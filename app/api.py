@@ -18,8 +18,8 @@ from pydantic.json_schema import models_json_schema
 from app import work
 from app.errors import error_item
 from app.options import options_json
-from app.responses import dumps
-from app.schemas import CompareRequest, ErrorResponse, LossRequest
+from app.schemas import BatchRequest, CompareRequest, ErrorResponse, LossRequest
+from grpo.answer import dumps
 from grpo.experiments import EXPERIMENTS, Experiment
 
 router = APIRouter()
@@ -29,7 +29,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     422: {"model": ErrorResponse, "description": "Invalid input: the field, row and position, and what was expected"},
     503: {"model": ErrorResponse, "description": "The large-request lane is full: retry after Retry-After seconds"},
 }
-BODY_MODELS = (LossRequest, CompareRequest)
+BODY_MODELS = (LossRequest, CompareRequest, BatchRequest)
 
 
 class JSONBytes(JSONResponse):
@@ -93,7 +93,7 @@ async def answer(request: Request, fn: Any, *args: Any, light: Callable[[bytes],
     spans = {"receive": received - started, "work": time.perf_counter() - received, "compute": reply.seconds}
     timing = ", ".join(f"{name};dur={seconds * 1e3:.1f}" for name, seconds in spans.items())
     headers = {**reply.headers, "server-timing": timing}  # where the time went: for bench/api.py and browsers
-    return Response(reply.body, reply.status, headers=headers, media_type="application/json")
+    return Response(reply.body, reply.status, headers=headers, media_type=reply.media_type)
 
 
 @router.post(

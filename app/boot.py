@@ -18,7 +18,7 @@ from fastapi import Request
 import grpo
 from app import work
 from app.options import options_json
-from app.responses import dumps
+from grpo.answer import dumps
 from grpo.examples import SCENARIOS
 
 # URL parameters the page writes that do not change the /api/v1/loss request (state.js writeURL).

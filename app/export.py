@@ -1,11 +1,16 @@
-"""Batch files: the input exported as safetensors, NPZ, JSON or JSONL, and an example of each format."""
+"""Batch files: the input exported as safetensors, NPZ, JSON or JSONL, and an example of each format.
+
+An export reads its body as /api/v1/loss does and runs in the same lanes (``app.api.answer``): the same
+limits on padded positions and memory, the file's own size counted, large bodies in a worker process."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 
+from app import work
+from app.api import ERRORS, answer, json_body
 from app.schemas import BatchRequest
 from grpo.examples import ARTICLE_EXAMPLE
 from grpo.export import FORMATS, export_batch
@@ -17,16 +22,15 @@ FILE: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _file(fields: dict[str, object], fmt: str, name: str) -> Response:
-    headers = {"content-disposition": f'attachment; filename="{name}.{fmt}"'}
-    return Response(export_batch(fields, fmt), media_type=FORMATS[fmt], headers=headers)
-
-
 @router.post(
-    "/api/v1/export/{fmt}", summary="The batch as a file the upload reads back", response_class=Response, responses=FILE
+    "/api/v1/export/{fmt}",
+    summary="The batch as a file the upload reads back",
+    response_class=Response,
+    responses={**FILE, **ERRORS},
+    openapi_extra=json_body(BatchRequest),
 )
-def export(fmt: Format, body: BatchRequest) -> Response:
-    return _file({**body.batch_fields(), "tokens": body.tokens}, fmt, "grpo-lens-input")
+async def export(fmt: Format, request: Request) -> Response:
+    return await answer(request, work.export, fmt)
 
 
 @router.get(
@@ -36,4 +40,6 @@ def export(fmt: Format, body: BatchRequest) -> Response:
     responses=FILE,
 )
 def example(fmt: Format) -> Response:
-    return _file(dict(ARTICLE_EXAMPLE), fmt, "grpo-lens-example")
+    """The article's batch: 3 rows of 5 tokens, a few kilobytes in any format."""
+    headers = {"content-disposition": f'attachment; filename="grpo-lens-example.{fmt}"'}
+    return Response(export_batch(dict(ARTICLE_EXAMPLE), fmt), media_type=FORMATS[fmt], headers=headers)

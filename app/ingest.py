@@ -105,11 +105,24 @@ def _flat(rows: Any, low: float, high: float, whole: bool) -> tuple[np.ndarray, 
     return flat, lengths
 
 
-def check_cost(lengths: list[int] | np.ndarray, fields: int, dtype: str, settings: Settings, copies: int = 1) -> None:
-    """413 when the padded grid (B x T_max positions) or its estimated memory is past the settings."""
+def check_cost(
+    lengths: list[int] | np.ndarray,
+    fields: int,
+    dtype: str,
+    settings: Settings,
+    copies: int = 1,
+    output_bytes: int = 0,
+    output: str = "",
+    output_loc: Loc | None = None,
+) -> None:
+    """413 when the padded grid (B x T_max positions) or its estimated memory is past the settings.
+
+    ``output_bytes``: memory the answer takes beyond evaluating (an exported file and its copies),
+    ``output`` what it is, for the message; ``output_loc`` the field a memory 413 names (default:
+    per_token_logps, whose rows make the grid)."""
     B, T = len(lengths), int(max(lengths, default=0))
     padded = B * T * copies
-    estimate = B * T * (INPUT_BYTES * (fields + 1) + EVALUATE_BYTES.get(dtype, 320) * copies)
+    estimate = B * T * (INPUT_BYTES * (fields + 1) + EVALUATE_BYTES.get(dtype, 320) * copies) + output_bytes
     what = f"{B} rows padded to the longest ({T} positions): {B * T} positions"
     if copies > 1:
         what += f" x {copies} configs"
@@ -119,9 +132,10 @@ def check_cost(lengths: list[int] | np.ndarray, fields: int, dtype: str, setting
             f"{what}; at most {settings.max_tokens} padded positions per request (a setting)",
         )
     if estimate > settings.max_request_bytes:
+        of_it = f" ({output_bytes // MB} MB of it for {output})" if output else ""
         raise LimitError(
-            ["body", "per_token_logps"],
-            f"{what} would take about {estimate // MB} MB to compute; at most "
+            output_loc or ["body", "per_token_logps"],
+            f"{what} would take about {estimate // MB} MB{of_it}; at most "
             f"{settings.max_request_bytes // MB} MB per request (a setting)",
         )
 

@@ -9,33 +9,42 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import json
-import math
+import logging
 import re
 import secrets
 import signal
-from collections.abc import AsyncIterator
+import struct
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.types import Message, Receive, Scope, Send
 
 import grpo
-from app.errors import config_error, error_item
-from app.lab_workers import LabManager, LabRun
+from app.auth import COOKIE
+from app.errors import LimitError, config_error, error_item
+from app.ingest import check_cost
+from app.lab_workers import LabManager, LabRefused, LabRun
 from app.schemas import ConfigRequest, ErrorResponse
 from app.settings import Settings, get_settings
 from grpo.check import batch_advantages
 from grpo.lab import COMPARISONS, DEFAULT_TASK, METRICS, TASKS, LabConfig
 from grpo.runs import load_step
 
+log = logging.getLogger("grpo_lens.lab")
 KEEPALIVE_SECONDS = 10.0
-SHUTDOWN_POLL_SECONDS = 0.5
+COALESCE_SECONDS = 0.2  # a stream sends what came in this long at once: fewer wakeups per stream while a run trains
 RUN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 @asynccontextmanager
@@ -47,7 +56,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        await asyncio.to_thread(manager.stop)
+        manager.stop()  # on the loop, where the runs' events live; nothing else is served at shutdown
 
 
 def _close_streams_on_exit(manager: LabManager) -> None:
@@ -59,7 +68,7 @@ def _close_streams_on_exit(manager: LabManager) -> None:
             continue
 
         def handler(signum: int, frame: Any, previous: Any = previous) -> None:
-            manager.closing = True
+            manager.request_close()
             previous(signum, frame)
 
         with contextlib.suppress(ValueError):  # not the main thread: no signals to catch
@@ -129,13 +138,15 @@ def _request_settings(request: Request) -> Settings:
 SettingsDep = Annotated[Settings, Depends(_request_settings)]
 
 
-def _new_manager(settings: Settings) -> LabManager:
+def _new_manager(settings: Settings, budget: Callable[[], int | None] | None = None) -> LabManager:
     return LabManager(
         settings.runs_dir,
         settings.lab_max_concurrent,
         settings.lab_max_seconds,
         settings.lab_torch_threads,
         settings.lab_nice,
+        max_queue=settings.lab_max_queue,
+        budget=budget,
     )
 
 
@@ -212,19 +223,21 @@ def _run_request(config: LabConfig) -> dict[str, Any]:
     responses={
         409: {"model": ErrorResponse, "description": "A run of that name exists"},
         429: {"model": ErrorResponse, "description": "The queue is full (a setting)"},
+        507: {"model": ErrorResponse, "description": "The runs store is full (its budget, a setting)"},
     },
 )
 async def start_run(body: LabRunRequest, request: Request, settings: SettingsDep) -> JSONResponse:
     manager = _manager(request)
     config = _lab_config(body, settings)
-    if len(manager.pending) >= settings.lab_max_queue:
-        msg = f"{len(manager.pending)} lab runs are waiting (at most {settings.lab_max_queue}, a setting); retry later"
-        raise _refused(429, ["body"], msg, "queue_full")
     run_id = body.name or f"lab-{config.task}-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
-    if run_id in manager.runs or (settings.runs_dir / run_id).exists():
-        raise _refused(409, ["body", "name"], f"a run named {run_id!r} exists; choose another name", "conflict")
     fields = config.to_dict() | {"loss": config.loss.to_dict()}
-    run = await asyncio.to_thread(manager.submit, run_id, fields, {"name": run_id, "lab": _lab_json(fields)})
+    try:
+        run = await manager.submit(run_id, fields, {"name": run_id, "lab": _lab_json(fields)})
+    except LabRefused as exc:
+        raise _refused(exc.status, ["body", "name"] if exc.status == 409 else ["body"], str(exc), exc.kind) from exc
+    except OSError as exc:  # the run's directory could not be written: say why, never where
+        status = 507 if exc.errno in DISK_FULL else 503
+        raise _refused(status, ["body"], f"the run could not be written: {exc.strerror}", "storage") from exc
     return JSONResponse(_summary(manager, run), status_code=202)
 
 
@@ -255,63 +268,183 @@ async def cancel_run(run_id: str, request: Request) -> JSONResponse:
     "/api/v1/lab/runs/{run_id}/events",
     summary="Server-Sent Events: queued, started, one step per optimiser step, then done, error or cancelled",
     response_class=StreamingResponse,
-    responses=NOT_FOUND,
+    responses={**NOT_FOUND, 429: {"model": ErrorResponse, "description": "Too many open streams (a setting)"}},
 )
-async def events(run_id: str, request: Request) -> StreamingResponse:
-    manager, run = _manager(request), _run(request, run_id)
-    headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-    return StreamingResponse(_stream(manager, run), media_type="text/event-stream", headers=headers)
+async def events(run_id: str, request: Request, settings: SettingsDep) -> StreamingResponse:
+    manager, run, caps = _manager(request), _run(request, run_id), _stream_caps(request)
+    client = _client(request)
+    caps.open(run.id, client)  # checked and counted in one step: no await in between
+    return EventStream(
+        stream_events(manager, run), lambda: caps.close(run.id, client), settings.lab_stream_stall_seconds
+    )
 
 
-async def _stream(manager: LabManager, run: LabRun) -> AsyncIterator[bytes]:
-    """Every event so far, then each new one as it comes; ends after the run's last event or when
-    the server stops. A comment line every few seconds keeps proxies from closing the stream."""
-    sent, idle = 0, 0.0
+def _client(request: Request) -> str:
+    """Who opens a stream, for the per-client cap: the session (the sign-in cookie) from its address
+    (uvicorn has put the forwarded one there when the proxy is trusted), so people behind one address
+    each get their own share."""
+    address = request.client.host if request.client else ""
+    return f"{request.cookies.get(COOKIE, '')}@{address}"
+
+
+@dataclass
+class StreamCaps:
+    """Open event streams, counted per run and per client; past a cap a new one is a 429 naming it."""
+
+    per_run: int
+    per_client: int
+    runs: Counter[str] = field(default_factory=Counter)
+    clients: Counter[str] = field(default_factory=Counter)
+
+    def open(self, run_id: str, client: str) -> None:
+        if self.runs[run_id] >= self.per_run:
+            msg = f"{self.runs[run_id]} event streams are open on this run (at most {self.per_run}: the setting "
+            raise _refused(429, ["path", "run_id"], msg + "lab_max_streams_per_run); retry later", "too_many_streams")
+        if self.clients[client] >= self.per_client:
+            msg = f"this client has {self.clients[client]} event streams open (at most {self.per_client}: the "
+            raise _refused(429, ["path", "run_id"], msg + "setting lab_max_streams_per_client)", "too_many_streams")
+        self.runs[run_id] += 1
+        self.clients[client] += 1
+
+    def close(self, run_id: str, client: str) -> None:
+        for counter, key in ((self.runs, run_id), (self.clients, client)):
+            counter[key] -= 1
+            if counter[key] <= 0:
+                del counter[key]
+
+
+def _stream_caps(request: Request) -> StreamCaps:
+    state = request.app.state
+    if not hasattr(state, "lab_streams"):
+        settings = _settings_of(request.app)
+        state.lab_streams = StreamCaps(settings.lab_max_streams_per_run, settings.lab_max_streams_per_client)
+    caps: StreamCaps = state.lab_streams
+    return caps
+
+
+class EventStream(StreamingResponse):
+    """A Server-Sent Events response that gives its place under the caps back however it ends, and
+    drops a reader that has taken nothing for ``stall`` seconds (every buffer to it full): the server
+    holds no events per stream (each reads the run's one list), so a stream's cost is the one send it
+    waits on, bounded in time here and in number by the caps."""
+
+    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None], stall: float) -> None:
+        headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+        super().__init__(content, media_type="text/event-stream", headers=headers)
+        self.release, self.stall = release, stall
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def bounded(message: Message) -> None:
+            async with asyncio.timeout(self.stall):
+                await send(message)
+
+        try:
+            await super().__call__(scope, receive, bounded)
+        except TimeoutError:
+            log.info("dropped an event stream whose reader took nothing for %g s", self.stall)
+        finally:
+            self.release()
+
+
+async def stream_events(manager: LabManager, run: LabRun) -> AsyncIterator[bytes]:
+    """Every event so far, then what comes as it comes; ends after the run's last event or when the
+    server stops. No polling: the stream sleeps on the run's event, waking for news, for a comment
+    line every KEEPALIVE_SECONDS (proxies close silent streams), or when the server closes."""
+    sent = 0
     while True:
-        woken = run.updated
-        while sent < len(run.events):
-            event, data = run.events[sent]
-            sent += 1
-            yield f"event: {event}\ndata: {json.dumps(_finite(data))}\n\n".encode()
+        woken = run.updated  # taken in the same step as the check below: no event slips between them
+        if sent < len(run.chunks):
+            chunk, sent = b"".join(run.chunks[sent:]), len(run.chunks)
+            yield chunk
+            if not run.finished and not manager.closing:
+                await asyncio.sleep(COALESCE_SECONDS)
+            continue
         if run.finished or manager.closing:
             return
-        try:
-            await asyncio.wait_for(woken.wait(), SHUTDOWN_POLL_SECONDS)
-            idle = 0.0
-        except TimeoutError:
-            idle += SHUTDOWN_POLL_SECONDS
-            if idle >= KEEPALIVE_SECONDS:
-                idle = 0.0
-                yield b": keep-alive\n\n"
+        if not await _wait(woken, KEEPALIVE_SECONDS):
+            yield b": keep-alive\n\n"
 
 
-def _finite(data: dict[str, Any]) -> dict[str, Any]:
-    """NaN and infinities as null: the browser's JSON.parse takes nothing else."""
-    return {k: v if not isinstance(v, float) or math.isfinite(v) else None for k, v in data.items()}
+async def _wait(event: asyncio.Event, timeout: float) -> bool:
+    """Whether ``event`` was set within ``timeout`` seconds."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except TimeoutError:
+        return False
+    return True
 
 
 @router.get(
     "/api/v1/lab/runs/{run_id}/steps/{step}",
     summary="One saved step of a lab run as a /api/v1/loss request (ragged rows, advantages, tokens) and its config",
-    responses=NOT_FOUND,
+    responses={**NOT_FOUND, 413: {"model": ErrorResponse, "description": "The step file is past a request limit"}},
 )
-async def step_input(run_id: str, step: int, request: Request, settings: SettingsDep) -> JSONResponse:
+async def step_input(run_id: str, step: int, request: Request, settings: SettingsDep) -> Response:
+    path = _step_file(settings, run_id, step)
+    try:
+        size = path.stat().st_size
+    except OSError:  # deleted meanwhile
+        raise _refused(404, ["path", "step"], f"run {run_id!r} has no saved step {step}", "not_found") from None
+    reply = await request.app.state.lanes.run(size, lab_step, str(path), settings)
+    return Response(reply.body, reply.status, headers=reply.headers, media_type="application/json")
+
+
+def _step_file(settings: Settings, run_id: str, step: int) -> Path:
+    """The step file of a lab run's step (micro-batch 0: the lab writes one per step); 404 otherwise.
+    Links are not followed: a run holds its own files."""
     if not re.match(RUN_NAME, run_id):
         msg = f"no run {run_id!r}: names are letters, digits, '.', '-' and '_'"
         raise _refused(404, ["path", "run_id"], msg, "not_found")
-    path = settings.runs_dir / run_id / "steps" / f"{step:06d}-000.safetensors"
-    if step < 1 or not path.is_file():
+    run_dir = settings.runs_dir / run_id
+    path = run_dir / "steps" / f"{step:06d}-000.safetensors"
+    if not 1 <= step <= 999_999 or any(p.is_symlink() for p in (run_dir, path.parent, path)) or not path.is_file():
         raise _refused(404, ["path", "step"], f"run {run_id!r} has no saved step {step}", "not_found")
-    return JSONResponse(await asyncio.to_thread(_step_request, path))
+    return path
+
+
+def lab_step(path: str, settings: Settings) -> dict[str, Any]:
+    """A step file as the dashboard's input (in a lane: ``app.lanes``), under the same limits as
+    /api/v1/loss, checked from the file's size and header before its tensors are read. A captured
+    run's step opens too: its micro-batch 0, the lab's whole step."""
+    file = Path(path)
+    size = file.stat().st_size
+    if size > settings.max_upload_bytes:
+        msg = f"the step file {file.name} has {size} bytes; at most {settings.max_upload_bytes} (a setting)"
+        raise LimitError(["path", "step"], msg)
+    rows, tokens, fields = _step_shape(file)
+    check_cost([tokens] * rows, fields, "float32", settings)
+    return _step_request(file)
+
+
+def _step_shape(path: Path) -> tuple[int, int, int]:
+    """(rows, tokens, per-token tensors) of a step file, from its safetensors header alone."""
+    bad = grpo.GrpoInputError("file", f"a safetensors step file holding a 2-D per_token_logps ({path.name})")
+    with path.open("rb") as f:
+        head = f.read(8)
+        size = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        if not 0 < size <= path.stat().st_size - 8:
+            raise bad
+        try:
+            header = json.loads(f.read(size))
+        except (ValueError, RecursionError) as exc:
+            raise bad from exc
+    entry = header.get("per_token_logps") if isinstance(header, dict) else None
+    shape = entry.get("shape") if isinstance(entry, dict) else None
+    if not isinstance(shape, list) or len(shape) != 2 or not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise bad
+    per_token = sum(isinstance(v, dict) and v.get("shape") == shape for v in header.values())
+    return shape[0], shape[1], per_token
 
 
 def _step_request(path: Path) -> dict[str, Any]:
-    """A step file as the dashboard's input: each row cut to its counted tokens."""
+    """A step file as the dashboard's input: each row cut to its counted tokens; the old and reference
+    log-probs default to the policy's, as in /api/v1/loss (a TRL capture at beta 0 holds no reference)."""
     batch, config, info = load_step(path)
     lengths = batch.mask.sum(-1).tolist()
     tokens = info["meta"].get("tokens") if isinstance(info["meta"], dict) else None
 
     def rows(value: Any) -> list[list[float]]:
+        value = batch.per_token_logps if value is None else value
         return [row[:n] for row, n in zip(value.tolist(), lengths, strict=True)]
 
     body: dict[str, Any] = {

@@ -125,6 +125,8 @@ def _spool(args: tuple[Any, ...]) -> list[Any]:
 
 
 _trim: dict[str, threading.Timer] = {}  # this process's heap trim, due once large work has paused
+_rest = {"rss": 0}  # this process's resident bytes after its last trim
+GROWN_BYTES = 32 * 1024 * 1024  # a process this far above its last trim has freed memory worth returning
 
 
 def trim_when_idle(idle: float | None) -> None:
@@ -134,9 +136,26 @@ def trim_when_idle(idle: float | None) -> None:
     if timer := _trim.pop("due", None):
         timer.cancel()
     if idle is not None:
-        _trim["due"] = timer = threading.Timer(idle, release_memory)
+        _trim["due"] = timer = threading.Timer(idle, _trim_now)
         timer.daemon = True
         timer.start()
+
+
+def _trim_now() -> None:
+    release_memory()
+    _rest["rss"] = rss_bytes(os.getpid())
+
+
+def trim_if_grown(idle: float, grown: int = GROWN_BYTES) -> None:
+    """After any request: when this process holds ``grown`` bytes more than after its last trim, trim
+    its heap ``idle`` s from now. A trim already due is left as it is, so a stream of small requests
+    never postpones it. Any route that allocates (a run listing, a download, an export) is covered
+    without knowing it: ``app.middleware.TrimWhenGrown`` calls this after every response."""
+    due = _trim.get("due")
+    if due is not None and due.is_alive():
+        return
+    if rss_bytes(os.getpid()) - _rest["rss"] >= grown:
+        trim_when_idle(idle)
 
 
 def _in_worker(fn: Any, idle: float, *args: Any) -> Reply:
@@ -164,6 +183,7 @@ class Lanes:
     def start(self) -> None:
         """Start the worker processes; they import the app in the background (seconds, once) while the
         server already answers."""
+        _rest["rss"] = rss_bytes(os.getpid())  # at rest: imports done, nothing computed yet
         if self.settings.process_workers < 1:
             return
         context = multiprocessing.get_context("spawn")

@@ -15,10 +15,10 @@ from fastapi.staticfiles import StaticFiles
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from app import api, errors, export, lab, pages, runs
+from app import api, export, handlers, lab, pages, runs
 from app.auth import RequireToken, Sessions
 from app.lanes import Lanes
-from app.middleware import BodyLimit, HeadAsGet, SecurityHeaders
+from app.middleware import BodyLimit, HeadAsGet, SecurityHeaders, TrimWhenGrown
 from app.settings import Settings, get_settings
 from grpo._allocator import keep_freed_memory
 
@@ -54,7 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.lanes = Lanes(settings)
     token = settings.auth_token
     app.state.sessions = Sessions(token, settings.session_ttl, settings.max_sessions) if token else None
-    errors.install(app)
+    handlers.install(app)
     for router in ROUTERS:
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=pages.ROOT / "static"), name="static")
@@ -62,6 +62,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     # Middleware, innermost first: the last added sees the request first.
     app.add_middleware(HeadAsGet)
+    app.add_middleware(TrimWhenGrown, idle=settings.trim_idle)  # memory back after any route that grew the process
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"])
     app.add_middleware(

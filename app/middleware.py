@@ -1,6 +1,7 @@
 """Pure ASGI middleware: a body-size limit that answers 413 before the app reads a byte (and 408
-for a body sent too slowly), HEAD answered as GET without a body, and security headers on every
-response, whose redirects never name a host the client sent."""
+for a body sent too slowly), HEAD answered as GET without a body, security headers on every
+response, whose redirects never name a host the client sent, and memory given back after any
+request that left the process larger."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.errors import error_item, error_json
+from app.lanes import trim_if_grown
 
 # The pages load only their own scripts and styles (plotly.js and Swagger UI are served locally);
 # Plotly and Swagger UI set inline styles and draw icons from data: URIs.
@@ -78,6 +80,23 @@ class HeadAsGet:
             await send(message)
 
         await self.app({**scope, "method": "GET"}, receive, headers_only)
+
+
+class TrimWhenGrown:
+    """After every response: when the process has grown since its last heap trim (any route: a run
+    listing, a download, an export, an upload), its freed memory goes back to the OS once it has been
+    idle ``idle`` seconds (``app.lanes.trim_if_grown``). Costs one read of /proc per request."""
+
+    def __init__(self, app: ASGIApp, idle: float) -> None:
+        self.app = app
+        self.idle = idle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            if scope["type"] == "http":
+                trim_if_grown(self.idle)
 
 
 class BodyLimit:

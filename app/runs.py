@@ -25,10 +25,10 @@ from fastapi.responses import Response
 import grpo
 from app.api import JSONBytes
 from app.errors import LimitError
-from app.responses import breakdown_to_json
 from app.schemas import ErrorResponse
 from app.settings import Settings
-from app.work import _json_form
+from app.work import json_form
+from grpo.answer import breakdown_to_json
 from grpo.check import check_run, replay, run_overview, step_batch
 from grpo.errors import GrpoInputError
 from grpo.requests import batch_from_request, row_lengths
@@ -79,7 +79,7 @@ def _load(settings: Settings, name: str) -> Run:
 
 
 def _config_param(config: str | None) -> dict[str, Any] | None:
-    value = _json_form("config", config)
+    value = json_form("config", config)
     if value is not None and not isinstance(value, dict):
         raise GrpoInputError("config", "a JSON object: a preset and LossConfig fields", got=type(value).__name__)
     return value

@@ -107,9 +107,6 @@ class BatchRequest(BaseModel):
     def batch_fields(self) -> dict[str, Any]:
         return self.model_dump(exclude={"tokens", "config", "token_rows", "heatmap_rows", "configs"}, exclude_none=True)
 
-    def num_positions(self) -> int:
-        return sum(len(row) for row in self.per_token_logps)
-
 
 HeatmapRows = Literal["shown", "all"]
 HEATMAP_ROWS = (

@@ -1,11 +1,15 @@
-"""Serving: uvicorn's h11 protocol with a deadline for a request's headers (slow clients are dropped).
+"""Serving: uvicorn's HTTP protocols with a deadline for a request's headers (slow clients are dropped).
 
 uvicorn closes idle keep-alive connections but waits forever for the headers of a request that
-trickles in a byte at a time. ``HeaderTimeoutH11`` closes a connection whose next request's
-headers have not all arrived within ``GRPO_LENS_REQUEST_TIMEOUT`` seconds of the connection
-opening or the previous answer. (The body's deadline is ``BodyLimit``'s.)
+trickles in a byte at a time. ``HeaderTimeout`` closes a connection whose next request's headers
+have not all arrived within ``GRPO_LENS_REQUEST_TIMEOUT`` seconds of the connection opening or the
+previous answer. (The body's deadline is ``BodyLimit``'s.) It comes on both of uvicorn's parsers:
 
-    uvicorn app.main:app --http app.server:HeaderTimeoutH11     (what `make run` does)
+- ``HeaderTimeoutHttpTools``: httptools, a C parser: a large body is received with little of the
+  server's GIL, which the small requests beside it need (what `make run` and the image serve);
+- ``HeaderTimeoutH11``: h11, pure Python, where httptools is not installed.
+
+    uvicorn app.main:app --http app.server:HeaderTimeoutHttpTools     (what `make run` does)
 """
 
 from __future__ import annotations
@@ -14,26 +18,33 @@ import asyncio
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.settings import get_settings
 
 
-class HeaderTimeoutH11(H11Protocol):
-    timeout = get_settings().request_timeout
+class HeaderTimeout:
+    """The header deadline, for a uvicorn HTTP protocol: both set ``cycle`` once a request's headers
+    are complete and call ``on_response_complete`` after each answer."""
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+    timeout = get_settings().request_timeout
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    cycle: Any
+
+    def connection_made(self, transport: Any) -> None:  # an asyncio.Transport
+        super().connection_made(transport)  # type: ignore[misc]
         self._arm()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        super().on_response_complete()  # type: ignore[misc]
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
         timer = getattr(self, "_header_timer", None)
         if timer is not None:
             timer.cancel()
-        super().connection_lost(exc)
+        super().connection_lost(exc)  # type: ignore[misc]
 
     def _arm(self) -> None:
         timer = getattr(self, "_header_timer", None)
@@ -45,3 +56,11 @@ class HeaderTimeoutH11(H11Protocol):
         """No new request has begun (its headers complete) since the timer was armed: drop the client."""
         if self.cycle is cycle_then and not self.transport.is_closing():
             self.transport.close()
+
+
+class HeaderTimeoutH11(HeaderTimeout, H11Protocol):
+    pass
+
+
+class HeaderTimeoutHttpTools(HeaderTimeout, HttpToolsProtocol):
+    pass

@@ -108,6 +108,15 @@ class Settings(BaseSettings):
     lab_max_seconds: float = Field(300.0, gt=0, description="A lab run stops after this many seconds of training.")
     lab_torch_threads: int = Field(1, ge=1, description="torch threads per lab worker process.")
     lab_nice: int = Field(10, ge=0, le=19, description="os.nice increment of lab worker processes (lower priority).")
+    lab_max_streams_per_run: int = Field(
+        64, ge=1, description="Event streams open at once on one lab run (429 beyond)."
+    )
+    lab_max_streams_per_client: int = Field(
+        16, ge=1, description="Event streams one client (a session, else an address) may hold open (429 beyond)."
+    )
+    lab_stream_stall_seconds: float = Field(
+        30.0, gt=0, description="An event stream whose reader takes nothing for this long is closed."
+    )
 
     @field_validator("allowed_hosts", "forwarded_allow_ips", "cors_origins", mode="before")
     @classmethod

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 import grpo
-from app.errors import CONFIG_FIELDS, ApiError, LimitError, as_api_error, config_error, error_item, error_json
+from app.errors import CONFIG_FIELDS, ApiError, LimitError, Loc, as_api_error, config_error, error_item, error_json
 from app.ingest import (
     PER_TOKEN,
     Flat,
@@ -32,28 +32,33 @@ from app.ingest import (
     read_json,
     validated,
 )
-from app.responses import breakdown_to_json, dumps
 from app.schemas import BatchRequest, CompareRequest, LossRequest, UploadForm
 from app.settings import Settings
+from grpo.answer import breakdown_to_json, dumps
+from grpo.export import FORMATS, export_batch, file_bytes
 from grpo.io import INPUT_DTYPES, load_file, precision_notes
 from grpo.requests import batch_from_request
 
 
 @dataclass
 class Reply:
-    """An answer: status, JSON bytes and extra headers."""
+    """An answer: status, body bytes (JSON unless ``media_type`` says otherwise) and extra headers."""
 
     status: int
     body: bytes
     headers: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0  # spent in ``fn``: the rest of a request's time is reading it and handing it over
+    media_type: str = "application/json"
 
 
 def replying(where: str, fn: Any, *args: Any) -> Reply:
-    """``fn(*args)`` as a 200 Reply, or the error it raised as its Reply (a bug: a 500 with an error id)."""
+    """``fn(*args)`` as a 200 Reply (its JSON, or the Reply it made), or the error it raised as its Reply
+    (a bug: a 500 with an error id)."""
     started = time.perf_counter()
     try:
-        reply = Reply(200, dumps(fn(*args)))
+        result = fn(*args)
+        reply = result if isinstance(result, Reply) else Reply(200, dumps(result))
+        del result
     except Exception as exc:
         error = as_api_error(exc, where)
         reply = Reply(error.status, error_json(error.items), error.headers)
@@ -144,6 +149,28 @@ def compare(body: bytes, settings: Settings) -> dict[str, Any]:
         full["tokens"] = {k: tokens[k] for k in ("weight", "grad", "grad_policy", "grad_kl", "loss", "region")}
         results.append(full)
     return {"results": results, "lengths": lengths, "text": request.tokens}
+
+
+def export(body: bytes, fmt: str, settings: Settings) -> Reply:
+    """POST /api/v1/export/{fmt}: the batch as a file the upload reads back. Read and checked as /api/v1/loss
+    reads a batch (its limits, before any (B, T) array exists), then the file's size is checked too
+    before it is written: a batch padded far past what it sends never becomes a file."""
+    prepared = prepare_json(body, BatchRequest, settings) if body else _empty()
+    request: BatchRequest = prepared.model
+    _check_tokens(request.tokens, prepared.lengths)
+    fields = {**prepared.fields, "tokens": request.tokens}
+    given = sum(isinstance(prepared.fields.get(name), np.ndarray | list) for name in PER_TOKEN)
+    # The file and the answer's copy of it. Display strings count apart: where they make the file too
+    # large (NPZ pads every one to the longest), the 413 names them.
+    for strings in (False, True):
+        size = file_bytes(fields if strings else {**fields, "tokens": None}, fmt, prepared.lengths)
+        loc: Loc | None = ["body", "tokens"] if strings else None
+        check_cost(
+            prepared.lengths, given, "float32", settings, output_bytes=2 * size, output=f"a {fmt} file", output_loc=loc
+        )
+    data = export_batch(fields, fmt, prepared.lengths)
+    headers = {"content-disposition": f'attachment; filename="grpo-lens-input.{fmt}"'}
+    return Reply(200, data, headers, media_type=FORMATS[fmt])
 
 
 def _empty() -> Any:
@@ -251,8 +278,8 @@ def upload(body: bytes, content_type: str, settings: Settings) -> dict[str, Any]
 
 def _upload(fields: dict[str, Any], texts: dict[str, Any], settings: Settings) -> dict[str, Any]:
     """An uploaded file's fields and the form's JSON texts -> the /api/v1/loss answer."""
-    given = _overlaid(fields.pop("config", None), _json_form("config", texts["config"]))
-    given_form = {"config": given, **{k: _json_form(k, texts[k]) for k in ("token_rows", "heatmap_rows")}}
+    given = _overlaid(fields.pop("config", None), json_form("config", texts["config"]))
+    given_form = {"config": given, **{k: json_form(k, texts[k]) for k in ("token_rows", "heatmap_rows")}}
     form_model = validated(UploadForm, {k: v for k, v in given_form.items() if v is not None}, ["body"])
     fields.pop("full_kl", None)
     input_dtypes = fields.pop(INPUT_DTYPES, {})
@@ -289,7 +316,7 @@ def _overlaid(base: Any, over: Any) -> Any:
     return base if over is None else over
 
 
-def _json_form(name: str, text: str | None) -> Any:
+def json_form(name: str, text: str | None) -> Any:
     if text is None or text == "":
         return None
     return read_json(text, ["body", name])

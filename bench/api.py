@@ -18,11 +18,22 @@ Each figure of issue 8 beside its floor or its alone-case, in one run:
 6. hostile bodies: a 66 KB body padded to 4,001 x 4,000 and a 1.6 MB body padded to 100,001 x 2,000:
    status, time to answer, RSS growth (target: 413, at once, no growth).
 7. load: 32 concurrent clients posting the article's example for a few seconds (target: 0 errors).
+8. event streams: 1,000 lab event streams opened on one training run from 50 sessions (distinct sign-in
+   cookies), half never reading, the caps at their defaults: accepted and refused counts, and ``/healthz``
+   and small ``/loss`` p99 while they are open against alone (targets <= 100 ms and <= 300 ms).
+x. hostile export bodies: the 1.2 MB body (one 200,000-token row + 2,000 one-token rows, 400 M padded
+   positions) and a 133 KB one (40 M) to /api/v1/export/{fmt} for every format, beside /api/v1/loss:
+   status and time to answer (target: 413 in <= 0.1 s), RSS growth.
+m. memory back: for each kind of large request (a 1M-token JSON /loss, the same batch as an uploaded
+   JSON file, its export as safetensors and as JSON), the RSS of the server's main process plus its
+   lane workers idle, at peak, and 10 s after (target: within 400 MB of idle).
 
-Starts ``uvicorn app.main:app`` on a free loopback port under a memory cap (``--cap-gb``, RLIMIT_AS, so
-a server that would allocate without bound fails its request instead of the machine), or uses --url
-(then RSS figures are left out). The clients run in this process on the same machine: their CPU time
-competes with the server's; on a shared machine, compare the ratios, not the absolute times.
+Starts ``uvicorn app.main:app --http app.server:HeaderTimeoutHttpTools`` (as `make run`; ``--http``
+picks another protocol, e.g. ``app.server:HeaderTimeoutH11``) on a free loopback port under a memory
+cap (``--cap-gb``, RLIMIT_AS, so a server that would allocate without bound fails its request instead
+of the machine), or uses --url (then RSS figures are left out). The clients run in this process on the
+same machine: their CPU time competes with the server's; on a shared machine, compare the ratios, not
+the absolute times.
 
     .venv/bin/python bench/api.py [--url URL] [--quick]
 """
@@ -66,7 +77,7 @@ STATE: dict[str, Any] = {"pid": None, "auth": {}}
 
 # --- the server and its memory ------------------------------------------------------------------------
 @contextmanager
-def server(url: str | None, cap_gb: float, port: int) -> Iterator[str]:
+def server(url: str | None, cap_gb: float, port: int, http: str = "app.server:HeaderTimeoutHttpTools") -> Iterator[str]:
     """``url`` as given, or a fresh uvicorn on loopback (``port``, or a free one) stopped afterwards."""
     if url:
         yield url.rstrip("/")
@@ -81,7 +92,7 @@ def server(url: str | None, cap_gb: float, port: int) -> Iterator[str]:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port), "--http", http],
         cwd=ROOT,
         env=os.environ.copy(),
         stdout=subprocess.DEVNULL,
@@ -128,11 +139,18 @@ def _statm(pid: int) -> float:
 
 def cpu_seconds(pid: int | None) -> float | None:
     """User + system CPU time of process ``pid`` so far (None without one: a server given by --url)."""
+    split = cpu_split(pid)
+    return None if split is None else split[0] + split[1]
+
+
+def cpu_split(pid: int | None) -> tuple[float, float, int] | None:
+    """User and system CPU seconds of process ``pid`` so far, and its minor page faults."""
     if pid is None:
         return None
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick, int(fields[7])
 
 
 def rss() -> float | None:
@@ -429,16 +447,20 @@ def upload_stream(base: str, auth: dict[str, str], blob: bytes, stop: Any, statu
                 stop.wait(float(response.headers.get("retry-after", "1")))
 
 
-def main_cpu_per_upload(base: str, blob: bytes, uploads: int = 10) -> float | None:
-    """CPU seconds the server's main process spends on one upload of ``blob``, the uploads one at a time
-    (its work runs in a worker process: what is left here holds the GIL that small requests need)."""
+def main_cpu_per_upload(base: str, blob: bytes, uploads: int = 10) -> tuple[float, float, float] | None:
+    """User and system CPU seconds the server's main process spends on one upload of ``blob``, and its
+    page faults, the uploads one at a time (its work runs in a worker process: what is left here holds
+    the GIL that small requests need; system time is the kernel's: socket copies, page faults)."""
     with httpx.Client(base_url=base, timeout=600, headers=STATE["auth"]) as client:
         client.post("/api/v1/upload", files={"file": ("batch.json", blob)})  # warm: the worker's first job
-        before = cpu_seconds(STATE["pid"])
+        before = cpu_split(STATE["pid"])
         for _ in range(uploads):
             client.post("/api/v1/upload", files={"file": ("batch.json", blob)})
-        after = cpu_seconds(STATE["pid"])
-    return None if before is None or after is None else (after - before) / uploads
+        after = cpu_split(STATE["pid"])
+    if before is None or after is None:
+        return None
+    user, system, faults = ((a - b) / uploads for a, b in zip(after, before, strict=True))
+    return user, system, faults
 
 
 def fairness(base: str, clients: int, seconds: float) -> None:
@@ -478,7 +500,11 @@ def fairness(base: str, clients: int, seconds: float) -> None:
     print(f"   ratio beside / alone             p50 {b50 / a50:8.2f}x   (target <= 1.5x; p99 target <= 300 ms)")
     print(f"   uploads ({len(upload) / MB:.0f} MB each) answered: {done}")
     if per_upload is not None:
-        print(f"   the server's main process per upload, alone: {ms(per_upload)} of CPU (reading it, handing it over)")
+        user, system, faults = per_upload
+        print(
+            f"   the server's main process per upload, alone: {ms(user + system)} of CPU (reading it, handing it "
+            f"over): user {ms(user).strip()}, system {ms(system).strip()}, {faults:.0f} page faults"
+        )
     if cpu_before is not None and cpu_after is not None:
         # The main process's CPU while the uploads came (its GIL is what the small requests wait for):
         # reading the bodies, handing them over, and the small requests' own work.
@@ -518,6 +544,72 @@ def hostile(base: str) -> None:
                 return
 
 
+def export_hostile(base: str) -> None:
+    """The export bodies of issue 18: padded far past what they send, to every format; /loss beside them."""
+    cases = {
+        "1.2 MB: 200,000 tokens + 2,000 one-token rows": (200_000, 2000),
+        "133 KB: 20,000 tokens + 2,000 one-token rows": (20_000, 2000),
+    }
+    print("x. hostile export bodies (padded far past what they send), each route once after a warm-up of each")
+    with httpx.Client(base_url=base, timeout=120, headers=STATE["auth"]) as client:
+        for name, (width, rows) in cases.items():
+            data = {"per_token_logps": [[-1.0] * width] + [[-1.0]] * rows, "advantages": [1.0] * (rows + 1)}
+            body = json.dumps(data).encode()
+            paths = ["/api/v1/loss", *(f"/api/v1/export/{fmt}" for fmt in ("json", "jsonl", "safetensors", "npz"))]
+            for path in paths:  # warm: each route's first call, and the worker's (a large body goes there)
+                client.post(path, content=body, headers=JSON)
+            for path in paths:
+                before = rss()
+                with Sampler() as sampler:
+                    start = time.perf_counter()
+                    try:
+                        status = str(client.post(path, content=body, headers=JSON).status_code)
+                    except httpx.HTTPError as exc:
+                        status = type(exc).__name__
+                    elapsed = time.perf_counter() - start
+                growth = None if before is None else sampler.peak - before
+                print(
+                    f"   {name:46} {path:26} {status:>5} in {elapsed:6.3f} s (target 413 in <= 0.1 s), "
+                    f"peak RSS {'+' + mb(growth).strip():>9}"
+                )
+
+
+def memory_back(base: str) -> None:
+    """RSS idle, at peak and 10 s after each kind of large request (the main process and its workers)."""
+    data = batch(256, 4096, fields=3, seed=3, digits=4)
+    body = json.dumps(data, separators=(",", ":")).encode()
+    batch_only = json.dumps({k: v for k, v in data.items() if k != "config"}, separators=(",", ":")).encode()
+    kinds: dict[str, Callable[[httpx.Client], httpx.Response]] = {
+        "POST /api/v1/loss, 1M-token JSON": lambda c: c.post("/api/v1/loss", content=body, headers=JSON),
+        "POST /api/v1/upload, the same as a .json file": lambda c: c.post(
+            "/api/v1/upload", files={"file": ("batch.json", body)}
+        ),
+        "POST /api/v1/export/safetensors, the same": lambda c: c.post(
+            "/api/v1/export/safetensors", content=batch_only, headers=JSON
+        ),
+        "POST /api/v1/export/json, the same": lambda c: c.post("/api/v1/export/json", content=batch_only, headers=JSON),
+    }
+    print(f"m. memory back: RSS of the main process + lane workers, idle / peak / 10 s after ({len(body) / MB:.0f} MB)")
+    with httpx.Client(base_url=base, timeout=600, headers=STATE["auth"]) as client:
+        for name, send in kinds.items():
+            time.sleep(2)
+            idle = rss()
+            with Sampler() as sampler:
+                start = time.perf_counter()
+                response = send(client)
+                elapsed = time.perf_counter() - start
+            time.sleep(10)
+            after = rss()
+            if idle is None or after is None:
+                print(f"   {name:46} {response.status_code} in {elapsed:5.2f} s (RSS n/a: not our server)")
+                continue
+            back = after - idle
+            print(
+                f"   {name:46} {response.status_code} in {elapsed:5.2f} s   idle {mb(idle)}  peak {mb(sampler.peak)}  "
+                f"10 s after {mb(after)} ({back / MB:+.0f} MB, target within 400 MB)"
+            )
+
+
 async def load(base: str, clients: int, seconds: float) -> None:
     body = json.dumps(ARTICLE_EXAMPLE).encode()
     times: list[float] = []
@@ -541,20 +633,128 @@ async def load(base: str, clients: int, seconds: float) -> None:
     print(f"   errors {len(errors)}{' ' + str(sorted(set(errors))) if errors else ''}   (target 0)")
 
 
+def probe(base: str, seconds: float) -> tuple[list[float], list[float]]:
+    """/healthz and small /loss (the article's example) times, each from its own client, for ``seconds``."""
+    body = json.dumps(ARTICLE_EXAMPLE).encode()
+    out: tuple[list[float], list[float]] = ([], [])
+    stop = threading.Event()
+
+    def loop(i: int) -> None:
+        with httpx.Client(base_url=base, timeout=60, headers=STATE["auth"]) as client:
+            while not stop.is_set():
+                start = time.perf_counter()
+                with suppress(httpx.HTTPError):
+                    if i == 0:
+                        client.get("/healthz")
+                    else:
+                        client.post("/api/v1/loss", content=body, headers=JSON)
+                out[i].append(time.perf_counter() - start)
+                stop.wait(0.02)
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    return out
+
+
+async def open_streams(host: str, port: int, path: str, total: int, sessions: int, held: list[Any]) -> dict[str, int]:
+    """``total`` event streams on ``path`` from ``sessions`` sign-in cookies, every other one never read
+    past its status line; the accepted ones stay open (in ``held``) until the caller closes them."""
+    counts = {"accepted": 0, "refused": 0, "failed": 0}
+    auth = "".join(f"{k}: {v}\r\n" for k, v in STATE["auth"].items())
+    gate = asyncio.Semaphore(64)  # connections being opened at once: the listen backlog is finite
+
+    async def read_on(reader: asyncio.StreamReader) -> None:
+        with suppress(Exception):
+            while await reader.read(65536):
+                pass
+
+    async def one(i: int) -> None:
+        async with gate:
+            try:
+                reader, writer = await asyncio.open_connection(host, port)
+                cookie = f"grpo_lens_session=bench-{i % sessions}"
+                writer.write(f"GET {path} HTTP/1.1\r\nhost: {host}\r\ncookie: {cookie}\r\n{auth}\r\n".encode())
+                status = (await reader.readline()).split()
+            except OSError:
+                counts["failed"] += 1
+                return
+        if status[1:2] == [b"200"]:
+            counts["accepted"] += 1
+            held.append((writer, asyncio.ensure_future(read_on(reader)) if i % 2 else None))
+        else:
+            counts["refused" if status[1:2] == [b"429"] else "failed"] += 1
+            writer.close()
+
+    await asyncio.gather(*(one(i) for i in range(total)))
+    return counts
+
+
+def event_streams(base: str, seconds: float, total: int = 1000, sessions: int = 50) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # a descriptor per stream here...
+    if STATE["pid"] is not None:
+        resource.prlimit(STATE["pid"], resource.RLIMIT_NOFILE, (hard, hard))  # ... and in the server
+    alone = probe(base, seconds)
+    name = f"bench-streams-{os.getpid()}"
+    headers = STATE["auth"]
+    started = httpx.post(f"{base}/api/v1/lab/runs", json={"name": name, "steps": 1000}, headers=headers)
+    started.raise_for_status()
+    status = f"{base}/api/v1/lab/runs/{name}/status"
+    for _ in range(1200):  # its worker starts (seconds: spawn, imports) and trains while the streams are open
+        if httpx.get(status, headers=headers).json().get("steps_done"):
+            break
+        time.sleep(0.1)
+    host, port = base.removeprefix("http://").split(":")
+    loop = asyncio.new_event_loop()
+    held: list[Any] = []
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        path = f"/api/v1/lab/runs/{name}/events"
+        counts = asyncio.run_coroutine_threadsafe(open_streams(host, int(port), path, total, sessions, held), loop)
+        opened = counts.result(timeout=300)
+        during = probe(base, seconds)
+        steps = httpx.get(status, headers=headers).json().get("steps_done")
+    finally:
+        for writer, reading in held:
+            loop.call_soon_threadsafe(writer.close)
+            if reading is not None:
+                loop.call_soon_threadsafe(reading.cancel)
+        httpx.delete(f"{base}/api/v1/lab/runs/{name}", headers=headers)
+        for _ in range(100):  # the worker stops after its step; then the run's directory can go
+            if httpx.get(status, headers=headers).json().get("status") != "running":
+                break
+            time.sleep(0.1)
+        httpx.delete(f"{base}/api/v1/runs/{name}", headers=headers)
+        loop.call_soon_threadsafe(loop.stop)
+    print(f"8. event streams: {total} opened on one training lab run from {sessions} sessions, half never reading")
+    print(f"   accepted {opened['accepted']}   refused (429) {opened['refused']}   failed {opened['failed']}")
+    print(f"   the run had trained {steps} steps at the end; descriptors: soft limit {soft} raised to {hard}")
+    for label, i, target in (("GET  /healthz", 0, 0.1), ("POST /api/v1/loss (small)", 1, 0.3)):
+        a, d = pct(alone[i], 99), pct(during[i], 99)
+        print(f"   {label:27s} p99 alone {ms(a)}   with the streams {ms(d)}   (target <= {ms(target).strip()})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=None, help="a running server (default: start one on loopback)")
     parser.add_argument("--port", type=int, default=0, help="port of the server started here (default: a free one)")
     parser.add_argument("--cap-gb", type=float, default=8.0, help="RLIMIT_AS of the server started here (0: none)")
     parser.add_argument("--quick", action="store_true", help="fewer repeats and shorter phases")
-    parser.add_argument("--only", default="1234567", help="which figures to print, e.g. 245")
+    parser.add_argument("--only", default="12345678xm", help="which figures to print, e.g. 245")
+    parser.add_argument("--http", default="app.server:HeaderTimeoutHttpTools", help="uvicorn's --http (started here)")
     parser.add_argument("--token", default=os.environ.get("GRPO_LENS_AUTH_TOKEN"), help="bearer token, if set")
     args = parser.parse_args()
     if args.token:
         STATE["auth"] = {"authorization": f"Bearer {args.token}"}
     repeats = 2 if args.quick else 3
     seconds = 8.0 if args.quick else 15.0
-    with server(args.url, args.cap_gb, args.port) as base:
+    with server(args.url, args.cap_gb, args.port, args.http) as base:
         health = httpx.get(f"{base}/healthz").json()
         time.sleep(2)
         print(
@@ -569,6 +769,9 @@ def main() -> None:
             "5": lambda: fairness(base, 40, seconds),
             "6": lambda: hostile(base),
             "7": lambda: asyncio.run(load(base, 32, seconds / 2)),
+            "8": lambda: event_streams(base, seconds / 2),
+            "x": lambda: export_hostile(base),
+            "m": lambda: memory_back(base),
         }
         for key in args.only:
             steps[key]()

@@ -7,9 +7,12 @@ context), so nothing of them is left in the image. The container is published on
 
 Checks, each printed as it passes: the installed packages equal the lock; one copy of the app, in /app;
 nothing from tests, docs, benchmarks or dev tools; /healthz; POST /api/v1/loss equals the local library's
-value; the page in headless Chromium scrolled through, every chart drawn, no console error; /docs; the
-HEALTHCHECK; non-root with a home; --read-only; threads from the CPU quota; stop within 5 s; a rebuild
-after a source edit within 30 s (and the edit is in the new image). Then the timings and the image size.
+value; the page in headless Chromium scrolled through, each screen's charts drawn before the next (every
+wait a condition with a deadline, never a fixed sleep), the lab's "no run yet" line and no empty chart; a
+short lab run started from the page, trained by the container's lab worker, drawing every lab chart; no
+console error, no request off 127.0.0.1; /docs; the HEALTHCHECK; non-root with a home; --read-only; threads
+from the CPU quota; stop within 5 s; a rebuild after a source edit within 30 s (and the edit is in the new
+image). Then the timings and the image size.
 
 DOCKER_TEST_COLD=1 first removes the image and the builder's cache (dangling images; docker's build cache),
 for the cold figure; DOCKER_TEST_PORT picks the port (127.0.0.1 only).
@@ -265,6 +268,17 @@ def check_loss() -> None:
     say("POST /api/v1/loss", f"loss {served['loss']!r} (trl-grpo, float64) = the local library's {float(local.loss)!r}")
 
 
+# A chart is drawn when Plotly has data in it and has rendered its SVG.
+DRAWN = "(n) => !!(n.data && n.data.length && n.querySelector('.main-svg'))"
+CHARTS = "[...new Set(document.querySelectorAll('.chart, .js-plotly-plot'))]"
+ALL_DRAWN = f"{CHARTS}.every({DRAWN})"
+# Every chart inside the viewport (a reader looking at it) is drawn.
+ON_SCREEN_DRAWN = f"""{CHARTS}.filter((n) => {{
+    const r = n.getBoundingClientRect(); return r.height > 0 && r.bottom > 0 && r.top < innerHeight;
+}}).every({DRAWN})"""
+LAB_STEPS = 3  # a short lab run: its worker process trains in the container, its charts grow on the page
+
+
 def check_pages() -> None:
     from playwright.sync_api import sync_playwright
 
@@ -279,26 +293,30 @@ def check_pages() -> None:
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.on("request", lambda r: None if r.url.startswith(URL) else outside.append(r.url))
         page.goto(f"{URL}/", timeout=30_000)
-        page.wait_for_load_state("networkidle", timeout=30_000)
-        poll(page, "Number(document.body.dataset.drawn || 0) > 0", 30)
+        wait(page, "Number(document.body.dataset.drawn || 0) > 0", 60, "the first view")
+        # The sections below the first view are built once the page is quiet: the experiments, the lab's form.
+        wait(page, "Number(document.body.dataset.experiments || 0) > 0 && document.body.dataset.lab === 'ready'",
+             120, "the experiments and the lab set up")  # fmt: skip
         height = int(page.evaluate("document.body.scrollHeight"))
-        for y in range(0, height + 900, 450):  # scrolled through, as a reader would
+        for y in range(0, height + 900, 450):  # scrolled through, as a reader would: each screen drawn in turn
             page.evaluate(f"window.scrollTo(0, {y})")
-            page.wait_for_timeout(80)
-        page.wait_for_load_state("networkidle", timeout=30_000)
-        charts = page.evaluate(
-            """[...new Set(document.querySelectorAll('.chart, .js-plotly-plot'))].map(n => ({
-                id: n.id || n.className, drawn: !!(n.data && n.data.length && n.querySelector('.main-svg'))}))"""
-        )
+            wait(page, ON_SCREEN_DRAWN, 60, f"the charts on screen at {y} px", undrawn_ids)
+        wait(page, ALL_DRAWN, 60, "every chart after the scroll", undrawn_ids)
+        count = int(page.evaluate(f"{CHARTS}.length"))
+        lab_charts = int(page.evaluate("document.querySelectorAll('#lab-charts .lab-chart').length"))
+        if not count or lab_charts or not page.is_visible("#lab-empty") or errors or outside:
+            fail(f"page: {count} charts, lab charts before a run {lab_charts}, lab note shown "
+                 f"{page.is_visible('#lab-empty')}, console errors {errors}, requests out {outside}")  # fmt: skip
         page.evaluate("window.scrollTo(0, 0)")
         page.screenshot(path=str(ARTIFACTS / "docker-page.png"), full_page=True)
-        undrawn = [c["id"] for c in charts if not c["drawn"]]
-        if not charts or undrawn or errors or outside:
-            fail(f"page: {len(charts)} charts, undrawn {undrawn}, console errors {errors}, requests out {outside}")
-        say("the page", f"scrolled through {height} px: {len(charts)} charts, all drawn; no console error; "
-                        f"no request left 127.0.0.1 (screenshot {ARTIFACTS / 'docker-page.png'})")  # fmt: skip
+        say("the page", f"scrolled through {height} px: {count} charts, each drawn once on screen; the lab shows "
+                        f"its 'no run yet' line and no empty chart; no console error; no request left 127.0.0.1 "
+                        f"(screenshot {ARTIFACTS / 'docker-page.png'})")  # fmt: skip
+        check_lab_run(page)
+        if errors or outside:
+            fail(f"the lab run: console errors {errors}, requests out {outside}")
         page.goto(f"{URL}/docs", timeout=30_000)
-        poll(page, "document.querySelectorAll('.opblock').length > 0", 30)
+        wait(page, "document.querySelectorAll('.opblock').length > 0", 30, "/docs")
         ops = int(page.evaluate("document.querySelectorAll('.opblock').length"))
         if errors or outside:
             fail(f"/docs: console errors {errors}, non-local requests {outside}")
@@ -306,11 +324,45 @@ def check_pages() -> None:
         browser.close()
 
 
-def poll(page: Any, expression: str, seconds: float) -> None:
+def check_lab_run(page: Any) -> None:
+    """A lab run started from the page trains in the container's worker and draws every lab chart."""
+    page.locator("#view-lab").scroll_into_view_if_needed()
+    page.fill("#lab-steps", str(LAB_STEPS))
+    page.click("#lab-start")
+    wait(page, "!!document.querySelector('#lab-runs li[data-status=done]')", 300, "the lab run done",
+         lambda pg: pg.text_content("#lab-runs") or pg.text_content("#lab-error") or "")  # fmt: skip
+    # A lab chart draws its points when it is on screen: each one, scrolled to, shows every step.
+    ids = page.evaluate("[...document.querySelectorAll('#lab-charts .lab-chart')].map((n) => n.id)")
+    for chart in ids:
+        page.locator(f"#{chart}").scroll_into_view_if_needed()
+        node = f"document.getElementById('{chart}')"
+        wait(page, f"({DRAWN})({node}) && {node}.data.every((t) => t.x.length === {LAB_STEPS})", 60,
+             f"{chart} drawn with the run's {LAB_STEPS} steps", undrawn_ids)  # fmt: skip
+    if page.is_visible("#lab-empty"):
+        fail("the lab's 'no run yet' line is still shown beside a run")
+    # Sections off screen skip rendering (content-visibility: auto) and change size as they render: for the
+    # picture, every one renders, and it waits for two frames painted with that layout.
+    style = page.add_style_tag(content=".view { content-visibility: visible !important; }")
+    page.locator("#view-lab").scroll_into_view_if_needed()
+    page.evaluate("() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
+    page.locator("#view-lab").screenshot(path=str(ARTIFACTS / "docker-lab.png"))
+    style.evaluate("(node) => node.remove()")
+    say("a lab run", f"{LAB_STEPS} steps trained in the container's lab worker; {len(ids)} lab charts, each "
+                     f"drawn with every step once scrolled to (screenshot {ARTIFACTS / 'docker-lab.png'})")  # fmt: skip
+
+
+def undrawn_ids(page: Any) -> str:
+    ids = page.evaluate(f"{CHARTS}.filter((n) => !({DRAWN})(n)).map((n) => n.id || n.className)")
+    return "undrawn: " + ", ".join(ids)
+
+
+def wait(page: Any, expression: str, seconds: float, what: str, explain: Any = None) -> None:
+    """Wait until `expression` holds in the page, evaluated every 100 ms, or fail after `seconds` saying what
+    was missing. (Not page.wait_for_function: it evals its predicate in the page, which the CSP refuses.)"""
     deadline = time.monotonic() + seconds
     while not page.evaluate(expression):
         if time.monotonic() > deadline:
-            fail(f"still false after {seconds} s: {expression}")
+            fail(f"{what}: still false after {seconds:g} s: {expression}" + (f"\n{explain(page)}" if explain else ""))
         page.wait_for_timeout(100)
 
 

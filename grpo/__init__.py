@@ -28,6 +28,7 @@ from grpo.objectives import OBJECTIVES, REGIONS
 from grpo.plugins import PLUGINS_VARIABLE, load_plugins
 from grpo.registry import Registry
 from grpo.runs import RunWriter, list_runs, load_run, load_step
+from grpo.trainer_config import TrainerMapping, map_trl, map_verl  # registers the trainers' presets
 
 __all__ = [
     "ADVANTAGES",
@@ -50,6 +51,7 @@ __all__ = [
     "RunWriter",
     "TokenBreakdown",
     "TokenLogprobs",
+    "TrainerMapping",
     "capture",
     "compute_loss",
     "evaluate",
@@ -58,6 +60,8 @@ __all__ = [
     "load_plugins",
     "load_run",
     "load_step",
+    "map_trl",
+    "map_verl",
     "register_preset",
     "token_logprobs",
 ]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo._allocator import keep_freed_memory
+from grpo.answer import breakdown_to_json, dumps
 from grpo.check import DEFAULT_METRIC_ATOL, DEFAULT_RTOL, check_run, format_check
 from grpo.config import PRESETS, LossConfig
 from grpo.errors import GrpoInputError
@@ -25,7 +26,7 @@ from grpo.explain import summary_table
 from grpo.io import load_file
 from grpo.loss import evaluate
 from grpo.requests import batch_from_request, row_lengths
-from grpo.runs import is_step_metadata, load_run, load_step, read_metadata, with_overrides
+from grpo.runs import is_step_metadata, load_run, load_step, read_metadata
 
 
 def _value(text: str) -> Any:
@@ -59,12 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         config_fields = request.pop("config", None) or {}
         if not isinstance(config_fields, dict):
             raise GrpoInputError("config", "a JSON object: a preset and overrides", got=type(config_fields).__name__)
-        preset = (
-            args.preset if args.command == "eval" and args.preset else config_fields.pop("preset", None) or "article"
-        )
-        overrides = {k: v for k, v in config_fields.items() if k != "preset"}
-        overrides |= _sets(getattr(args, "set", []))
-        config = LossConfig.from_preset(preset, **overrides)
+        if is_file and args.preset:
+            config_fields["preset"] = args.preset
+        config = LossConfig.resolve(config_fields | _sets(getattr(args, "set", [])))
         tokens = request.pop("tokens", None)
         lengths = row_lengths(request)
         bd = evaluate(batch_from_request(request), config)
@@ -72,8 +70,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if getattr(args, "json", False):
-        from app.responses import breakdown_to_json, dumps  # the API's answer: assembled where the API's is
-
         print(dumps(breakdown_to_json(bd, lengths=lengths, tokens=tokens)).decode())
     else:
         print(summary_table(bd))
@@ -116,14 +112,12 @@ def _eval_step_file(args: argparse.Namespace) -> int:
     """A run's step file under its own config (``--preset`` replaces it, ``--set`` overrides fields)."""
     try:
         batch, stored, _ = load_step(args.file)
-        config = with_overrides(stored, args.preset, **_sets(args.set))
+        config = LossConfig.resolve({"preset": args.preset, **_sets(args.set)}, base=stored)
         bd = evaluate(batch, config)
     except (GrpoInputError, OSError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        from app.responses import breakdown_to_json, dumps  # the API's answer: assembled where the API's is
-
         print(dumps(breakdown_to_json(bd)).decode())
     else:
         print(summary_table(bd))

@@ -14,6 +14,7 @@ import dataclasses
 import operator
 import types
 import typing
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,12 +167,44 @@ class LossConfig:
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> LossConfig:
         """The preset's settings with ``overrides`` applied: ``from_preset("verl-grpo", beta=0.0)``."""
-        if name not in PRESETS:
-            raise GrpoInputError("preset", f"one of {', '.join(PRESETS)}", got=repr(name))
+        if not isinstance(name, str) or name not in PRESETS:
+            raise GrpoInputError("preset", f"one of {', '.join(PRESETS)}", got=repr(name)[:80])
         unknown = sorted(set(overrides) - set(FIELD_NAMES))
         if unknown:
             raise GrpoInputError(unknown[0], f"a LossConfig field: one of {', '.join(FIELD_NAMES)}")
         return cls(**{**PRESETS[name].settings, "preset": name, **overrides})
+
+    @classmethod
+    def resolve(
+        cls,
+        fields: Mapping[str, Any] | None = None,
+        base: LossConfig | None = None,
+        keep: Iterable[str] = (),
+        device: str | None = None,
+    ) -> LossConfig:
+        """The one way settings become a LossConfig (the API, the lab, the CLI, runs and their checks).
+
+        ``fields`` is a preset and overrides, ``{"preset": "verl-grpo", "beta": 0.0}``. Without a preset the
+        overrides apply to ``base`` (a stored run's config), else to the article's preset. When a preset
+        replaces ``base``, the fields named in ``keep`` stay ``base``'s unless given (a run's trainer
+        scaling). ``device`` is where a config left at ``auto`` runs (the caller's policy); None leaves it.
+        """
+        if fields is not None and not isinstance(fields, Mapping):
+            raise GrpoInputError("config", "a JSON object: a preset and LossConfig fields", got=type(fields).__name__)
+        given = dict(fields or {})
+        preset = given.pop("preset", None)
+        unknown = sorted(set(given) - set(FIELD_NAMES))
+        if unknown:
+            raise GrpoInputError(unknown[0], f"a LossConfig field: one of {', '.join(FIELD_NAMES)}")
+        if preset is None and base is not None:
+            config = dataclasses.replace(base, **given)
+        else:
+            config = cls.from_preset("article" if preset is None else preset, **given)
+            if base is not None:
+                config = dataclasses.replace(config, **{k: getattr(base, k) for k in keep if k not in given})
+        if device is not None and config.device == "auto":
+            config = dataclasses.replace(config, device=device)
+        return config
 
     @classmethod
     def from_trl(cls, args: Any, strict: bool = False) -> LossConfig:
@@ -297,34 +330,6 @@ class Preset:
     settings: dict[str, Any]
 
 
-# Reproduced from each library's defaults and recipes; see shared/reference/loss-variants-spec.md
-# (TRL 1.16.0 §1.4-1.11, verl 0.9.1 §2.2-2.7). Fields not named keep LossConfig's defaults.
-_TRL = {
-    "beta": 0.0,  # GRPOConfig.beta default since PR #3516
-    "epsilon_low": 0.2,
-    "epsilon_high": 0.2,  # epsilon_high=None falls back to epsilon
-    "advantage": "group",  # scale_rewards="group"
-    "advantage_epsilon": 1e-4,  # TRL adds 1e-4 to the unbiased std
-    "kl_estimator": "k3",
-    "kl_bias_correction": True,  # use_bias_correction_kl defaults to True in 1.16.0
-    "max_completion_length": 512,
-    "skip_empty_rows": False,  # TRL divides sequence means by all rows
-}
-_VERL = {
-    "epsilon_low": 0.2,
-    "epsilon_high": 0.2,
-    "dual_clip": 3.0,  # clip_ratio_c, always on in vanilla
-    "log_ratio_clamp": 20.0,  # vanilla clamps ℓ - ℓold to ±20 before exp
-    "beta": 0.0,  # use_kl_loss=False by default
-    "kl_estimator": "k3",  # low_var_kl
-    "kl_log_ratio_clamp": 20.0,  # low_var_kl clamps ref - logp to ±20 ...
-    "kl_clamp": 10.0,  # ... and the estimate to ±10
-    "advantage": "group",
-    "advantage_epsilon": 1e-6,
-    "skip_empty_rows": True,  # agg_loss's local fallback counts rows with a token
-    "length_epsilon": 1e-8,  # seq-mean-token-mean divides by L_i + 1e-8
-}
-
 PRESETS: dict[str, Preset] = {}
 
 
@@ -340,7 +345,9 @@ def register_preset(preset: Preset) -> Preset:
     return preset
 
 
-for _preset in [
+# The article's loss; the trainers' presets are their own configs of each recipe, mapped by
+# grpo.trainer_config like any run's config (never a second copy of the trainers' defaults).
+register_preset(
     Preset(
         "article",
         "The article's grpo_loss: clip 0.2, beta 0.01, k3, per-sequence token mean, eps 1e-5.",
@@ -355,82 +362,5 @@ for _preset in [
             "advantage": "group",
             "advantage_epsilon": 1e-5,
         },
-    ),
-    Preset(
-        "trl-grpo",
-        "TRL 1.16 GRPOTrainer, loss_type='grpo': per-sequence token mean, beta 0.",
-        "TRL 1.16.0 GRPOConfig defaults with loss_type='grpo'",
-        {**_TRL, "aggregation": "seq-mean-token-mean"},
-    ),
-    Preset(
-        "trl-dapo",
-        "TRL 1.16 default loss_type='dapo': token mean over the batch, beta 0.",
-        "TRL 1.16.0 GRPOConfig defaults (loss_type='dapo')",
-        {**_TRL, "aggregation": "token-mean"},
-    ),
-    Preset(
-        "trl-dr_grpo",
-        "TRL loss_type='dr_grpo': token sum / (rows x max_completion_length=512).",
-        "TRL 1.16.0 GRPOConfig defaults with loss_type='dr_grpo' (TRL's recipe also sets "
-        "scale_rewards='none', i.e. advantage='none')",
-        {**_TRL, "aggregation": "seq-mean-token-sum-norm"},
-    ),
-    Preset(
-        "trl-gspo",
-        "TRL GSPO: loss_type='grpo' with importance_sampling_level='sequence', eps 3e-4/4e-4.",
-        "TRL 1.16.0 docs (GSPO paper settings)",
-        {
-            **_TRL,
-            "aggregation": "seq-mean-token-mean",
-            "importance_sampling_level": "sequence",
-            "epsilon_low": 3e-4,
-            "epsilon_high": 4e-4,
-        },
-    ),
-    Preset(
-        "trl-cispo",
-        "TRL loss_type='cispo': detached weight min(ratio, 5) times A times logp, token mean.",
-        "TRL 1.16.0 docs (epsilon_high=5.0 recommended)",
-        {
-            **_TRL,
-            "objective": "cispo",
-            "cispo_bounds": "absolute",
-            "epsilon_high": 5.0,
-            "aggregation": "token-mean",
-        },
-    ),
-    Preset(
-        "trl-sapo",
-        "TRL loss_type='sapo': soft sigmoid gate (temperatures 1.0 / 1.05), per-sequence mean.",
-        "TRL 1.16.0 GRPOConfig defaults with loss_type='sapo'",
-        {**_TRL, "objective": "sapo", "aggregation": "seq-mean-token-mean"},
-    ),
-    Preset(
-        "verl-grpo",
-        "verl 0.9.1 GRPO recipe: vanilla clip + dual clip 3, seq-mean-token-mean, low_var_kl 0.001.",
-        "loss-variants-spec.md §2.7 (adv_estimator=grpo, use_kl_loss=True, kl_loss_coef=0.001)",
-        {**_VERL, "aggregation": "seq-mean-token-mean", "beta": 0.001},
-    ),
-    Preset(
-        "verl-dapo",
-        "verl 0.9.1 DAPO recipe: token-mean, clip 0.2 / 0.28, dual clip 3, no KL.",
-        "loss-variants-spec.md §2.7 (clip_ratio_high=0.28, use_kl_loss=False)",
-        {**_VERL, "aggregation": "token-mean", "epsilon_high": 0.28},
-    ),
-    Preset(
-        "verl-gspo",
-        "verl 0.9.1 GSPO: sequence ratio (log clamped at 10), seq-mean-token-mean, 3e-4 / 4e-4.",
-        "loss-variants-spec.md §2.3 gspo and §2.7",
-        {
-            **_VERL,
-            "aggregation": "seq-mean-token-mean",
-            "importance_sampling_level": "sequence",
-            "epsilon_low": 3e-4,
-            "epsilon_high": 4e-4,
-            "dual_clip": None,
-            "log_ratio_clamp": None,
-            "seq_log_ratio_clamp": 10.0,
-        },
-    ),
-]:
-    register_preset(_preset)
+    )
+)

@@ -135,12 +135,3 @@ class Registry(Generic[F]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
-
-    def doc(self, name: str) -> str:
-        return self.entry(name).doc
-
-    def details(self, name: str) -> str:
-        return self.entry(name).details
-
-    def paper(self, name: str) -> str:
-        return self.entry(name).paper

@@ -111,7 +111,9 @@ class RunWriter:
 
     ``config`` is the run's config (a LossConfig, or a dict of its fields); a step may carry its own
     (``write_step(..., config=...)``) when the trainer's scaling changes between micro-batches.
-    ``rank`` names the writing process when several write into one run.
+    ``rank`` names the writing process when several write into one run. ``info`` adds fields to
+    run.json (a status, a name...) in its first write, or keeps those of an earlier writer of the run
+    (``created``): a run.json written once per change of state, not once per field.
     """
 
     def __init__(
@@ -122,6 +124,7 @@ class RunWriter:
         versions: dict[str, Any] | None = None,
         rank: int | None = None,
         background: bool = False,
+        info: dict[str, Any] | None = None,
     ) -> None:
         if source not in SOURCES:
             raise GrpoInputError("source", f"one of {', '.join(SOURCES)}", got=repr(source))
@@ -141,6 +144,7 @@ class RunWriter:
             "config": self.config,
             "created": _now(),
             "status": "running",
+            **(info or {}),
         }
         path = self.run_dir / "run.json"
         if rank not in (None, 0) and path.exists():  # another process already described the run

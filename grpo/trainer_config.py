@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo.config import LossConfig
+from grpo.config import PRESETS, LossConfig, Preset, register_preset
 from grpo.errors import GrpoInputError
 
 # TRL 1.16.0 GRPOConfig defaults for the fields that matter to the loss (spec §1.11); a dict given to
@@ -153,7 +153,7 @@ def map_trl(args: Any) -> TrainerMapping:
     if advantage not in ("group", "batch", "none"):
         raise GrpoInputError("scale_rewards", "group, batch, none, True or False", got=repr(scale))
     settings: dict[str, Any] = {
-        "preset": f"trl-{loss_type}" if f"trl-{loss_type}" in _presets() else None,
+        "preset": f"trl-{loss_type}" if f"trl-{loss_type}" in PRESETS else None,
         "objective": objective,
         "aggregation": aggregation,
         "epsilon_low": float(a["epsilon"]),
@@ -208,12 +208,6 @@ def map_trl(args: Any) -> TrainerMapping:
             mapped[name] = "nothing: at its default it leaves the loss unchanged"
     captured = {k: v for k, v in TRL_CAPTURED.items() if k in given}
     return _finish(given, settings, mapped, unsupported, captured=captured)
-
-
-def _presets() -> tuple[str, ...]:
-    from grpo.config import PRESETS
-
-    return tuple(PRESETS)
 
 
 # verl 0.9.1: policy_loss.loss_mode -> LossConfig settings (spec §2.3)
@@ -307,12 +301,11 @@ def map_verl(actor_config: Any, algorithm: Any = None) -> TrainerMapping:
         "tau_pos": "sapo_temperature_pos",
         "tau_neg": "sapo_temperature_neg",
     }
-    if use_kl:
-        if kl_type not in VERL_KL_TYPES:
-            unsupported["kl_loss_type"] = f"{kl_type!r} is not reproduced (k1, k2, k3/low_var_kl are)"
-        else:
-            settings |= VERL_KL_TYPES[kl_type]
-            mapped["kl_loss_type"] = "kl_estimator and its clamps"
+    settings |= VERL_KL_TYPES.get(kl_type, {})  # with use_kl_loss off too: the estimator beta > 0 would use
+    if use_kl and kl_type not in VERL_KL_TYPES:
+        unsupported["kl_loss_type"] = f"{kl_type!r} is not reproduced (k1, k2, k3/low_var_kl are)"
+    elif use_kl:
+        mapped["kl_loss_type"] = "kl_estimator and its clamps"
     elif "kl_loss_type" in a:
         mapped["kl_loss_type"] = "nothing: use_kl_loss is off"
     if a.get("entropy_coeff"):
@@ -345,3 +338,75 @@ def from_trl(args: Any, strict: bool = False) -> LossConfig:
 def from_verl(actor_config: Any, algorithm: Any = None, strict: bool = False) -> LossConfig:
     """LossConfig from verl's actor config; unsupported settings warn (``strict``: raise). See ``map_verl``."""
     return _checked(map_verl(actor_config, algorithm), strict, "verl")
+
+
+# --- presets: the trainers' own settings of each recipe, mapped like any run's config -----------------
+# name -> (the tooltip, where the recipe comes from, the trainer's config fields). The LossConfig is what
+# map_trl / map_verl make of those fields, so a preset can never drift from the mapping it is checked by.
+TRL_RECIPES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "trl-grpo": (
+        "TRL 1.16 GRPOTrainer, loss_type='grpo': per-sequence token mean, beta 0.",
+        "TRL 1.16.0 GRPOConfig defaults with loss_type='grpo'",
+        {"loss_type": "grpo"},
+    ),
+    "trl-dapo": (
+        "TRL 1.16 default loss_type='dapo': token mean over the batch, beta 0.",
+        "TRL 1.16.0 GRPOConfig defaults (loss_type='dapo')",
+        {"loss_type": "dapo"},
+    ),
+    "trl-dr_grpo": (
+        "TRL loss_type='dr_grpo': token sum / (rows x max_completion_length=512).",
+        "TRL 1.16.0 GRPOConfig defaults with loss_type='dr_grpo' (TRL's recipe also sets "
+        "scale_rewards='none', i.e. advantage='none')",
+        {"loss_type": "dr_grpo"},
+    ),
+    "trl-gspo": (
+        "TRL GSPO: loss_type='grpo' with importance_sampling_level='sequence', eps 3e-4/4e-4.",
+        "TRL 1.16.0 docs (GSPO paper settings)",
+        {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4},
+    ),
+    "trl-cispo": (
+        "TRL loss_type='cispo': detached weight min(ratio, 5) times A times logp, token mean.",
+        "TRL 1.16.0 docs (epsilon_high=5.0 recommended)",
+        {"loss_type": "cispo", "epsilon_high": 5.0},
+    ),
+    "trl-sapo": (
+        "TRL loss_type='sapo': soft sigmoid gate (temperatures 1.0 / 1.05), per-sequence mean.",
+        "TRL 1.16.0 GRPOConfig defaults with loss_type='sapo'",
+        {"loss_type": "sapo"},
+    ),
+}
+VERL_RECIPES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "verl-grpo": (
+        "verl 0.9.1 GRPO recipe: vanilla clip + dual clip 3, seq-mean-token-mean, low_var_kl 0.001.",
+        "loss-variants-spec.md §2.7 (adv_estimator=grpo, use_kl_loss=True, kl_loss_coef=0.001)",
+        {"loss_agg_mode": "seq-mean-token-mean", "use_kl_loss": True, "kl_loss_coef": 0.001},
+    ),
+    "verl-dapo": (
+        "verl 0.9.1 DAPO recipe: token-mean, clip 0.2 / 0.28, dual clip 3, no KL.",
+        "loss-variants-spec.md §2.7 (clip_ratio_high=0.28, use_kl_loss=False)",
+        {"loss_agg_mode": "token-mean", "clip_ratio_high": 0.28},
+    ),
+    "verl-gspo": (
+        "verl 0.9.1 GSPO: sequence ratio (log clamped at 10), seq-mean-token-mean, 3e-4 / 4e-4.",
+        "loss-variants-spec.md §2.3 gspo and §2.7",
+        {
+            "policy_loss": {"loss_mode": "gspo"},
+            "loss_agg_mode": "seq-mean-token-mean",
+            "clip_ratio_low": 3e-4,
+            "clip_ratio_high": 4e-4,
+        },
+    ),
+}
+
+
+def _recipe(mapping: TrainerMapping) -> dict[str, Any]:
+    """A mapping's LossConfig as a preset's settings (the runtime fields stay the caller's)."""
+    assert not mapping.unsupported, mapping.unsupported  # a recipe GRPO Lens does not reproduce is no preset
+    return {k: v for k, v in mapping.config.to_dict().items() if k not in ("preset", "device", "dtype")}
+
+
+for _name, (_doc, _source, _args) in TRL_RECIPES.items():
+    register_preset(Preset(_name, _doc, _source, _recipe(map_trl(_args))))
+for _name, (_doc, _source, _args) in VERL_RECIPES.items():
+    register_preset(Preset(_name, _doc, _source, _recipe(map_verl(_args))))

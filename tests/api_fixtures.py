@@ -29,7 +29,7 @@ from fastapi.testclient import TestClient
 
 import grpo
 from app.main import app
-from app.responses import ROW_FIELDS, TOKEN_FIELDS
+from grpo.answer import ROW_FIELDS, TOKEN_FIELDS
 from grpo.examples import ARTICLE_EXAMPLE
 from grpo.requests import batch_from_request
 

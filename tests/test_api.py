@@ -28,8 +28,8 @@ from fastapi.testclient import TestClient
 
 import grpo
 from app.middleware import SECURITY_HEADERS
-from app.responses import TOKEN_FIELDS, dumps
 from app.settings import get_settings
+from grpo.answer import TOKEN_FIELDS, dumps
 from grpo.examples import ARTICLE_EXAMPLE
 from grpo.experiments import EXPERIMENTS
 
@@ -344,7 +344,7 @@ def test_the_page_carries_the_options_and_the_first_answer(api: TestClient) -> N
 def test_a_grid_wider_than_the_heatmap_is_pooled(api: TestClient) -> None:
     """Past HEATMAP_MAX_TOKENS positions the heatmaps come pooled: each block's counted token farthest
     from the field's centre, the same numbers as the per-token arrays pooled by grpo.pooling."""
-    from app.responses import HEATMAP_CENTERS, HEATMAP_MAX_TOKENS
+    from grpo.answer import HEATMAP_CENTERS, HEATMAP_MAX_TOKENS
     from grpo.pooling import pool_extreme
 
     assert api.post("/api/v1/loss", json=ARTICLE).json()["heatmap"] is None  # small: drawn cell by cell
@@ -373,7 +373,7 @@ def test_heatmap_rows_all_covers_every_row_past_the_token_limit(api: TestClient)
     """heatmap_rows "all" (the page's): one row's tokens (or none) in the answer, but the heatmaps' grid
     covers the whole batch, pooled from the breakdown by grpo.pooling where its cells outnumber the
     heatmap's pixels. "shown" (the default): the grid covers the rows whose tokens come."""
-    from app.responses import HEATMAP_CENTERS, HEATMAP_MAX_ROWS, HEATMAP_MAX_TOKENS
+    from grpo.answer import HEATMAP_CENTERS, HEATMAP_MAX_ROWS, HEATMAP_MAX_TOKENS
     from grpo.pooling import pool_extreme, pool_factors
 
     limit = get_settings().full_token_limit

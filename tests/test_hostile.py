@@ -208,7 +208,7 @@ CAP = 6 * 1024**3  # virtual memory: torch's mappings fit; a (100001 x 2000) flo
 @pytest.fixture(scope="module")
 def capped() -> Iterator[str]:
     env = {"GRPO_LENS_REQUEST_TIMEOUT": "3", "GRPO_LENS_LARGE_REQUEST_BYTES": "65536"}
-    with serve(env, memory_cap=CAP, http="app.server:HeaderTimeoutH11") as url:
+    with serve(env, memory_cap=CAP, http="app.server:HeaderTimeoutHttpTools") as url:
         yield url
 
 

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from app import work
 from app.errors import as_api_error
 from app.ingest import prepare, prepare_json, read_json
-from app.responses import dumps
 from app.schemas import LossRequest
 from app.settings import Settings
+from grpo.answer import dumps
 
 SETTINGS = Settings()
 

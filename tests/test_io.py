@@ -20,7 +20,7 @@ from reference import close
 
 import grpo
 import grpo.io
-from app.responses import breakdown_to_json, dumps
+from grpo.answer import breakdown_to_json, dumps
 from grpo.examples import ARTICLE_EXAMPLE
 from grpo.io import ALIASES, load_file
 from grpo.requests import batch_from_request, row_lengths

@@ -1,6 +1,8 @@
-"""The Lab view in real headless Chromium: start a run, watch its charts grow from the event stream,
-click a point to open that step's batch in the breakdown views; a canned comparison overlays two
-runs named by what differs. Screenshots go to test-artifacts/ (look at them)."""
+"""The Lab view in real headless Chromium: before any run, one line says what a run draws and no empty
+chart is on the page; a run grows its charts from the event stream; a click on a point opens that step's
+batch in the breakdown views; a canned comparison overlays two runs named by what differs; clearing the
+runs takes their charts away again. Every wait is a condition polled in the page with a deadline (a
+deadline guards against a hang, it is not a timing). Screenshots go to test-artifacts/ (look at them)."""
 
 from __future__ import annotations
 
@@ -18,15 +20,33 @@ ARTIFACTS = ROOT / "test-artifacts"
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed")
 playwright_api = pytest.importorskip("playwright.sync_api")
+expect = playwright_api.expect
 
 
 def wait_for(page: Any, expression: str, timeout: float = 60_000) -> None:
-    """Poll a JS expression until truthy (wait_for_function evals in the page: the CSP forbids it)."""
+    """Until the JS expression is truthy, evaluated every 100 ms; raises after `timeout` ms. (Not
+    page.wait_for_function: it evals its predicate in the page, which the page's CSP refuses.)"""
     deadline = time.monotonic() + timeout / 1000
     while not page.evaluate(expression):
         if time.monotonic() > deadline:
             raise TimeoutError(f"still false after {timeout / 1000:g} s: {expression}")
-        time.sleep(0.1)
+        page.wait_for_timeout(100)
+
+
+def shoot(page: Any, selector: str, name: str) -> None:
+    """A picture of a whole section. Off-screen sections skip rendering (`.view` has content-visibility:
+    auto): a section taller than the window comes out blank below the fold, and the sections above it
+    change size as they render, which moves it. So, for the picture only, every section renders, and the
+    picture waits for two frames painted with that layout."""
+    style = page.add_style_tag(content=".view { content-visibility: visible !important; }")
+    page.locator(selector).scroll_into_view_if_needed()
+    page.evaluate("() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
+    page.locator(selector).screenshot(path=str(ARTIFACTS / name))
+    style.evaluate("(node) => node.remove()")
+
+
+def points(page: Any, chart: str) -> int:
+    return int(page.evaluate(f"document.getElementById('{chart}').data.reduce((n, t) => n + t.x.length, 0)"))
 
 
 @pytest.fixture(scope="module")
@@ -48,35 +68,56 @@ def page(url: str) -> Iterator[Any]:
         pg.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         outside: list[str] = []
         pg.on("request", lambda r: outside.append(r.url) if not r.url.startswith(url) else None)
+        ARTIFACTS.mkdir(exist_ok=True)
         pg.goto(f"{url}/#view-lab")
-        wait_for(pg, "document.querySelectorAll('#lab-comparisons button').length >= 5", 120_000)
+        wait_for(pg, "document.body.dataset.lab === 'ready'", 120_000)
         yield pg
         assert not errors, errors
         assert not [u for u in outside if not u.startswith("data:")], outside
         browser.close()
 
 
-def points(page: Any, chart: str) -> int:
-    return int(page.evaluate(f"document.getElementById('{chart}').data.reduce((n, t) => n + t.x.length, 0)"))
+def test_before_any_run_a_line_says_what_comes_and_no_empty_chart_is_drawn(page: Any) -> None:
+    metrics = page.evaluate("window.grpoLab.info.metrics.length")
+    assert metrics > 10  # the trainers' logged metrics, one chart each once a run exists
+    expect(page.locator("#lab-empty")).to_be_visible()
+    assert f"the {metrics} metrics, one chart each" in page.text_content("#lab-empty")
+    assert page.locator("#lab-charts *").count() == 0
+    assert page.locator("#view-lab .js-plotly-plot").count() == 0
+    shoot(page, "#view-lab", "lab-empty.png")
 
 
 def test_a_run_grows_its_charts_and_a_point_opens_the_step(page: Any) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
+    # The lab's top in view: the reward chart is on screen, the last metric's chart far below it.
+    page.evaluate("window.scrollTo(0, document.getElementById('view-lab').offsetTop)")
+    last = page.evaluate("'lab-chart-' + window.grpoLab.info.metrics.at(-1).replace(/[^a-z0-9]+/gi, '-')")
+    # The reward chart's and the last chart's point counts at every frame that draws steps (the lab
+    # counts its points on <body> once per frame): recorded in the page, so no frame is missed.
+    page.evaluate(
+        """(last) => {
+        window.seenPoints = [];
+        const count = (id) => document.getElementById(id).data.reduce((n, t) => n + t.x.length, 0);
+        new MutationObserver(() => window.seenPoints.push([count('lab-chart-reward'), count(last)]))
+            .observe(document.body, { attributes: true, attributeFilter: ['data-lab-points'] });
+    }""",
+        last,
+    )
     page.fill("#lab-steps", "40")
     page.fill("#lab-seed", "2")
     page.click("#lab-start")
-    seen = []  # the reward chart's point count, polled while the run trains
-    deadline = time.monotonic() + 300
-    while not page.evaluate("!!document.querySelector('#lab-runs li[data-status=done]')"):
-        seen.append(points(page, "lab-chart-reward"))
-        assert time.monotonic() < deadline, seen
-        time.sleep(0.05)
-    assert seen == sorted(seen)  # only ever appended to
-    assert any(0 < n < 40 for n in seen), seen  # drawn while it trained, not at the end
+    expect(page.locator("#lab-empty")).to_be_hidden(timeout=60_000)
+    wait_for(page, "!!document.querySelector('#lab-runs li[data-status=done]')", 300_000)
+    reward_seen = [r for r, _ in page.evaluate("window.seenPoints")]
+    assert reward_seen == sorted(reward_seen)  # only ever appended to
+    assert any(0 < n < 40 for n in reward_seen), reward_seen  # drawn while it trained, not at the end
     assert points(page, "lab-chart-reward") == 40
-    assert points(page, "lab-chart-kl") == 40
     assert points(page, "lab-overlay") == 80  # reward and loss
-    page.locator("#view-lab").screenshot(path=str(ARTIFACTS / "lab-run.png"))
+    # The chart off screen was never redrawn while the run trained; scrolled to, it shows every step.
+    assert {n for _, n in page.evaluate("window.seenPoints")} == {0}
+    for chart in (last, "lab-chart-kl"):
+        page.locator(f"#{chart}").scroll_into_view_if_needed()
+        wait_for(page, f"document.getElementById('{chart}').data[0].x.length === 40", 60_000)
+    shoot(page, "#view-lab", "lab-run.png")
 
     # Click the 5th point of the reward chart: the step's batch becomes every view's input.
     drawn = int(page.evaluate("document.body.dataset.drawn || 0"))
@@ -91,16 +132,20 @@ def test_a_run_grows_its_charts_and_a_point_opens_the_step(page: Any) -> None:
     assert len(opened["rows"]["loss"]) == 64  # 8 prompts x 8 completions
     assert "Step 5 of lab run" in page.text_content("#lab-opened")
     assert page.text_content("#scenario-title").endswith("step 5")
-    page.locator("#view-heatmaps").screenshot(path=str(ARTIFACTS / "lab-opened-step.png"))
+    shoot(page, "#view-heatmaps", "lab-opened-step.png")
 
 
 def test_a_comparison_overlays_runs_named_by_what_differs(page: Any) -> None:
     page.click("#lab-comparisons button[data-comparison=kl-leash]")
     assert "kl grows" in page.text_content("#lab-watch-text")
-    wait_for(page, "document.querySelectorAll('#lab-runs li').length === 2", 60_000)
-    names = page.evaluate("document.getElementById('lab-chart-kl').data.map((t) => t.name)")
+    expect(page.locator("#lab-runs li")).to_have_count(2, timeout=60_000)
+    kl = "document.getElementById('lab-chart-kl')"
+    wait_for(page, f"{kl} && {kl}.data && {kl}.data.length === 2", 60_000)  # the second run's traces added
+    names = page.evaluate(f"{kl}.data.map((t) => t.name)")
     assert names == ["beta=0", "beta=0.04"]
-    wait_for(page, "document.getElementById('lab-chart-kl').data.every((t) => t.x.length >= 5)", 240_000)
-    page.locator("#view-lab").screenshot(path=str(ARTIFACTS / "lab-comparison.png"))
+    wait_for(page, f"{kl}.data.every((t) => t.x.length >= 5)", 240_000)
+    shoot(page, "#view-lab", "lab-comparison.png")
     page.click("#lab-clear")
-    assert page.evaluate("document.getElementById('lab-chart-kl').data.length") == 0
+    expect(page.locator("#lab-runs li")).to_have_count(0)
+    assert page.locator("#lab-charts *").count() == 0  # no run, no chart: the line is back
+    expect(page.locator("#lab-empty")).to_be_visible()

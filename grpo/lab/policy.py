@@ -95,7 +95,3 @@ def sample(policy: Policy, prompts: Tensor, max_length: int, temperature: float,
     finished_before = torch.cumsum((completion == EOS).long(), dim=1) - (completion == EOS).long()
     mask = (finished_before == 0).float()  # up to and including the first <eos>
     return Rollout(torch.cat([prompts, completion], dim=1), mask, prompts.shape[1])
-
-
-def decode(tokens: list[int]) -> str:
-    return " ".join(VOCAB[t] for t in tokens)

@@ -1,12 +1,14 @@
 // The Lab view: start GRPO runs on the server's synthetic tasks and watch every logged metric grow
 // live. Steps arrive as Server-Sent Events (no polling); each animation frame appends the new points
-// with Plotly.extendTraces (no full redraw per step). Runs overlay in distinct colours, the legend
+// with Plotly.extendTraces to the charts on screen, and a chart off screen keeps its points until it
+// is scrolled to (every chart extended on every frame held a loaded machine's main thread for seconds
+// per frame: the page froze while a comparison trained). Runs overlay in distinct colours, the legend
 // names what differs between them, and a click on a point opens that step's batch in the breakdown
 // views. The numbers all come from the server; this module only draws them.
 
 import { events, getJSON, remove, sendJSON } from "./api.js";
 import { labMetric, labOverlay, labTrace } from "./charts.js";
-import { $, clear, el, loadPlotly, plot } from "./dom.js";
+import { $, clear, el, loadPlotly, plot, purge } from "./dom.js";
 import { fmt } from "./format.js";
 
 const COLOURS = ["#2f5bd3", "#e45756", "#1a7f4b", "#f58518", "#8e44ad", "#17becf", "#8c564b", "#bcbd22"];
@@ -17,10 +19,24 @@ const lab = {
   info: null, // /api/v1/lab/tasks
   runs: [], // {id, body, colour, status, steps, source, traces: {metric: index}}
   pending: [], // [run, event data] not drawn yet
+  queued: new Map(), // chart id -> Map(trace index -> {x, y}): points of a chart off screen, not drawn yet
+  visible: new Set(), // the chart nodes on screen (or within MARGIN of it)
   frame: 0,
   focus: [], // the current comparison's metrics (drawn first)
+  charts: null, // a promise of the charts, built with the first run (null while there is none)
   hooks: null,
 };
+
+const MARGIN = "150px 0px"; // a chart this close to the viewport counts as on screen
+const observer = new IntersectionObserver((entries) => {
+  for (const entry of entries) {
+    if (!entry.isIntersecting) lab.visible.delete(entry.target);
+    else {
+      lab.visible.add(entry.target);
+      drawQueued(entry.target.id);
+    }
+  }
+}, { rootMargin: MARGIN });
 
 const chartId = (metric) => `lab-chart-${metric.replace(/[^a-z0-9]+/gi, "-")}`;
 
@@ -39,22 +55,45 @@ export async function setup(hooks) {
   }
   $("#lab-start").addEventListener("click", startFromForm);
   $("#lab-clear").addEventListener("click", clearRuns);
-  buildCharts();
+  $("#lab-empty-metrics").textContent = String(lab.info.metrics.length);
+  document.body.dataset.lab = "ready";
 }
 
-function buildCharts() {
+// The charts exist only while there are runs. Before the first one, an empty box per metric would be a
+// wall of blank boxes between the form and the next section; one line (#lab-empty) says what will be
+// drawn instead. `charts()` builds them once for the runs on the page (the current comparison's
+// metrics first) and resolves when they can take traces.
+function charts() {
+  if (!lab.charts) lab.charts = buildCharts();
+  return lab.charts;
+}
+
+async function buildCharts() {
+  $("#lab-empty").hidden = true;
   const box = clear($("#lab-charts"));
-  box.append(el("div", { class: "lab-chart", id: OVERLAY }));
-  for (const metric of orderedMetrics()) box.append(el("div", { class: "lab-chart", id: chartId(metric) }));
-  loadPlotly().then(() => {
-    plot(OVERLAY, labOverlay());
-    $(`#${OVERLAY}`).on("plotly_click", openPoint);
-    for (const metric of orderedMetrics()) {
-      plot(chartId(metric), labMetric(metric));
-      $(`#${chartId(metric)}`).on("plotly_click", openPoint);
-    }
-    for (const run of lab.runs) addTraces(run);
-  });
+  const nodes = new Map([[OVERLAY, el("div", { class: "lab-chart", id: OVERLAY })]]);
+  for (const metric of orderedMetrics()) nodes.set(chartId(metric), el("div", { class: "lab-chart", id: chartId(metric) }));
+  box.append(...nodes.values());
+  await loadPlotly();
+  await plot(nodes.get(OVERLAY), labOverlay());
+  for (const metric of orderedMetrics()) await plot(nodes.get(chartId(metric)), labMetric(metric));
+  for (const node of nodes.values()) {
+    node.on("plotly_click", openPoint);
+    if (node.isConnected) observer.observe(node); // not one the runs were cleared from meanwhile
+  }
+}
+
+// No run on the page: no charts, the line that says what a run draws.
+function removeCharts() {
+  lab.charts = null;
+  lab.queued.clear();
+  lab.visible.clear();
+  for (const node of $("#lab-charts").children) {
+    observer.unobserve(node);
+    purge(node);
+  }
+  clear($("#lab-charts"));
+  $("#lab-empty").hidden = false;
 }
 
 function orderedMetrics() {
@@ -94,7 +133,6 @@ async function startComparison(comparison) {
   $("#lab-watch").hidden = false;
   clearRuns();
   lab.focus = comparison.overlay ? [] : comparison.metrics;
-  buildCharts();
   for (const body of comparison.runs) await startRun(body);
 }
 
@@ -108,9 +146,18 @@ async function startRun(body) {
   }
   const run = { id: data.id, body: data.lab, colour: COLOURS[lab.runs.length % COLOURS.length], status: data.status, steps: 0 };
   lab.runs.push(run);
+  renderRunList();
+  try {
+    await charts();
+  } catch (err) { // plotly.js did not load: say so; the next run tries again
+    lab.charts = null;
+    $("#lab-error").textContent = err.message;
+    return;
+  }
+  if (!lab.runs.includes(run)) return; // cleared while the charts were built (its DELETE is sent)
   addTraces(run);
   renameTraces();
-  renderRunList();
+  // The stream opens once the run has its traces: no step arrives before there is a line to extend.
   const kinds = ["queued", "started", "step", "done", "error", "cancelled", "interrupted"];
   run.source = events(`/api/v1/lab/runs/${encodeURIComponent(run.id)}/events`, Object.fromEntries(kinds.map((kind) => [kind, (data) => onEvent(run, kind, data)])));
 }
@@ -128,12 +175,7 @@ function clearRuns() {
   lab.runs = [];
   lab.pending = [];
   renderRunList();
-  if (window.Plotly) {
-    for (const id of [OVERLAY, ...lab.info.metrics.map(chartId)]) {
-      const node = document.getElementById(id);
-      if (node?.data?.length) Plotly.deleteTraces(node, node.data.map((_, i) => i));
-    }
-  }
+  removeCharts();
 }
 
 // --- events -> charts ---------------------------------------------------------------------------
@@ -155,7 +197,8 @@ function onEvent(run, kind, data) {
   renderRunList();
 }
 
-// One extendTraces per chart per frame, with every point that arrived since the last frame.
+// Every point that arrived since the last frame joins its chart's queue; the charts on screen draw
+// theirs, one extendTraces each.
 function flush() {
   lab.frame = 0;
   if (!window.Plotly || !lab.pending.length) return;
@@ -168,11 +211,13 @@ function flush() {
     byRun.get(run).push(data);
     run.steps = data.step;
   }
-  const charts = new Map(); // chart id -> {x: [], y: [], idx: []}
   const add = (id, index, xs, ys) => {
-    if (!charts.has(id)) charts.set(id, { x: [], y: [], idx: [] });
-    const c = charts.get(id);
-    c.x.push(xs); c.y.push(ys); c.idx.push(index);
+    if (!lab.queued.has(id)) lab.queued.set(id, new Map());
+    const traces = lab.queued.get(id);
+    if (!traces.has(index)) traces.set(index, { x: [], y: [] });
+    const t = traces.get(index);
+    t.x.push(...xs);
+    t.y.push(...ys);
   };
   for (const [run, steps] of byRun) {
     const xs = steps.map((d) => d.step);
@@ -180,13 +225,21 @@ function flush() {
     add(OVERLAY, run.traces.overlayReward, xs, steps.map((d) => d.reward));
     add(OVERLAY, run.traces.overlayLoss, xs, steps.map((d) => d.loss));
   }
-  for (const [id, c] of charts) Plotly.extendTraces(id, { x: c.x, y: c.y }, c.idx);
+  for (const node of lab.visible) drawQueued(node.id);
   renderRunList();
   document.body.dataset.labPoints = String(Number(document.body.dataset.labPoints || 0) + batch.length);
 }
 
+// A chart's queued points, drawn in one extendTraces.
+function drawQueued(id) {
+  const traces = lab.queued.get(id);
+  if (!traces || !window.Plotly) return;
+  lab.queued.delete(id);
+  const idx = [...traces.keys()];
+  Plotly.extendTraces(id, { x: idx.map((i) => traces.get(i).x), y: idx.map((i) => traces.get(i).y) }, idx);
+}
+
 function addTraces(run) {
-  if (!window.Plotly) return;
   run.traces = {};
   for (const metric of lab.info.metrics) {
     const node = document.getElementById(chartId(metric));
@@ -217,7 +270,6 @@ export function runLabels(runs) {
 }
 
 function renameTraces() {
-  if (!window.Plotly) return;
   const labels = runLabels(lab.runs);
   for (const metric of lab.info.metrics) {
     const node = document.getElementById(chartId(metric));

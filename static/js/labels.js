@@ -192,10 +192,9 @@ export const UPLOAD = {
     ["tokens", "(B, T)", "strings", "optional, JSON/NPZ only: display text"],
     ["logits + token_ids", "(B, T, V) + (B, T)", "float + int", "instead of log-probs (.pt, safetensors, NPZ): shifted and gathered; ref_logits, old_logits, prompt_length, temperature optional"],
   ],
-  precision: "Inputs stored as bfloat16 or float16 are widened to float64 before the computation: the rounding they carry (bfloat16 keeps about 3 significant digits, so a log-prob of -1.2345 arrives as -1.234375) is already in every number shown.",
+  precision: "Inputs stored as bfloat16 or float16 are widened exactly to float32 before the computation: the rounding they carry (bfloat16 keeps about 3 significant digits, so a log-prob of -1.2345 arrives as -1.234375) is already in every number shown.",
   examples: "Example files (the article's batch):",
   // the file input's label, from /api/v1/options's formats (labels: "JSON, JSONL or .pt")
   fileLabel: (labels) => `A batch file: ${labels} (tensors only; logits with token_ids go through the causal shift)`,
   exportTitle: (label) => `Download the input batch as ${label} (the upload reads it back)`,
-  exportAs: "Export input as",
 };

@@ -1,7 +1,7 @@
 """Breakdowns to JSON: which fields and per-token arrays an answer carries, in one place.
 
-Used by the API's routes and by ``python -m grpo eval --json`` (whose output is the API's answer).
-No web framework here: grpo, NumPy and orjson only.
+The API's answer to /api/v1/loss and the output of ``python -m grpo eval --json`` are this module's: the
+library owns the shape, the server sends it. No web framework here: grpo, NumPy and orjson only.
 """
 
 from __future__ import annotations
