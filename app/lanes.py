@@ -21,6 +21,7 @@ import ctypes.util
 import logging
 import multiprocessing
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -212,8 +213,13 @@ class Lanes:
             self.start()
 
     def stop(self) -> None:
+        """Stop the workers now. The server is going away: a large job in flight is dropped, and the
+        process's exit does not wait seconds for idle workers to notice the pool's shutdown."""
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
+            for pid in self.started_rss:
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
             self.pool = None
 
     async def run(self, size: int, fn: Any, *args: Any, light: bool = False) -> Reply:
