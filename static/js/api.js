@@ -74,6 +74,7 @@ export async function postForFile(path, body) {
 // Server-Sent Events: `handlers` maps an event name to a function of its parsed data.
 export function events(path, handlers) {
   const source = new EventSource(path);
-  for (const [kind, handle] of Object.entries(handlers)) source.addEventListener(kind, (e) => handle(JSON.parse(e.data)));
+  for (const [kind, handle] of Object.entries(handlers))
+    source.addEventListener(kind, (e) => handle(JSON.parse(e.data)));
   return source;
 }

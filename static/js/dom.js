@@ -39,12 +39,14 @@ export function download(filename, text, type = "application/json") {
 let plotlyLoading = null;
 export function loadPlotly() {
   if (!plotlyLoading) {
-    plotlyLoading = window.Plotly ? Promise.resolve() : new Promise((resolve, reject) => {
-      const script = el("script", { src: "/vendor/plotly.min.js" });
-      script.addEventListener("load", resolve);
-      script.addEventListener("error", () => reject(new Error("plotly.js did not load")));
-      document.head.append(script);
-    });
+    plotlyLoading = window.Plotly
+      ? Promise.resolve()
+      : new Promise((resolve, reject) => {
+          const script = el("script", { src: "/vendor/plotly.min.js" });
+          script.addEventListener("load", resolve);
+          script.addEventListener("error", () => reject(new Error("plotly.js did not load")));
+          document.head.append(script);
+        });
   }
   return plotlyLoading;
 }

@@ -28,15 +28,18 @@ const lab = {
 };
 
 const MARGIN = "150px 0px"; // a chart this close to the viewport counts as on screen
-const observer = new IntersectionObserver((entries) => {
-  for (const entry of entries) {
-    if (!entry.isIntersecting) lab.visible.delete(entry.target);
-    else {
-      lab.visible.add(entry.target);
-      drawQueued(entry.target.id);
+const observer = new IntersectionObserver(
+  (entries) => {
+    for (const entry of entries) {
+      if (!entry.isIntersecting) lab.visible.delete(entry.target);
+      else {
+        lab.visible.add(entry.target);
+        drawQueued(entry.target.id);
+      }
     }
-  }
-}, { rootMargin: MARGIN });
+  },
+  { rootMargin: MARGIN },
+);
 
 const chartId = (metric) => `lab-chart-${metric.replace(/[^a-z0-9]+/gi, "-")}`;
 
@@ -51,7 +54,14 @@ export async function setup(hooks) {
   preset.value = "article";
   const canned = $("#lab-comparisons");
   for (const c of lab.info.comparisons) {
-    canned.append(el("button", { type: "button", text: c.title, dataset: { comparison: c.name }, onclick: () => startComparison(c) }));
+    canned.append(
+      el("button", {
+        type: "button",
+        text: c.title,
+        dataset: { comparison: c.name },
+        onclick: () => startComparison(c),
+      }),
+    );
   }
   $("#lab-start").addEventListener("click", startFromForm);
   $("#lab-clear").addEventListener("click", clearRuns);
@@ -72,7 +82,8 @@ async function buildCharts() {
   $("#lab-empty").hidden = true;
   const box = clear($("#lab-charts"));
   const nodes = new Map([[OVERLAY, el("div", { class: "lab-chart", id: OVERLAY })]]);
-  for (const metric of orderedMetrics()) nodes.set(chartId(metric), el("div", { class: "lab-chart", id: chartId(metric) }));
+  for (const metric of orderedMetrics())
+    nodes.set(chartId(metric), el("div", { class: "lab-chart", id: chartId(metric) }));
   box.append(...nodes.values());
   await loadPlotly();
   await plot(nodes.get(OVERLAY), labOverlay());
@@ -144,12 +155,19 @@ async function startRun(body) {
     $("#lab-error").textContent = err.message;
     return;
   }
-  const run = { id: data.id, body: data.lab, colour: COLOURS[lab.runs.length % COLOURS.length], status: data.status, steps: 0 };
+  const run = {
+    id: data.id,
+    body: data.lab,
+    colour: COLOURS[lab.runs.length % COLOURS.length],
+    status: data.status,
+    steps: 0,
+  };
   lab.runs.push(run);
   renderRunList();
   try {
     await charts();
-  } catch (err) { // plotly.js did not load: say so; the next run tries again
+  } catch (err) {
+    // plotly.js did not load: say so; the next run tries again
     lab.charts = null;
     $("#lab-error").textContent = err.message;
     return;
@@ -159,12 +177,17 @@ async function startRun(body) {
   renameTraces();
   // The stream opens once the run has its traces: no step arrives before there is a line to extend.
   const kinds = ["queued", "started", "step", "done", "error", "cancelled", "interrupted"];
-  run.source = events(`/api/v1/lab/runs/${encodeURIComponent(run.id)}/events`, Object.fromEntries(kinds.map((kind) => [kind, (data) => onEvent(run, kind, data)])));
+  run.source = events(
+    `/api/v1/lab/runs/${encodeURIComponent(run.id)}/events`,
+    Object.fromEntries(kinds.map((kind) => [kind, (data) => onEvent(run, kind, data)])),
+  );
 }
 
 // The run's end comes as an event; a cancel the server refuses (the run is gone) is said under the form.
 function cancel(run) {
-  remove(`/api/v1/lab/runs/${encodeURIComponent(run.id)}`).catch((err) => { $("#lab-error").textContent = err.message; });
+  remove(`/api/v1/lab/runs/${encodeURIComponent(run.id)}`).catch((err) => {
+    $("#lab-error").textContent = err.message;
+  });
 }
 
 function clearRuns() {
@@ -221,9 +244,25 @@ function flush() {
   };
   for (const [run, steps] of byRun) {
     const xs = steps.map((d) => d.step);
-    for (const metric of lab.info.metrics) add(chartId(metric), run.traces[metric], xs, steps.map((d) => d[metric]));
-    add(OVERLAY, run.traces.overlayReward, xs, steps.map((d) => d.reward));
-    add(OVERLAY, run.traces.overlayLoss, xs, steps.map((d) => d.loss));
+    for (const metric of lab.info.metrics)
+      add(
+        chartId(metric),
+        run.traces[metric],
+        xs,
+        steps.map((d) => d[metric]),
+      );
+    add(
+      OVERLAY,
+      run.traces.overlayReward,
+      xs,
+      steps.map((d) => d.reward),
+    );
+    add(
+      OVERLAY,
+      run.traces.overlayLoss,
+      xs,
+      steps.map((d) => d.loss),
+    );
   }
   for (const node of lab.visible) drawQueued(node.id);
   renderRunList();
@@ -265,7 +304,9 @@ function flatten(body) {
 
 export function runLabels(runs) {
   const flat = runs.map((r) => flatten(r.body));
-  const keys = [...new Set(flat.flatMap(Object.keys))].filter((k) => k !== "preset" && new Set(flat.map((f) => JSON.stringify(f[k]))).size > 1);
+  const keys = [...new Set(flat.flatMap(Object.keys))].filter(
+    (k) => k !== "preset" && new Set(flat.map((f) => JSON.stringify(f[k]))).size > 1,
+  );
   return runs.map((r, i) => (keys.length ? keys.map((k) => `${k}=${flat[i][k]}`).join(" · ") : r.id));
 }
 
@@ -273,25 +314,46 @@ function renameTraces() {
   const labels = runLabels(lab.runs);
   for (const metric of lab.info.metrics) {
     const node = document.getElementById(chartId(metric));
-    Plotly.restyle(node, { name: labels }, lab.runs.map((r) => r.traces[metric]));
+    Plotly.restyle(
+      node,
+      { name: labels },
+      lab.runs.map((r) => r.traces[metric]),
+    );
   }
   const overlay = document.getElementById(OVERLAY);
-  Plotly.restyle(overlay, { name: lab.runs.flatMap((_, i) => [`${labels[i]}: reward`, `${labels[i]}: loss`]) },
-    lab.runs.flatMap((r) => [r.traces.overlayReward, r.traces.overlayLoss]));
+  Plotly.restyle(
+    overlay,
+    { name: lab.runs.flatMap((_, i) => [`${labels[i]}: reward`, `${labels[i]}: loss`]) },
+    lab.runs.flatMap((r) => [r.traces.overlayReward, r.traces.overlayLoss]),
+  );
 }
 
 function renderRunList() {
   const list = clear($("#lab-runs"));
   const labels = runLabels(lab.runs);
   lab.runs.forEach((run, i) => {
-    const cancel = TERMINAL.has(run.status) ? null : el("button", {
-      type: "button", text: "Cancel", onclick: () => cancel(run),
-    });
-    list.append(el("li", { dataset: { run: run.id, status: run.status } },
-      el("span", { class: "swatch", style: `background:${run.colour}` }),
-      el("strong", { text: labels[i] }), " ",
-      el("span", { class: "muted", text: `${run.id} · ${run.status}${run.reason ? ` (${run.reason})` : ""} · step ${run.steps}/${run.body.steps}` }),
-      " ", cancel));
+    const cancel = TERMINAL.has(run.status)
+      ? null
+      : el("button", {
+          type: "button",
+          text: "Cancel",
+          onclick: () => cancel(run),
+        });
+    list.append(
+      el(
+        "li",
+        { dataset: { run: run.id, status: run.status } },
+        el("span", { class: "swatch", style: `background:${run.colour}` }),
+        el("strong", { text: labels[i] }),
+        " ",
+        el("span", {
+          class: "muted",
+          text: `${run.id} · ${run.status}${run.reason ? ` (${run.reason})` : ""} · step ${run.steps}/${run.body.steps}`,
+        }),
+        " ",
+        cancel,
+      ),
+    );
   });
 }
 

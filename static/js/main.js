@@ -113,9 +113,13 @@ function exportCSV() {
   const fields = ["ratio", "clipped_ratio", "surrogate", "kl", "weight", "loss", "grad", "grad_policy", "grad_kl"];
   const quote = (s) => `"${String(s).replace(/"/g, '""')}"`;
   const lines = [["row", "position", "token", "region", ...fields].join(",")];
-  last.token_rows.forEach((row, k) => t.ratio[k].forEach((_, j) => {
-    lines.push([row, j, quote(t.text ? t.text[k][j] : ""), t.region[k][j], ...fields.map((f) => t[f][k][j])].join(","));
-  }));
+  last.token_rows.forEach((row, k) =>
+    t.ratio[k].forEach((_, j) => {
+      lines.push(
+        [row, j, quote(t.text ? t.text[k][j] : ""), t.region[k][j], ...fields.map((f) => t[f][k][j])].join(","),
+      );
+    }),
+  );
   download("grpo-lens-breakdown.csv", lines.join("\n"), "text/csv");
 }
 
@@ -155,15 +159,23 @@ async function init() {
   state.ui.options = boot.options;
   readURL(state.ui.options.fields);
   // (With every row's tokens in the answer, the heatmap_rows the page asks for changes nothing.)
-  const carried = boot.first && boot.first.answer.tokens_complete && !state.ui.uploadFile && sameJSON(boot.first.request, { ...currentRequest(), config: state.config });
+  const carried =
+    boot.first &&
+    boot.first.answer.tokens_complete &&
+    !state.ui.uploadFile &&
+    sameJSON(boot.first.request, { ...currentRequest(), config: state.config });
   const first = carried ? Promise.resolve(boot.first.answer) : fetchLoss(); // in flight while the controls are built
   first.catch(() => {}); // its error is reported by compute() below
   views.setup({ pickRow });
   input.setup({ recompute: schedule });
   onLoad(onLoaded);
   buildControls(schedule);
-  for (const id of ["#contrib-row", "#grad-row"]) $(id).addEventListener("change", (e) => pickRow(Number(e.target.value)));
-  $("#export-json").addEventListener("click", () => state.ui.last && download("grpo-lens-breakdown.json", JSON.stringify(state.ui.last)));
+  for (const id of ["#contrib-row", "#grad-row"])
+    $(id).addEventListener("change", (e) => pickRow(Number(e.target.value)));
+  $("#export-json").addEventListener(
+    "click",
+    () => state.ui.last && download("grpo-lens-breakdown.json", JSON.stringify(state.ui.last)),
+  );
   $("#export-csv").addEventListener("click", exportCSV);
   $("#copy-link").addEventListener("click", copyLink);
   compare.setup();
@@ -173,16 +185,29 @@ async function init() {
   // control moved or a reload right after it is not kept waiting.
   buildGlossary();
   whenQuiet(() => {
-    setupRuns().catch((err) => { $("#run-info").textContent = err.message; });
-    lab.setup({ presets: () => state.ui.options.presets, openBatch }).catch((err) => { $("#lab-error").textContent = err.message; });
-    loadExperiments().catch((err) => { $("#experiments").textContent = EXPERIMENTS.failed(err.message); });
+    setupRuns().catch((err) => {
+      $("#run-info").textContent = err.message;
+    });
+    lab.setup({ presets: () => state.ui.options.presets, openBatch }).catch((err) => {
+      $("#lab-error").textContent = err.message;
+    });
+    loadExperiments().catch((err) => {
+      $("#experiments").textContent = EXPERIMENTS.failed(err.message);
+    });
   });
 }
 
 // Deep equality of two JSON values (the carried request against the page's own).
 function sameJSON(a, b) {
   if (a === b) return true;
-  if (typeof a !== "object" || typeof b !== "object" || a === null || b === null || Array.isArray(a) !== Array.isArray(b)) return false;
+  if (
+    typeof a !== "object" ||
+    typeof b !== "object" ||
+    a === null ||
+    b === null ||
+    Array.isArray(a) !== Array.isArray(b)
+  )
+    return false;
   const keys = Object.keys(a);
   return keys.length === Object.keys(b).length && keys.every((k) => Object.hasOwn(b, k) && sameJSON(a[k], b[k]));
 }
@@ -205,7 +230,9 @@ async function setupRuns() {
 window.grpoLens = {
   state,
   isCurrent,
-  get last() { return state.ui.last; },
+  get last() {
+    return state.ui.last;
+  },
   request: lossRequest,
   drawSummary: (data) => views.renderSummary(data),
   drawCharts: (data) => drawOnScreen("loss", data),

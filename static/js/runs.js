@@ -23,8 +23,11 @@ export function setup(h) {
 export async function refresh() {
   const runs = await getJSON("/api/v1/runs");
   const select = clear($("#run-select"));
-  select.append(el("option", { value: "", text: runs.length ? "choose a run" : "no runs yet (grpo.capture or the lab)" }));
-  for (const r of runs) select.append(el("option", { value: r.name, text: `${r.name} · ${r.source} · ${r.steps} steps` }));
+  select.append(
+    el("option", { value: "", text: runs.length ? "choose a run" : "no runs yet (grpo.capture or the lab)" }),
+  );
+  for (const r of runs)
+    select.append(el("option", { value: r.name, text: `${r.name} · ${r.source} · ${r.steps} steps` }));
   $("#runs").dataset.count = String(runs.length);
 }
 
@@ -35,8 +38,11 @@ export async function openRun(name) {
   const data = await getJSON(`/api/v1/runs/${encodeURIComponent(name)}`);
   current = data;
   const bad = data.steps.filter((s) => !s.ok).map((s) => s.step);
-  $("#run-info").textContent = `${data.name}: ${data.source}, ${data.steps.length} steps, ${data.files} micro-batches. ` +
-    (data.ok ? `Every micro-batch matches the trainer (relative error ≤ ${data.rtol}).` : `Mismatch at steps ${bad.join(", ")}.`);
+  $("#run-info").textContent =
+    `${data.name}: ${data.source}, ${data.steps.length} steps, ${data.files} micro-batches. ` +
+    (data.ok
+      ? `Every micro-batch matches the trainer (relative error ≤ ${data.rtol}).`
+      : `Mismatch at steps ${bad.join(", ")}.`);
   $("#run-info").className = data.ok ? "run-info" : "run-info error";
   const slider = $("#run-step");
   slider.min = String(data.steps[0]?.step ?? 1);
@@ -54,15 +60,23 @@ async function showStep(step) {
   const query = micro === "" ? "" : `?micro=${micro}`;
   const data = await getJSON(`/api/v1/runs/${encodeURIComponent(current.name)}/steps/${step}${query}`);
   const trainer = data.trainer.map((t) => fmt(t.loss)).join(" + ");
-  $("#run-step-label").textContent = `step ${step}` + (micro === "" ? ` (micro-batches ${data.micro_batches.join(", ")} joined)` : `, micro-batch ${micro}`) +
+  $("#run-step-label").textContent =
+    `step ${step}` +
+    (micro === "" ? ` (micro-batches ${data.micro_batches.join(", ")} joined)` : `, micro-batch ${micro}`) +
     ` · trainer's loss ${trainer} · GRPO Lens ${fmt(data.breakdown.loss)}`;
   $("#runs").dataset.step = String(step);
-  hooks.loadRequest(data.request, `Run ${current.name}, step ${step}` + (micro === "" ? "" : `, micro-batch ${micro}`), $("#run-step-label").textContent);
+  hooks.loadRequest(
+    data.request,
+    `Run ${current.name}, step ${step}` + (micro === "" ? "" : `, micro-batch ${micro}`),
+    $("#run-step-label").textContent,
+  );
 }
 
 async function replay() {
   if (!current) return;
   const preset = $("#run-replay-preset").value;
-  const data = await postJSON("replay", `/api/v1/runs/${encodeURIComponent(current.name)}/replay`, { config: { preset } });
+  const data = await postJSON("replay", `/api/v1/runs/${encodeURIComponent(current.name)}/replay`, {
+    config: { preset },
+  });
   if (data) await plot("run-replay-chart", replayChart(data, preset));
 }

@@ -91,7 +91,8 @@ export function writeURL() {
   if (state.row !== -1) params.set("row", String(state.row));
   params.set("compare", state.compare.join(","));
   if (state.compare_edits) params.set("compare_edits", "1");
-  if (state.compare_constants.max_completion_length) params.set("compare_max_completion_length", String(state.compare_constants.max_completion_length));
+  if (state.compare_constants.max_completion_length)
+    params.set("compare_max_completion_length", String(state.compare_constants.max_completion_length));
   history.replaceState(null, "", `${location.pathname}?${params}${location.hash}`);
   return fits;
 }
