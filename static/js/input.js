@@ -83,7 +83,7 @@ async function exportFile(fmt) {
       "application/octet-stream",
     );
   } catch (err) {
-    setStatus(INPUT.exportFailed(fmt, err.status), "error");
+    setStatus(INPUT.exportFailed(fmt, err.message), "error");
   }
 }
 

@@ -111,7 +111,7 @@ export const INPUT = {
   notJSON: (msg) => `Not valid JSON: ${msg}`,
   notObject: "Expected a JSON object with the /api/v1/loss fields.",
   fileHoldsBatch: "This batch lives in the uploaded file; keep that file.",
-  exportFailed: (fmt, status) => `Export as ${fmt} failed (HTTP ${status}).`,
+  exportFailed: (fmt, message) => `Export as ${fmt} failed: ${message}`,
 };
 
 export const STATUS = {
