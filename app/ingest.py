@@ -121,6 +121,21 @@ def check_cost(
     ``output`` what it is, for the message; ``output_loc`` the field a memory 413 names (default:
     per_token_logps, whose rows make the grid)."""
     B, T = len(lengths), int(max(lengths, default=0))
+    check_padded(B, T, fields, dtype, settings, copies, output_bytes, output, output_loc)
+
+
+def check_padded(
+    B: int,
+    T: int,
+    fields: int,
+    dtype: str,
+    settings: Settings,
+    copies: int = 1,
+    output_bytes: int = 0,
+    output: str = "",
+    output_loc: Loc | None = None,
+) -> None:
+    """check_cost for B rows whose longest holds T positions (a step file's tensors: already padded)."""
     padded = B * T * copies
     estimate = B * T * (INPUT_BYTES * (fields + 1) + EVALUATE_BYTES.get(dtype, 320) * copies) + output_bytes
     what = f"{B} rows padded to the longest ({T} positions): {B * T} positions"

@@ -20,6 +20,7 @@ from app.auth import RequireToken, Sessions
 from app.lanes import Lanes
 from app.middleware import BodyLimit, HeadAsGet, SecurityHeaders, TrimWhenGrown
 from app.settings import Settings, get_settings
+from app.store import RunStore
 from grpo._allocator import keep_freed_memory
 
 ROUTERS = [api.router, export.router, runs.router, lab.router, pages.router]  # a new router: one line here
@@ -37,6 +38,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             torch.set_num_threads(settings.torch_threads)
         keep_freed_memory()  # large jobs in threads reuse their buffers; the lanes trim the heap once idle
         app.state.lanes.start()
+        app.state.store.sweep()  # what a crash left half-written or half-deleted
         try:
             yield
         finally:
@@ -55,6 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     token = settings.auth_token
     app.state.sessions = Sessions(token, settings.session_ttl, settings.max_sessions) if token else None
     handlers.install(app)
+    app.state.store = RunStore(settings)
     for router in ROUTERS:
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=pages.ROOT / "static"), name="static")

@@ -1,44 +1,41 @@
 """/api/v1/runs: captured and lab runs under GRPO_LENS_RUNS_DIR, listed, checked, stepped through, replayed.
 
-Thin routes over grpo.runs and grpo.check. Run names are single path segments of letters, digits,
-``-``, ``_`` and ``.``; an uploaded zip is unpacked member by member with every path checked to
-stay inside the run (no absolute paths, no ``..``, no links), its sizes read from the zip's
-directory before anything is written, its run.json and every step file read as the views will
-read them, and the run moved into place with one rename.
+Thin routes over grpo.runs and grpo.check. Run names, run directories, uploads, deletes and
+downloads belong to the run store (``app.store``): names are one full-match ASCII pattern, a run is
+created atomically (409 on a taken name), read only through regular files inside it, and kept
+within a disk budget.
 """
 
 from __future__ import annotations
 
-import io
-import json
-import re
-import shutil
-import tempfile
-import zipfile
-from pathlib import Path, PurePosixPath
-from typing import Annotated, Any
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Annotated, Any, Literal
+from urllib.parse import urlencode
 
 import anyio
 from fastapi import APIRouter, Depends, File, Form, HTTPException, Query, Request, UploadFile
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
+from starlette.background import BackgroundTask
 
-import grpo
+from app import summaries
 from app.api import JSONBytes
 from app.errors import LimitError
+from app.ingest import read_json
+from app.lanes import release_memory
 from app.schemas import ErrorResponse
 from app.settings import Settings
-from app.work import json_form
-from grpo.answer import breakdown_to_json
-from grpo.check import check_run, replay, run_overview, step_batch
-from grpo.errors import GrpoInputError
-from grpo.requests import batch_from_request, row_lengths
-from grpo.runs import STEP_FILE, Run, list_runs, load_run, load_step
+from app.store import LAB_REMOVE_SECONDS, RunStore, open_run
+from app.store import RUN_NAME as RUN_NAME
+from app.work import Reply
+from grpo.runs import Run, load_run
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
-RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorResponse, "description": "No such run or step"}}
 TOO_LARGE: dict[int | str, dict[str, Any]] = {
-    413: {"model": ErrorResponse, "description": "Past a size limit (a setting): the zipped run or its contents"}
+    413: {"model": ErrorResponse, "description": "Past a size limit (a setting): the zipped run or its contents"},
+    409: {"model": ErrorResponse, "description": "A run of that name exists"},
+    507: {"model": ErrorResponse, "description": "The runs directory's budget or free-space floor would be crossed"},
 }
 
 
@@ -50,15 +47,21 @@ def _settings(request: Request) -> Settings:
 SettingsDep = Annotated[Settings, Depends(_settings)]
 
 
+def _store(request: Request) -> RunStore:
+    """The app's run store (made with the app; made here for an app built without create_app's state)."""
+    state = request.app.state
+    if not hasattr(state, "store"):
+        state.store = RunStore(request.app.state.settings)
+    store: RunStore = state.store
+    return store
+
+
+StoreDep = Annotated[RunStore, Depends(_store)]
+
+
 async def run_sync(request: Request, fn: Any, *args: Any) -> Any:
     """CPU work off the event loop, in the small-request lane's threads."""
     return await anyio.to_thread.run_sync(lambda: fn(*args), limiter=request.app.state.lanes.threads)
-
-
-def _breakdown(fields: dict[str, Any], config: grpo.LossConfig, settings: Settings) -> dict[str, Any]:
-    """A step's batch under ``config``, answered as /api/v1/loss answers."""
-    bd = grpo.evaluate(batch_from_request(fields), config)
-    return breakdown_to_json(bd, row_lengths(fields), None, max_tokens=settings.full_token_limit)
 
 
 def _not_found(loc: list[str | int], msg: str) -> HTTPException:
@@ -66,12 +69,7 @@ def _not_found(loc: list[str | int], msg: str) -> HTTPException:
 
 
 def _run_dir(settings: Settings, name: str) -> Path:
-    if not RUN_NAME.match(name):
-        raise _not_found(["path", "run"], f"no run {name!r}: names are letters, digits, '.', '-' and '_'")
-    path = Path(settings.runs_dir) / name
-    if not (path / "run.json").is_file():
-        raise _not_found(["path", "run"], f"no run {name!r} under the runs directory")
-    return path
+    return open_run(Path(settings.runs_dir), name)
 
 
 def _load(settings: Settings, name: str) -> Run:
@@ -79,21 +77,49 @@ def _load(settings: Settings, name: str) -> Run:
 
 
 def _config_param(config: str | None) -> dict[str, Any] | None:
-    value = json_form("config", config)
-    if value is not None and not isinstance(value, dict):
-        raise GrpoInputError("config", "a JSON object: a preset and LossConfig fields", got=type(value).__name__)
-    return value
+    """``?config=``: JSON text of a preset and overrides, checked as /api/v1/loss checks its config."""
+    return summaries.overrides(None if not config else read_json(config, ["query", "config"]), ["query", "config"])
 
 
-@router.get("", summary="The runs under GRPO_LENS_RUNS_DIR, newest first")
-def runs(settings: SettingsDep) -> list[dict[str, Any]]:
-    return [run.summary() for run in list_runs(settings.runs_dir)]
+def _opened(settings: Settings, name: str) -> Run:
+    """A run to read from: its run.json within the listing's bounds (a 422 saying why not), then loaded."""
+    summaries.read_info(_run_dir(settings, name))
+    return _load(settings, name)
+
+
+def _is_name(name: str) -> bool:
+    return RUN_NAME.fullmatch(name) is not None
+
+
+def _answer(reply: Reply) -> Response:
+    return Response(reply.body, reply.status, headers=reply.headers, media_type="application/json")
+
+
+@router.get("", response_class=JSONBytes, summary="A page of the runs under GRPO_LENS_RUNS_DIR (Link: rel=next)")
+async def runs(
+    request: Request,
+    settings: SettingsDep,
+    limit: Annotated[int, Query(ge=1, le=summaries.LIMIT_MAX, description="Runs per page")] = summaries.LIMIT_DEFAULT,
+    after: Annotated[str | None, Query(max_length=256, description="The previous page's last run")] = None,
+    sort: Annotated[
+        Literal["time", "name"], Query(description="time: the run's last write, newest first; name: A to Z")
+    ] = "time",
+) -> JSONBytes:
+    """Each run as its summary (name, source, created, status, steps, files, valid: true), or, when the
+    rules refuse its run.json, ``{"name", "valid": false, "error"}``. A next page is named by the ``Link``
+    header (rel="next"), whose ``after`` is this page's last run."""
+    page, last = await run_sync(request, summaries.listing, Path(settings.runs_dir), sort, after, limit, _is_name)
+    headers = {}
+    if last is not None:
+        headers["link"] = f'<{request.url.path}?{urlencode({"limit": limit, "after": last, "sort": sort})}>; rel="next"'
+    return JSONBytes(page, headers=headers)
 
 
 @router.get("/{run}", responses=NOT_FOUND, response_class=JSONBytes, summary="A run: steps, trainer vs recomputed")
-async def run_detail(run: str, request: Request, settings: SettingsDep) -> JSONBytes:
-    loaded = _load(settings, run)
-    return JSONBytes(await run_sync(request, lambda: run_overview(loaded, check_run(loaded))))
+async def run_detail(run: str, request: Request, settings: SettingsDep) -> Response:
+    """Computed once per state of the run's files (in a worker process for a long run) and kept beside it."""
+    path = _run_dir(settings, run)
+    return _answer(await summaries.page(request.app.state.lanes, path, settings))
 
 
 @router.get(
@@ -109,46 +135,45 @@ async def step_detail(
     settings: SettingsDep,
     micro: Annotated[int | None, Query(ge=0, le=999)] = None,
     config: Annotated[str | None, Query(description="A JSON object of LossConfig fields (preset included)")] = None,
-) -> JSONBytes:
-    loaded = _load(settings, run)
+) -> Response:
+    """Checked as /api/v1/loss is (padded size and memory from the files' headers: 413), in its lane."""
+    path = _run_dir(settings, run)
+    overrides = _config_param(config)
+    loaded = await run_sync(request, _opened, settings, run)
     if step not in loaded.step_numbers() or (
         micro is not None and micro not in [r.micro for r in loaded.micro_batches(step)]
     ):
         where = f"step {step}" + ("" if micro is None else f" micro-batch {micro}")
         raise _not_found(["path", "step"], f"run {run!r} has no {where}")
-    overrides = _config_param(config)
-
-    def compute() -> dict[str, Any]:
-        from grpo.check import replay_config
-
-        fields, stored, info = step_batch(loaded, step, micro)
-        resolved = replay_config(stored, overrides)
-        breakdown = _breakdown(fields, resolved, settings)
-        request_body = {**fields, "config": {k: v for k, v in resolved.to_dict().items() if k not in ("device",)}}
-        return {"run": run, **info, "breakdown": breakdown, "request": request_body}
-
-    return JSONBytes(await run_sync(request, compute))
+    dtype = (overrides or {}).get("dtype")
+    plan = await run_sync(request, summaries.step_plan, loaded, step, micro, settings, dtype)
+    lanes = request.app.state.lanes
+    return _answer(await lanes.run(plan.size, summaries.step_json, str(path), step, micro, overrides, settings))
 
 
-@router.delete("/{run}", responses=NOT_FOUND, status_code=204, summary="Delete a run")
-def delete_run(run: str, settings: SettingsDep) -> Response:
-    path = _run_dir(settings, run)
-    trash = path.with_name(f".deleting-{path.name}")
-    path.rename(trash)  # one rename: the run disappears whole, then its files go
-    shutil.rmtree(trash)
+@router.delete("/{run}", responses=NOT_FOUND, status_code=204, summary="Delete a run (a running lab run is cancelled)")
+async def delete_run(run: str, request: Request, store: StoreDep) -> Response:
+    store.open(run)
+    lab = getattr(request.app.state, "lab", None)
+    if lab is not None and run in lab.runs:  # its worker lets go of the directory first
+        await lab.remove(run, LAB_REMOVE_SECONDS)
+    await run_sync(request, store.delete, run)
     return Response(status_code=204)
 
 
 @router.get("/{run}/download", responses=NOT_FOUND, summary="The run as a zip (run.json and steps/)")
-def download(run: str, settings: SettingsDep) -> Response:
-    path = _run_dir(settings, run)
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        archive.write(path / "run.json", "run.json")
-        for file in sorted((path / "steps").glob("*.safetensors")):
-            archive.write(file, f"steps/{file.name}")
-    headers = {"content-disposition": f'attachment; filename="{run}.zip"'}
-    return Response(buffer.getvalue(), media_type="application/zip", headers=headers)
+async def download(run: str, request: Request, store: StoreDep) -> StreamingResponse:
+    archive, size = await run_sync(request, store.zip_run, run)
+    headers = {"content-disposition": f'attachment; filename="{run}.zip"', "content-length": str(size)}
+    large = size >= request.app.state.settings.large_request_bytes
+    done = BackgroundTask(release_memory) if large else None  # the zip's buffers go back to the OS
+    return StreamingResponse(_chunks(archive), media_type="application/zip", headers=headers, background=done)
+
+
+def _chunks(file: IO[bytes]) -> Iterator[bytes]:
+    with file:
+        while chunk := file.read(1024 * 1024):
+            yield chunk
 
 
 @router.post(
@@ -157,79 +182,34 @@ def download(run: str, settings: SettingsDep) -> Response:
     response_class=JSONBytes,
     summary="The same captured batches under another config, step by step, beside the original",
 )
-async def replay_run(run: str, request: Request, settings: SettingsDep, body: dict[str, Any]) -> JSONBytes:
-    loaded = _load(settings, run)
-    overrides = body.get("config", body)
-    if not isinstance(overrides, dict):
-        raise GrpoInputError("config", "a JSON object: a preset and LossConfig fields", got=type(overrides).__name__)
-    return JSONBytes(await run_sync(request, replay, loaded, overrides))
+async def replay_run(
+    run: str,
+    request: Request,
+    settings: SettingsDep,
+    body: dict[str, Any],
+    after: Annotated[int, Query(ge=0, le=999_999, description="Replay the steps after this one")] = 0,
+) -> Response:
+    """At most ``GRPO_LENS_REPLAY_MAX_MICRO_BATCHES`` micro-batches, whole steps; ``next`` is the following
+    page's ``after`` (null on the last page)."""
+    path = _run_dir(settings, run)
+    loc: list[str | int] = ["body", "config"] if "config" in body else ["body"]
+    overrides = summaries.overrides(body.get("config", body), loc) or {}
+    loaded = await run_sync(request, _opened, settings, run)
+    plan = await run_sync(request, summaries.replay_plan, loaded, after, settings, overrides.get("dtype"))
+    lanes = request.app.state.lanes
+    return _answer(await lanes.run(plan.size, summaries.replay_json, str(path), plan.steps, overrides, plan.next))
 
 
 @router.post("", responses=TOO_LARGE, status_code=201, summary="Upload a zipped run (run.json and steps/*.safetensors)")
 async def upload_run(
     request: Request,
     settings: SettingsDep,
+    store: StoreDep,
     file: Annotated[UploadFile, File(description="A zip of run.json and steps/*.safetensors")],
     name: Annotated[str | None, Form(description="The run's name (default: the file's name)")] = None,
 ) -> dict[str, Any]:
     data = await file.read(settings.max_upload_bytes + 1)
     if len(data) > settings.max_upload_bytes:
         raise LimitError(["body", "file"], f"file larger than {settings.max_upload_bytes} bytes (a setting)")
-    run_name = name or Path(file.filename or "upload").stem
-    if not RUN_NAME.match(run_name):
-        raise GrpoInputError("name", "a run name of letters, digits, '.', '-' and '_'", got=repr(run_name)[:80])
-    target = Path(settings.runs_dir) / run_name
-    if target.exists():
-        raise HTTPException(409, [{"loc": ["body", "name"], "msg": f"a run {run_name!r} exists", "type": "conflict"}])
-    await run_sync(request, unpack_run, data, target, settings.max_unpacked_bytes)
-    return load_run(target).summary()
-
-
-def unpack_run(data: bytes, target: Path, max_bytes: int) -> None:
-    """Unpack a zipped run into ``target``: only run.json and steps/NNNNNN-NNN[-rankR].safetensors."""
-    try:
-        archive = zipfile.ZipFile(io.BytesIO(data))
-    except zipfile.BadZipFile as exc:
-        raise GrpoInputError("file", "a zip of a run (run.json and steps/)") from exc
-    with archive:
-        members = archive.infolist()
-        total = sum(m.file_size for m in members)
-        if total > max_bytes:
-            raise LimitError(["body", "file"], f"unpacks to {total} bytes; at most {max_bytes} (a setting)")
-        for member in members:
-            _check_member(member)
-        if "run.json" not in {m.filename for m in members}:
-            raise GrpoInputError("file", "a zip holding run.json at its top")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".upload-{target.name}-"))
-        try:
-            for member in members:
-                if member.is_dir():
-                    continue
-                out = staging / member.filename
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_bytes(archive.read(member))
-            run = load_run(staging)  # JSON and format checked before the run appears,
-            for ref in run.steps:  # and every step file read as the run's views will read it
-                load_step(ref.path)
-            info = run.info
-            info["uploaded"] = True
-            (staging / "run.json").write_text(json.dumps(info, indent=1))
-            staging.rename(target)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-
-
-def _check_member(member: zipfile.ZipInfo) -> None:
-    name = member.filename
-    path = PurePosixPath(name)
-    is_link = (member.external_attr >> 16) & 0o170000 == 0o120000
-    inside = not path.is_absolute() and ".." not in path.parts and "\\" not in name and not is_link
-    allowed = name in ("run.json", "steps/") or (
-        len(path.parts) == 2 and path.parts[0] == "steps" and STEP_FILE.match(path.name) is not None
-    )
-    if not inside or not allowed:
-        raise GrpoInputError(
-            "file", "members run.json and steps/NNNNNN-NNN.safetensors only, inside the run", got=repr(name)[:120]
-        )
+    summary: dict[str, Any] = await run_sync(request, store.add_zip, name or Path(file.filename or "upload").stem, data)
+    return summary

@@ -100,6 +100,20 @@ class Settings(BaseSettings):
     )
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads per computation (0: torch's default).")
     runs_dir: Path = Field(Path("runs"), description="Where runs live (captured and lab), one directory each.")
+    replay_max_micro_batches: int = Field(
+        1000, ge=1, description="Most micro-batches one run replay evaluates (whole steps; the answer's next pages on)."
+    )
+    runs_max_bytes: int = Field(
+        20 * 1024**3,
+        ge=0,
+        description="Most bytes the runs directory may hold, lab runs counted (507 for an upload past it; 0: none).",
+    )
+    runs_min_free_bytes: int = Field(
+        1024**3, ge=0, description="Free disk space an upload must leave on the runs directory's disk (507; 0: none)."
+    )
+    max_run_json_bytes: int = Field(
+        1024 * 1024, ge=1024, description="Largest run.json an uploaded run may hold (413 beyond)."
+    )
     lab_max_concurrent: int = Field(
         2, ge=1, description="Lab runs training at once (one worker process each); the rest queue."
     )

@@ -27,6 +27,9 @@ x. hostile export bodies: the 1.2 MB body (one 200,000-token row + 2,000 one-tok
 m. memory back: for each kind of large request (a 1M-token JSON /loss, the same batch as an uploaded
    JSON file, its export as safetensors and as JSON), the RSS of the server's main process plus its
    lane workers idle, at peak, and 10 s after (target: within 400 MB of idle).
+9. run pages: 4 concurrent GETs of the page of a 40,000-member run (4,000 with --quick; uploaded as a zip,
+   deleted after), first read (its summary computed once, in a worker process) and warm (kept): /healthz
+   p99 (target <= 100 ms) and small /loss p99 (target <= 300 ms) meanwhile, beside the two alone.
 
 Starts ``uvicorn app.main:app --http app.server:HeaderTimeoutHttpTools`` (as `make run`; ``--http``
 picks another protocol, e.g. ``app.server:HeaderTimeoutH11``) on a free loopback port under a memory
@@ -740,13 +743,139 @@ def event_streams(base: str, seconds: float, total: int = 1000, sessions: int = 
         print(f"   {label:27s} p99 alone {ms(a)}   with the streams {ms(d)}   (target <= {ms(target).strip()})")
 
 
+def long_run_zip(members: int, micro_batches: int = 4) -> bytes:
+    """A zipped run of ``members`` step files (tiny micro-batches: 4 rows x 8 tokens), written by RunWriter
+    on tmpfs where there is one (it syncs every file)."""
+    import io
+    import tempfile
+    import zipfile
+
+    import torch
+
+    from grpo.runs import RunWriter
+
+    config = grpo.LossConfig.from_preset("trl-grpo", beta=0.04, gradient_accumulation_steps=micro_batches)
+    g = torch.Generator().manual_seed(0)
+    where = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    with tempfile.TemporaryDirectory(dir=where) as tmp:
+        writer = RunWriter(Path(tmp) / "run", "trl", config)
+        for i in range(members):
+            old = -torch.rand(4, 8, generator=g) - 0.05
+            tensors = {
+                "per_token_logps": old + 0.01,
+                "old_per_token_logps": old,
+                "ref_per_token_logps": old - 0.05,
+                "completion_mask": torch.ones(4, 8),
+                "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5]),
+            }
+            writer.write_step(1 + i // micro_batches, i % micro_batches, tensors, {"loss": 0.0})
+        writer.update(status="done")
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+            for path in sorted((Path(tmp) / "run").rglob("*")):
+                if path.is_file():
+                    archive.write(path, str(path.relative_to(Path(tmp) / "run")))
+        return buffer.getvalue()
+
+
+def fetch_pages(base: str, auth: dict[str, str], path: str, clients: int, seconds: float, out: Any) -> None:
+    """``clients`` threads GET ``path`` (each once when ``seconds`` is 0, else again and again for ``seconds``);
+    each (status, seconds) into ``out``, then None."""
+
+    def one() -> None:
+        with httpx.Client(base_url=base, timeout=1800, headers=auth) as client:
+            stop = time.perf_counter() + seconds
+            while True:
+                start = time.perf_counter()
+                status = client.get(path).status_code
+                out.put((status, time.perf_counter() - start))
+                if time.perf_counter() >= stop:
+                    return
+
+    threads = [threading.Thread(target=one) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out.put(None)
+
+
+async def beside(base: str, seconds: float, pages: Any = None) -> tuple[list[float], list[float], list[str]]:
+    """/healthz every 50 ms and a small /loss every 100 ms, for ``seconds`` or until ``pages`` (a process) ends."""
+    small = json.dumps(batch(8, 64, fields=3, seed=1, digits=4)).encode()
+    health: list[float] = []
+    loss: list[float] = []
+    errors: list[str] = []
+    stop = time.perf_counter() + seconds
+    async with httpx.AsyncClient(base_url=base, timeout=120, headers=STATE["auth"]) as client:
+
+        def running() -> bool:
+            return pages.is_alive() if pages is not None else time.perf_counter() < stop
+
+        async def healthz() -> None:
+            while running():
+                start = time.perf_counter()
+                with suppress(httpx.HTTPError):
+                    await client.get("/healthz")
+                health.append(time.perf_counter() - start)
+                await asyncio.sleep(0.05)
+
+        async def small_loss() -> None:
+            while running():
+                await timed_post(client, small, loss, errors)
+                await asyncio.sleep(0.1)
+
+        await asyncio.gather(healthz(), small_loss())
+    return health, loss, errors
+
+
+def run_pages(base: str, members: int, seconds: float) -> None:
+    """Four concurrent pages of a long run beside /healthz and small /loss: the first read (the summary
+    computed, once, in a worker process) and warm reads (the kept summary), against the two alone."""
+    name = f"bench-run-pages-{os.getpid()}"
+    started = time.perf_counter()
+    blob = long_run_zip(members)
+    made = time.perf_counter() - started
+    with httpx.Client(base_url=base, timeout=1800, headers=STATE["auth"]) as client:
+        up = client.post("/api/v1/runs", files={"file": (f"{name}.zip", blob)}, data={"name": name})
+        if up.status_code != 201:
+            print(f"9. run pages: the upload of the {members}-member run answered {up.status_code}: {up.text[:300]}")
+            return
+    time.sleep(2.5)  # a summary is kept once the run's files are 2 s old
+    spawn = multiprocessing.get_context("spawn")
+    rows = [("alone", *asyncio.run(beside(base, seconds)), [])]
+    for label, repeat in (("first read (summary computed)", 0.0), ("warm (summary kept)", seconds)):
+        queue = spawn.Queue()
+        pages = spawn.Process(target=fetch_pages, args=(base, STATE["auth"], f"/api/v1/runs/{name}", 4, repeat, queue))
+        pages.start()
+        health, loss, errors = asyncio.run(beside(base, 0, pages))
+        got = []
+        while (item := queue.get()) is not None:
+            got.append(item)
+        pages.join()
+        rows.append((label, health, loss, errors, got))
+    with httpx.Client(base_url=base, timeout=600, headers=STATE["auth"]) as client:
+        client.delete(f"/api/v1/runs/{name}")
+    size = f"zip {len(blob) / MB:.1f} MB, made in {made:.0f} s"
+    print(f"9. run pages: a {members}-member run ({size}), 4 concurrent GETs of its page")
+    for label, health, loss, errors, got in rows:
+        print(
+            f"   {label:30} /healthz p99 {ms(pct(health, 99))} (target <= 100 ms)   small /loss p99 "
+            f"{ms(pct(loss, 99))} (target <= 300 ms), errors {len(errors)}"
+        )
+        if got:
+            statuses = sorted({s for s, _ in got})
+            times = [t for _, t in got]
+            print(f"     the pages: {len(got)} answered {statuses}, p50 {ms(pct(times, 50))}, max {ms(max(times))}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=None, help="a running server (default: start one on loopback)")
     parser.add_argument("--port", type=int, default=0, help="port of the server started here (default: a free one)")
     parser.add_argument("--cap-gb", type=float, default=8.0, help="RLIMIT_AS of the server started here (0: none)")
     parser.add_argument("--quick", action="store_true", help="fewer repeats and shorter phases")
-    parser.add_argument("--only", default="12345678xm", help="which figures to print, e.g. 245")
+    parser.add_argument("--only", default="123456789xm", help="which figures to print, e.g. 245")
     parser.add_argument("--http", default="app.server:HeaderTimeoutHttpTools", help="uvicorn's --http (started here)")
     parser.add_argument("--token", default=os.environ.get("GRPO_LENS_AUTH_TOKEN"), help="bearer token, if set")
     args = parser.parse_args()
@@ -772,6 +901,7 @@ def main() -> None:
             "8": lambda: event_streams(base, seconds / 2),
             "x": lambda: export_hostile(base),
             "m": lambda: memory_back(base),
+            "9": lambda: run_pages(base, 4000 if args.quick else 40_000, seconds),
         }
         for key in args.only:
             steps[key]()

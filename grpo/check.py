@@ -339,10 +339,11 @@ def step_batch(run: Run, step: int, micro: int | None = None) -> tuple[dict[str,
     return fields, config, info
 
 
-def replay(run: Run, overrides: dict[str, Any]) -> dict[str, Any]:
-    """The same captured batches under another config: per-step loss, parts, clip and KL, beside the original."""
+def replay(run: Run, overrides: dict[str, Any], steps_only: list[int] | None = None) -> dict[str, Any]:
+    """The same captured batches under another config: per-step loss, parts, clip and KL, beside the original
+    (every step, or the steps in ``steps_only``)."""
     steps = []
-    for step in run.step_numbers():
+    for step in run.step_numbers() if steps_only is None else steps_only:
         original, replayed = [], []
         for ref in run.micro_batches(step):
             batch, stored, _ = load_step(ref.path)

@@ -16,9 +16,12 @@ never half of one.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
+import math
 import os
 import re
+import stat
 import struct
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,11 +41,27 @@ from grpo.requests import BATCH_FIELDS
 
 FORMAT = 1
 SOURCES = ("trl", "verl", "lab", "upload")
-STEP_FILE = re.compile(r"^(\d{6})-(\d{3})(?:-rank(\d+))?\.safetensors$")
+# Matched whole (``fullmatch``), ASCII digits only: ``\d`` takes other scripts' digits (a file named with
+# Arabic-Indic digits read as a second micro 0 of step 1) and ``$`` matches before a trailing newline.
+STEP_FILE = re.compile(r"([0-9]{6})-([0-9]{3})(?:-rank([0-9]{1,6}))?\.safetensors")
 # Tensors a step file may hold that are not Batch fields: shown, never used by the loss.
 DISPLAY_TENSORS = ("row_rewards", "row_groups")
 BATCH_TENSORS = tuple(name for name in BATCH_FIELDS if name != "group_size")  # group_size: a 0-d tensor, read as int
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit on the JSON header
+MAX_JSON_DEPTH = 32  # nesting of run.json and a step's config/meta: every reader and JSON writer copes
+# Tensor dtypes a step file may hold: what the loss computes with (float8, complex, unsigned wide ints: refused)
+STEP_DTYPES = (
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+)
 
 
 # --- atomic writes ------------------------------------------------------------------------------
@@ -86,6 +105,8 @@ def config_from_dict(fields: dict[str, Any]) -> LossConfig:
     if unknown:
         raise GrpoInputError(unknown[0], f"a LossConfig field: one of {', '.join(FIELD_NAMES)}")
     preset = fields.pop("preset", None)
+    if preset is not None and not isinstance(preset, str):
+        raise GrpoInputError("preset", f"a preset name: one of {', '.join(PRESETS)}", got=type(preset).__name__)
     if preset is not None and preset in PRESETS:
         return LossConfig.from_preset(preset, **fields)
     return LossConfig(**fields)
@@ -258,42 +279,116 @@ class Run:
         }
 
 
+def read_regular(path: str | os.PathLike[str], max_bytes: int | None = None) -> bytes:
+    """The bytes of a regular file, never through a link: a step file or run.json that is a symbolic
+    link (to /etc/passwd, /proc/self/environ) or a FIFO is refused, not read. ``max_bytes``: refused
+    past that size, before reading."""
+    path = Path(path)
+    try:  # O_NONBLOCK: opening a FIFO returns at once instead of waiting for a writer
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):
+            raise GrpoInputError(path.name, "a regular file inside the run, not a link", got="a link") from exc
+        raise
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise GrpoInputError(path.name, "a regular file inside the run", got="not a regular file")
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise GrpoInputError(path.name, f"at most {max_bytes} bytes", got=f"{st.st_size} bytes")
+        return f.read()
+
+
+def json_depth_ok(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether ``value`` nests at most ``limit`` lists/objects deep (without recursing)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return False
+        stack.extend((child, depth + 1) for child in children)
+    return True
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def check_info(info: Any) -> dict[str, Any]:
+    """run.json's fields as the readers use them, each checked (a GrpoInputError names the first bad one).
+
+    Fields the format does not name may hold any JSON, at most ``MAX_JSON_DEPTH`` deep.
+    """
+    if not isinstance(info, dict):
+        raise GrpoInputError("run.json", "a JSON object: a run's format, source and config", got=type(info).__name__)
+    deep = next((str(k) for k, v in info.items() if not json_depth_ok(v, MAX_JSON_DEPTH - 1)), None)
+    if deep is not None:
+        raise GrpoInputError(deep, f"JSON at most {MAX_JSON_DEPTH} levels deep in run.json", got="deeper")
+    fmt = info.get("format")
+    if not isinstance(fmt, int) or isinstance(fmt, bool) or not 1 <= fmt <= FORMAT:
+        raise GrpoInputError("run.json", f"a run of format <= {FORMAT}", got=repr(fmt)[:50])
+    if info.get("source") not in SOURCES:
+        raise GrpoInputError("source", f"one of {', '.join(SOURCES)}", got=repr(info.get("source"))[:50])
+    for name in ("status", "name"):  # "created" is shown as given (a number too)
+        if name in info and not isinstance(info[name], str | None):
+            raise GrpoInputError(name, "a string", got=type(info[name]).__name__)
+    versions = info.get("versions", {})
+    if not isinstance(versions, dict) or not all(isinstance(v, str) for v in versions.values()):
+        raise GrpoInputError("versions", "an object of package names to version strings", got=repr(versions)[:50])
+    if "config" in info:
+        config_from_dict(info["config"])
+    logged = info.get("logged", {})
+    if logged is not None and (not isinstance(logged, dict) or not all(isinstance(v, dict) for v in logged.values())):
+        raise GrpoInputError("logged", "an object of steps to objects of metrics", got=repr(logged)[:50])
+    return info
+
+
 def load_run(run_dir: str | os.PathLike[str]) -> Run:
-    """The run in ``run_dir``: run.json and the list of step files (not their contents)."""
+    """The run in ``run_dir``: run.json (checked) and the list of step files (not their contents).
+
+    Only regular files are read: run.json, a ``steps`` directory or a step file that is a link is
+    not part of the run.
+    """
     path = Path(run_dir)
     info_path = path / "run.json"
     try:
-        info = json.loads(info_path.read_text())
+        info = json.loads(read_regular(info_path))
     except FileNotFoundError as exc:
         raise GrpoInputError("run", f"a run directory with run.json ({path})") from exc
     except ValueError as exc:
         raise GrpoInputError("run.json", "valid JSON", got=str(exc)[:200]) from exc
     except RecursionError as exc:  # json.loads recurses once per nesting level
         raise GrpoInputError("run.json", "valid JSON", got="nesting too deep") from exc
-    if not isinstance(info, dict):
-        raise GrpoInputError("run.json", "a JSON object: a run's format, source and config", got=type(info).__name__)
-    if not isinstance(info.get("format"), int) or info["format"] > FORMAT:
-        raise GrpoInputError("run.json", f"a run of format <= {FORMAT}", got=repr(info.get("format"))[:50])
+    check_info(info)
     refs = []
     steps_dir = path / "steps"
-    for file in sorted(steps_dir.iterdir()) if steps_dir.is_dir() else []:
-        match = STEP_FILE.match(file.name)
-        if match:
+    entries = sorted(os.scandir(steps_dir), key=lambda e: e.name) if _is_real_dir(steps_dir) else []
+    for entry in entries:
+        match = STEP_FILE.fullmatch(entry.name)
+        if match and entry.is_file(follow_symlinks=False):
             rank = None if match[3] is None else int(match[3])
-            refs.append(StepRef(int(match[1]), int(match[2]), rank, file))
+            refs.append(StepRef(int(match[1]), int(match[2]), rank, Path(entry.path)))
     refs.sort(key=lambda s: (s.step, -1 if s.rank is None else s.rank, s.micro))
     return Run(path.name, path, info, tuple(refs))
 
 
+def _is_real_dir(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink()
+
+
 def list_runs(root: str | os.PathLike[str]) -> list[Run]:
-    """Every run directly under ``root``, newest first; directories that are not runs are skipped."""
+    """Every run directly under ``root``, newest first; directories that are not runs are skipped, and so
+    are links (a run is a directory of the runs directory itself, never one reached through a link)."""
     root = Path(root)
     runs = []
     for child in sorted(root.iterdir()) if root.is_dir() else []:
-        if not child.name.startswith(".") and (child / "run.json").is_file():  # dot: being written or deleted
+        if not child.name.startswith(".") and _is_real_dir(child):  # dot: being written or deleted
             try:
                 runs.append(load_run(child))
-            except GrpoInputError:
+            except (GrpoInputError, OSError):
                 continue
     return sorted(runs, key=lambda r: str(r.info.get("created", "")), reverse=True)
 
@@ -313,6 +408,24 @@ def read_metadata(data: bytes) -> dict[str, str]:
     return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
 
+def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A safetensors file's JSON header (each tensor's dtype, shape and offsets; ``__metadata__``), read
+    without its tensors: what a step costs to evaluate is known before it is loaded."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        (size,) = struct.unpack("<Q", head) if len(head) == 8 else (None,)
+        if size is None or size > min(MAX_HEADER_BYTES, os.fstat(f.fileno()).st_size - 8):
+            raise GrpoInputError("file", f"a valid safetensors file (in the step file {Path(path).name})")
+        text = f.read(size)
+    try:
+        header = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise GrpoInputError("file", f"a valid safetensors file (in the step file {Path(path).name})") from exc
+    if not isinstance(header, dict):
+        raise GrpoInputError("file", f"a valid safetensors file (in the step file {Path(path).name})")
+    return header
+
+
 def is_step_metadata(metadata: dict[str, str]) -> bool:
     return "config" in metadata and "step" in metadata and "format" in metadata
 
@@ -321,7 +434,8 @@ def step_request(tensors: dict[str, Tensor], metadata: dict[str, str]) -> tuple[
     """(the Batch's fields, the rest: step, micro, rank, meta, config dict, display tensors).
 
     The trainer's advantages are the input: when a file holds both advantages and rewards, the
-    rewards ride along for display only.
+    rewards ride along for display only. Every field is checked here, so a reader (the CLI, the
+    server's views) gets a GrpoInputError naming it, never a TypeError from deep inside.
     """
     try:
         config = json.loads(metadata["config"])
@@ -330,18 +444,26 @@ def step_request(tensors: dict[str, Tensor], metadata: dict[str, str]) -> tuple[
         rank = None if not metadata.get("rank") else int(metadata["rank"])
     except (KeyError, ValueError, RecursionError) as exc:
         raise GrpoInputError("file", "a run step file (config, step, micro, rank, meta in its metadata)") from exc
+    for name, value in (("config", config), ("meta", meta)):
+        if not json_depth_ok(value):
+            raise GrpoInputError(name, f"JSON at most {MAX_JSON_DEPTH} levels deep", got="deeper")
     if "per_token_logps" not in tensors:
         raise GrpoInputError("file", "a run step file holding per_token_logps", got=", ".join(sorted(tensors)))
+    for name, tensor in tensors.items():
+        if tensor.dtype not in STEP_DTYPES:
+            kinds = "float16, bfloat16, float32, float64, bool or integers"
+            raise GrpoInputError(name, f"a tensor of {kinds}", got=str(tensor.dtype).removeprefix("torch."))
     fields: dict[str, Any] = {k: tensors[k] for k in BATCH_TENSORS if k in tensors}
     if "group_size" in tensors:
-        if tensors["group_size"].numel() != 1:
-            got = f"shape {tuple(tensors['group_size'].shape)}"
-            raise GrpoInputError("group_size", "one number (a 0-d tensor) in the step file", got=got)
-        fields["group_size"] = int(tensors["group_size"])
+        fields["group_size"] = _group_size(tensors["group_size"])
     display = {k: tensors[k] for k in DISPLAY_TENSORS if k in tensors}
     if "advantages" in fields and "rewards" in fields:
         display["rewards"] = fields.pop("rewards")
         fields.pop("group_size", None)
+    rows = int(tensors["per_token_logps"].shape[0]) if tensors["per_token_logps"].dim() else 0
+    for name, tensor in display.items():  # shown one number per row
+        if tuple(tensor.shape) != (rows,):
+            raise GrpoInputError(name, f"one number per row ({rows})", got=f"shape {tuple(tensor.shape)}")
     info = {
         "step": step,
         "micro": micro,
@@ -353,6 +475,17 @@ def step_request(tensors: dict[str, Tensor], metadata: dict[str, str]) -> tuple[
     return fields, info
 
 
+def _group_size(tensor: Tensor) -> int:
+    """A step file's group_size: one finite whole number (a 0-d tensor)."""
+    got = f"shape {tuple(tensor.shape)}"
+    if tensor.numel() == 1:
+        value = float(tensor.reshape(()).double())
+        if math.isfinite(value) and value == int(value):
+            return int(value)
+        got = repr(value)
+    raise GrpoInputError("group_size", "one whole number (a 0-d tensor)", got=got)
+
+
 def load_step(path: str | os.PathLike[str]) -> tuple[Batch, LossConfig, dict[str, Any]]:
     """(the Batch, its config, info) of a step file; info holds step, micro, rank, meta and the
     display tensors (``row_rewards``, ``row_groups``) under ``tensors``."""
@@ -360,8 +493,8 @@ def load_step(path: str | os.PathLike[str]) -> tuple[Batch, LossConfig, dict[str
     from safetensors.torch import load
 
     path = Path(path)
-    data = path.read_bytes()
     try:
+        data = read_regular(path)
         try:
             tensors = load(data)
         except SafetensorError as exc:

@@ -1,4 +1,4 @@
-"""README.md's variant and preset tables, checked against the registries they document.
+"""docs/variants.md's variant and preset tables, checked against the registries they document.
 
 Each registry has one row, ``| `kind` | `name` (...), `name`, ... |``, and each preset its own
 row, ``| `preset` | what it reproduces |``. ``missing_rows`` names every registered entry the
@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "variants.md"
 
 
 def missing_rows(readme: str, registries: Mapping[str, Any], presets: Iterable[str]) -> list[str]:

@@ -1,5 +1,6 @@
 """The Runs view in real headless Chromium: open a captured TRL run, move the step slider, see every
-view change to that step's batch, and replay the run under another preset."""
+view change to that step's batch, and replay the run under another preset; a run whose run.json the
+rules refuse is listed, disabled, with the reason."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def _port() -> int:
 def runs_server(trl_runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     runs_dir = tmp_path_factory.mktemp("runs-dir")
     shutil.copytree(trl_runs["grpo"], runs_dir / "trl-grpo-run")
+    (runs_dir / "broken").mkdir()  # a run.json the rules refuse: listed, not openable
+    (runs_dir / "broken" / "run.json").write_text("{nope")
     port = _port()
     yield from serve({"GRPO_LENS_RUNS_DIR": str(runs_dir)}, port)
 
@@ -40,7 +43,12 @@ def test_a_captured_run_steps_through_every_view(browser: Any, runs_server: str)
     page = Page(browser, runs_server)
     try:
         page.open()
-        page.wait_for("document.getElementById('runs').dataset.count === '1'")
+        page.wait_for("document.getElementById('runs').dataset.count === '2'")
+        broken = page.page.evaluate(
+            "(() => { const o = document.querySelector('#run-select option[value=broken]');"
+            " return {disabled: o.disabled, text: o.textContent}; })()"
+        )
+        assert broken["disabled"] and "unreadable" in broken["text"] and "valid JSON" in broken["text"]
         before = page.drawn()
         page.page.select_option("#run-select", "trl-grpo-run")
         page.wait_for("document.getElementById('runs').dataset.step === '1'", timeout=120)

@@ -1,9 +1,12 @@
 """Every registered variant and preset is documented (a tooltip line, a paper link) and offered in
-README.md's tables."""
+docs/variants.md's tables; the README is the front door and every link in the docs resolves; docs/tests.md
+names every browser test."""
 
 from __future__ import annotations
 
+import ast
 import re
+from pathlib import Path
 
 import pytest
 from readme_check import README as README_PATH
@@ -12,6 +15,7 @@ from readme_check import missing_rows
 import grpo
 
 README = README_PATH.read_text(encoding="utf-8")
+README_FRONT = Path(__file__).resolve().parents[1] / "README.md"
 ENTRIES = [(kind, name) for kind, registry in grpo.REGISTRIES.items() for name in registry.names()]
 
 
@@ -51,3 +55,27 @@ def test_registry_getter_lists_valid_names() -> None:
 def test_every_region_is_named() -> None:
     assert grpo.REGIONS[0] == "masked"  # code 0 is what masked positions hold
     assert set(grpo.REGIONS) == {"masked", "trust", "clip_low", "clip_high", "dual_clip"}
+
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def test_the_docs_list_every_browser_test() -> None:
+    listed = (DOCS / "tests.md").read_text(encoding="utf-8")
+    files = sorted(DOCS.parent.joinpath("tests").glob("test_*browser*.py"))
+    assert len(files) >= 4
+    missing = [
+        f"{path.name}::{node.name}"
+        for path in files
+        for node in ast.parse(path.read_text(encoding="utf-8")).body
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_") and f"`{node.name}`" not in listed
+    ]
+    assert missing == []
+
+
+def test_the_readme_is_the_front_door_and_its_links_resolve() -> None:
+    readme = README_FRONT.read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 200
+    for doc in [README_FRONT, *DOCS.glob("*.md")]:
+        for target in re.findall(r"\]\(([^)#:]+)\)", doc.read_text(encoding="utf-8")):
+            assert (doc.parent / target).exists(), f"{doc.name} links to {target}, which does not exist"

@@ -21,13 +21,16 @@ export function setup(h) {
 }
 
 export async function refresh() {
-  const runs = await getJSON("/api/v1/runs");
+  const runs = await getJSON("/api/v1/runs?limit=1000"); // the newest 1,000: the listing's largest page
   const select = clear($("#run-select"));
   select.append(
     el("option", { value: "", text: runs.length ? "choose a run" : "no runs yet (grpo.capture or the lab)" }),
   );
-  for (const r of runs)
-    select.append(el("option", { value: r.name, text: `${r.name} · ${r.source} · ${r.steps} steps` }));
+  for (const r of runs) {
+    const text =
+      r.valid === false ? `${r.name} · unreadable: ${r.error}` : `${r.name} · ${r.source} · ${r.steps} steps`;
+    select.append(el("option", { value: r.name, text, disabled: r.valid === false }));
+  }
   $("#runs").dataset.count = String(runs.length);
 }
 
@@ -75,8 +78,13 @@ async function showStep(step) {
 async function replay() {
   if (!current) return;
   const preset = $("#run-replay-preset").value;
-  const data = await postJSON("replay", `/api/v1/runs/${encodeURIComponent(current.name)}/replay`, {
-    config: { preset },
-  });
-  if (data) await plot("run-replay-chart", replayChart(data, preset));
+  const url = `/api/v1/runs/${encodeURIComponent(current.name)}/replay`;
+  // A replay answers whole steps up to the server's micro-batch budget, and the next page's `after`.
+  let data = await postJSON("replay", url, { config: { preset } });
+  while (data) {
+    await plot("run-replay-chart", replayChart(data, preset));
+    if (data.next === null || data.next === undefined) return;
+    const more = await postJSON("replay", `${url}?after=${data.next}`, { config: { preset } });
+    data = more && { ...more, steps: [...data.steps, ...more.steps] };
+  }
 }
