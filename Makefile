@@ -53,13 +53,22 @@ $(TRAINERS): $(STAMP) requirements/constraints.txt requirements/verl.txt
 	$(PY) -c 'import torch; assert torch.__version__.startswith("2.13.0"), torch.__version__'
 	touch $(TRAINERS)
 
+# ESLint and Prettier for static/js, from package-lock.json (exact versions, integrity hashes; devDependencies
+# only: nothing of it reaches the app or the image). Installed again when the lock changes.
+NODE_STAMP := node_modules/.installed
+$(NODE_STAMP): package.json package-lock.json
+	npm ci --ignore-scripts --no-audit --no-fund
+	touch $(NODE_STAMP)
+
 run: $(STAMP)
 	$(PY) -m uvicorn app.main:app --host $(HOST) --port $(PORT) --http app.server:HeaderTimeoutHttpTools
 
-lint: $(STAMP)
+lint: $(STAMP) $(NODE_STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
+	node_modules/.bin/eslint .
+	node_modules/.bin/prettier --check static/js eslint.config.js
 
 # The numerical tests run twice: under this CPU's best kernel set (AVX2, AVX-512, ...) and under
 # the portable default kernels, so a result that depends on the kernel set fails here.

@@ -8,7 +8,9 @@ from typing import Any
 
 import grpo
 from grpo.examples import SCENARIOS
+from grpo.export import FORMATS as EXPORT_FORMATS
 from grpo.glossary import GLOSSARY
+from grpo.io import UPLOAD_FORMATS
 
 
 @lru_cache
@@ -23,4 +25,21 @@ def options_json() -> dict[str, Any]:
         "regions": list(grpo.REGIONS),
         "scenarios": [dataclasses.asdict(s) for s in SCENARIOS.values()],
         "glossary": [dataclasses.asdict(g) for g in GLOSSARY],
+        "formats": formats_json(),
     }
+
+
+def formats_json() -> dict[str, Any]:
+    """The batch files: what the upload reads (menu label, extensions, whether an example and an export
+    exist: GET /api/v1/examples/{name}, POST /api/v1/export/{name}) and its file input's ``accept``."""
+    upload = [
+        {
+            "name": f.name,
+            "label": f.label,
+            "extensions": [f".{s}" for s in f.suffixes],
+            "export": f.name in EXPORT_FORMATS,
+        }
+        for f in UPLOAD_FORMATS
+    ]
+    accept = ",".join(f".{s}" for f in UPLOAD_FORMATS for s in f.suffixes)
+    return {"upload": upload, "accept": accept}

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from grpo.curves import objective_curves
-from grpo.explain import explain
+from grpo.explain import explain_items
 from grpo.loss import Breakdown
 from grpo.objectives import REGIONS
 from grpo.pooling import pool_extreme, pool_factors
@@ -112,13 +112,15 @@ def breakdown_to_json(
     if tokens is not None:
         token_data["text"] = [tokens[i] for i in rows]
     row_data = {name: getattr(bd.rows, name) for name in ROW_FIELDS}
+    explained = explain_items(bd)
     return {
         "loss": float(bd.loss),
         "objective": float(bd.objective),
         "policy_loss": float(bd.policy_loss),
         "kl_loss": float(bd.kl_loss),
         "metrics": bd.metrics,
-        "explanation": explain(bd),
+        "explanation": [text for _, text in explained],
+        "explanation_keys": [key for key, _ in explained],  # what each sentence is about (explain_items)
         "advantages": bd.advantages.cpu().numpy(),
         "rows": {k: (v.cpu().numpy() if isinstance(v, Tensor) else v) for k, v in row_data.items()},
         "tokens": token_data,

@@ -155,13 +155,14 @@ def _length_sentence(bd: Breakdown) -> str | None:
     return f"{head}: a token of a long row counts more, so long rows dominate the update."
 
 
-def explain(bd: Breakdown) -> list[str]:
-    """Sentences on this batch: the sign of the loss, the ratio, clipping, zero-signal groups."""
+def explain_items(bd: Breakdown) -> list[tuple[str, str]]:
+    """The sentences of ``explain``, each with a key saying what it is about, so a reader (the page's
+    compare view) finds one by its key, never by its wording: "sign", "on_policy", "clip",
+    "negative_kl", "clamp", "zero_std", "kl_off", "kl_dominates", "length"."""
     policy, kl, surrogate = float(bd.policy_loss), float(bd.kl_loss), -float(bd.policy_loss)
     beta = bd.config.beta
     m = bd.metrics
-    out = []
-    out.append(_sign_sentence(bd))
+    out = [("sign", _sign_sentence(bd))]
     if m.get("lens/ratio/min") == 1.0 and m.get("lens/ratio/max") == 1.0:
         on_policy = (
             f"The ratio is 1 everywhere (on-policy), so the policy part is minus the weighted mean advantage, "
@@ -174,22 +175,35 @@ def explain(bd: Breakdown) -> list[str]:
                 f"; the loss is small next to its terms, yet the gradient norm is {_f(grad_norm)}: a near-zero "
                 "loss does not mean a zero gradient"
             )
-        out.append(on_policy + ".")
-    out += [s for s in (_clip_sentence(bd), _negative_kl_sentence(bd)) if s]
-    out += _clamp_sentences(bd)
+        out.append(("on_policy", on_policy + "."))
+    out += [(key, s) for key, s in (("clip", _clip_sentence(bd)), ("negative_kl", _negative_kl_sentence(bd))) if s]
+    out += [("clamp", s) for s in _clamp_sentences(bd)]
     if bd.zero_std_groups:
         out.append(
-            f"{len(bd.zero_std_groups)} group(s) have zero reward std (frac_reward_zero_std = "
-            f"{_f(m.get('frac_reward_zero_std', 0.0))}): their advantages are 0 and they teach nothing."
+            (
+                "zero_std",
+                f"{len(bd.zero_std_groups)} group(s) have zero reward std (frac_reward_zero_std = "
+                f"{_f(m.get('frac_reward_zero_std', 0.0))}): their advantages are 0 and they teach nothing.",
+            )
         )
     if beta == 0:
-        out.append("beta = 0: the KL term is off, so the loss is the policy term alone.")
+        out.append(("kl_off", "beta = 0: the KL term is off, so the loss is the policy term alone."))
     elif kl > 0 and kl > 10 * abs(surrogate) and kl > 1e-8:
-        out.append(f"beta·KL ({_f(kl)}) dominates the loss; the KL gradient pushes tokens back toward the reference.")
+        out.append(
+            (
+                "kl_dominates",
+                f"beta·KL ({_f(kl)}) dominates the loss; the KL gradient pushes tokens back toward the reference.",
+            )
+        )
     length = _length_sentence(bd)
     if length:
-        out.append(length)
+        out.append(("length", length))
     return out
+
+
+def explain(bd: Breakdown) -> list[str]:
+    """Sentences on this batch: the sign of the loss, the ratio, clipping, zero-signal groups."""
+    return [text for _, text in explain_items(bd)]
 
 
 def summary_table(bd: Breakdown) -> str:

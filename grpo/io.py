@@ -12,6 +12,7 @@ import io
 import json
 import zipfile
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -52,6 +53,28 @@ def canonical(fields: dict[str, Any]) -> dict[str, Any]:
 MAX_UNPACKED_BYTES = 256 * 1024 * 1024
 
 
+@dataclass(frozen=True)
+class UploadFormat:
+    """A file the upload reads: its name, a short label for menus, the name suffixes that select it
+    and what its first bytes sniff as (see ``sniff``)."""
+
+    name: str
+    label: str
+    suffixes: tuple[str, ...]
+    content: str
+
+
+# load_file reads these; /api/v1/options lists them (the page's upload menu and accepted extensions).
+UPLOAD_FORMATS: tuple[UploadFormat, ...] = (
+    UploadFormat("json", "JSON", ("json",), "json"),
+    UploadFormat("jsonl", "JSONL", ("jsonl",), "json"),
+    UploadFormat("safetensors", "safetensors", ("safetensors",), "safetensors"),
+    UploadFormat("npz", "NPZ", ("npz",), "npz"),
+    UploadFormat("pt", ".pt", ("pt", "pth"), "pt"),
+)
+_BY_SUFFIX = {suffix: f for f in UPLOAD_FORMATS for suffix in f.suffixes}
+
+
 def load_file(filename: str, data: bytes, max_unpacked_bytes: int = MAX_UNPACKED_BYTES) -> dict[str, Any]:
     """A request dict from an uploaded file; per-token values as ragged lists or 2-D arrays.
 
@@ -61,17 +84,18 @@ def load_file(filename: str, data: bytes, max_unpacked_bytes: int = MAX_UNPACKED
     ``max_unpacked_bytes``, before anything is decompressed.
     """
     suffix = filename.lower().rsplit(".", 1)[-1] if "." in filename else ""
-    readers = {"json": _read_json, "jsonl": _read_jsonl, "safetensors": _read_safetensors}
-    if suffix not in (*readers, "npz", "pt", "pth"):
-        raise GrpoInputError("file", "a .json, .jsonl, .safetensors, .npz or .pt file", got=repr(filename))
-    expected = {"jsonl": "json", "pth": "pt"}.get(suffix, suffix)
+    if suffix not in _BY_SUFFIX:
+        names = [f".{f.suffixes[0]}" for f in UPLOAD_FORMATS]
+        raise GrpoInputError("file", f"a {', '.join(names[:-1])} or {names[-1]} file", got=repr(filename))
+    fmt = _BY_SUFFIX[suffix]
     found = sniff(data)
-    if found is not None and found != expected:
-        raise GrpoInputError("file", f"{FORMATS[expected]} (the name says .{suffix})", got=FORMATS[found])
-    if suffix in ("npz", "pt", "pth"):
-        reader = _read_npz if suffix == "npz" else _read_pt
+    if found is not None and found != fmt.content:
+        raise GrpoInputError("file", f"{FORMATS[fmt.content]} (the name says .{suffix})", got=FORMATS[found])
+    if fmt.name in ("npz", "pt"):
+        reader = _read_npz if fmt.name == "npz" else _read_pt
         return reader(data, max_unpacked_bytes)
-    return readers[suffix](data)
+    readers = {"json": _read_json, "jsonl": _read_jsonl, "safetensors": _read_safetensors}
+    return readers[fmt.name](data)
 
 
 FORMATS = {

@@ -185,6 +185,11 @@ def test_compare_gives_each_configs_loss(api: TestClient) -> None:
         assert result["config"] == single["config"]
         assert set(result["tokens"]) == {"weight", "grad", "grad_policy", "grad_kl", "loss", "region"}
         assert result["tokens"]["grad"] == single["tokens"]["grad"]
+        # the page's compare view finds the length sentence by its key, not its words (grpo.explain_items)
+        assert result["explanation_keys"] == single["explanation_keys"]
+        assert len(result["explanation_keys"]) == len(result["explanation"])
+        length = result["explanation"][result["explanation_keys"].index("length")]
+        assert length.startswith("Per token, the shortest row")
 
 
 # --- options, experiments, health --------------------------------------------------------------------

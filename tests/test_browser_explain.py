@@ -8,6 +8,7 @@ what the library says, with the views the findings asked for.
 from __future__ import annotations
 
 import json
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -190,4 +191,24 @@ def test_9_upload_tab_lists_tensors_examples_and_exports(page: Page, tmp_path: P
         page.page.set_input_files("#upload-file", str(path))
         page.wait_drawn(before)
         assert page.last()["loss"] == expected
+    page.check_clean()
+
+
+def test_11_upload_menu_formats_and_extensions_come_from_the_options(page: Page) -> None:
+    """The upload's label, accepted extensions, example links and export buttons are /api/v1/options's
+    formats (issue 19: a new format is one entry in the library, not an edit of the page)."""
+    page.open()
+    with urllib.request.urlopen(f"{page.server}/api/v1/options") as r:
+        formats = json.load(r)["formats"]
+    page.page.click("#tab-upload")
+    assert page.page.get_attribute("#upload-file", "accept") == formats["accept"]
+    accepted = formats["accept"].split(",")
+    assert accepted == [ext for f in formats["upload"] for ext in f["extensions"]] and ".pth" in accepted
+    label = page.page.inner_text("#upload-label")
+    shown = [f["label"] for f in formats["upload"]]
+    assert label.startswith(f"A batch file: {', '.join(shown[:-1])} or {shown[-1]} ")
+    links = page.page.evaluate("[...document.querySelectorAll('#upload-help a')].map(a => a.getAttribute('href'))")
+    assert links == [f"/api/v1/examples/{f['name']}" for f in formats["upload"] if f["export"]]
+    buttons = page.page.evaluate("[...document.querySelectorAll('#export-formats button')].map(b => b.id)")
+    assert buttons == [f"export-{f['name']}" for f in formats["upload"] if f["export"] and f["name"] != "json"]
     page.check_clean()

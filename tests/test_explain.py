@@ -16,7 +16,7 @@ from reference import HAND, close, evaluate64
 import grpo
 from grpo.__main__ import main
 from grpo.examples import ARTICLE_EXAMPLE, SCENARIOS
-from grpo.explain import explain, summary_table
+from grpo.explain import explain, explain_items, summary_table
 from grpo.loss import Breakdown
 from grpo.requests import batch_from_request
 
@@ -275,11 +275,28 @@ SENTENCES: list[tuple[str, Callable[[Breakdown, re.Match[str]], None]]] = [
 ]
 
 
+# The key explain_items gives each kind of sentence (the page finds a sentence by it, never by its words).
+KEYS = {
+    _sign: "sign",
+    _on_policy: "on_policy",
+    _flat: "clip",
+    _negative_kl: "negative_kl",
+    _clamp: "clamp",
+    _zero_std: "zero_std",
+    _beta_zero: "kl_off",
+    _kl_dominates: "kl_dominates",
+    _length: "length",
+}
+
+
 def _check_sentences(bd: Breakdown) -> None:
-    for sentence in explain(bd):
+    items = explain_items(bd)
+    assert [text for _, text in items] == explain(bd)
+    for key, sentence in items:
         matches = [(rx, check) for rx, check in SENTENCES if re.fullmatch(rx, sentence, flags=re.S)]
         assert len(matches) == 1, f"no single pattern for: {sentence}"
         rx, check = matches[0]
+        assert KEYS[check] == key, (key, sentence)
         match = re.fullmatch(rx, sentence, flags=re.S)
         assert match is not None
         if check is _sign:

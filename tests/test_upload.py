@@ -21,7 +21,7 @@ from safetensors.torch import save as save_safetensors
 
 import grpo
 from app.settings import get_settings
-from grpo.io import load_file
+from grpo.io import UPLOAD_FORMATS, load_file
 
 B, T = 4, 6
 
@@ -94,6 +94,27 @@ def test_tensor_formats_give_the_loss_endpoints_answer(api: TestClient, fmt: str
     assert response.status_code == 200, response.text[:300]
     body = {**as_json(tensors), "config": {"preset": "verl-grpo", "beta": 0.1}}
     assert response.json() == loss(api, body)
+
+
+def test_options_list_the_formats_the_upload_reads(api: TestClient) -> None:
+    """/api/v1/options's formats (the page's upload label, accepted extensions, examples and export
+    buttons) are what the upload reads: a file under every listed extension gives the same answer, an
+    example exists for every format marked export, and the accept list is the extensions in order."""
+    formats = api.get("/api/v1/options").json()["formats"]
+    assert [f["name"] for f in formats["upload"]] == [f.name for f in UPLOAD_FORMATS]
+    assert formats["accept"] == ",".join(ext for f in formats["upload"] for ext in f["extensions"])
+    tensors = rectangular()
+    expected = loss(api, {**as_json(tensors), "config": {"preset": "article"}})
+    for fmt in formats["upload"]:
+        if fmt["export"]:
+            assert api.get(f"/api/v1/examples/{fmt['name']}").status_code == 200, fmt
+            data = api.post(f"/api/v1/export/{fmt['name']}", json=as_json(tensors)).content
+        else:
+            data = encode(fmt["name"], tensors)[1]
+        for ext in fmt["extensions"]:
+            response = upload(api, f"batch{ext}", data, config='{"preset": "article"}')
+            assert response.status_code == 200, (ext, response.text[:300])
+            assert response.json()["loss"] == expected["loss"], ext
 
 
 def test_inputs_in_fewer_bits_than_the_computation_are_noted(api: TestClient) -> None:

@@ -1,4 +1,5 @@
-// fetch wrappers. Each channel keeps only its latest request: a stale response never lands.
+// The one module that talks to the server: every request of the page goes through here. A channel
+// keeps only its latest request, so a stale response never lands.
 
 export class ApiError extends Error {
   constructor(status, detail) {
@@ -10,6 +11,12 @@ export class ApiError extends Error {
 }
 
 const channels = new Map();
+
+// An error answer in the API's one shape (or the bare status where the body is not JSON).
+async function failure(response) {
+  const data = await response.json().catch(() => ({ detail: `HTTP ${response.status}` }));
+  return new ApiError(response.status, data.detail);
+}
 
 async function latest(channel, path, init) {
   const previous = channels.get(channel);
@@ -29,21 +36,45 @@ async function latest(channel, path, init) {
   return data;
 }
 
+const jsonInit = (method, body) => ({
+  method,
+  headers: { "content-type": "application/json" },
+  body: JSON.stringify(body),
+});
+
 export function postJSON(channel, path, body) {
-  return latest(channel, path, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify(body),
-  });
+  return latest(channel, path, jsonInit("POST", body));
 }
 
 export function postForm(channel, path, form) {
   return latest(channel, path, { method: "POST", body: form });
 }
 
-export async function getJSON(path) {
-  const response = await fetch(path);
-  const data = await response.json();
-  if (!response.ok) throw new ApiError(response.status, data.detail);
-  return data;
+// A request outside any channel (each one is answered, none supersedes another): its JSON answer.
+async function request(path, init) {
+  const response = await fetch(path, init);
+  if (!response.ok) throw await failure(response);
+  return response.json();
+}
+
+export const getJSON = (path) => request(path);
+
+// A POST whose every answer counts (starting a lab run: two clicks are two runs).
+export const sendJSON = (path, body) => request(path, jsonInit("POST", body));
+
+export const remove = (path) => request(path, { method: "DELETE" });
+
+// A POST whose answer is a file (an exported batch): its Blob.
+export async function postForFile(path, body) {
+  const response = await fetch(path, jsonInit("POST", body));
+  if (!response.ok) throw await failure(response);
+  return response.blob();
+}
+
+// Server-Sent Events: `handlers` maps an event name to a function of its parsed data.
+export function events(path, handlers) {
+  const source = new EventSource(path);
+  for (const [kind, handle] of Object.entries(handlers))
+    source.addEventListener(kind, (e) => handle(JSON.parse(e.data)));
+  return source;
 }

@@ -15,7 +15,11 @@ const base = (title, extra = {}) => ({
 
 // Diverging scale centred on `mid`: blue below, white at mid, red above.
 const DIVERGING = [
-  [0, "#2166ac"], [0.25, "#67a9cf"], [0.5, "#f7f7f7"], [0.75, "#ef8a62"], [1, "#b2182b"],
+  [0, "#2166ac"],
+  [0.25, "#67a9cf"],
+  [0.5, "#f7f7f7"],
+  [0.75, "#ef8a62"],
+  [1, "#b2182b"],
 ];
 
 const rowLabel = (data, i) => `row ${i} (A ${fmt(data.rows.advantage[i], 3)})`;
@@ -70,12 +74,23 @@ function clippedMarks(data) {
   const labels = rowLabels(data);
   const x = [];
   const y = [];
-  t.region.forEach((row, k) => row.forEach((g, j) => {
-    if (g !== "trust" && g !== "masked") { x.push(j); y.push(labels[k]); }
-  }));
+  t.region.forEach((row, k) =>
+    row.forEach((g, j) => {
+      if (g !== "trust" && g !== "masked") {
+        x.push(j);
+        y.push(labels[k]);
+      }
+    }),
+  );
   if (!x.length || x.length > CLIP_MARK_LIMIT) return null;
   return {
-    type: "scatter", mode: "markers", x, y, name: LABELS.clippedCell, hoverinfo: "skip", showlegend: true,
+    type: "scatter",
+    mode: "markers",
+    x,
+    y,
+    name: LABELS.clippedCell,
+    hoverinfo: "skip",
+    showlegend: true,
     marker: { symbol: "x-thin-open", size: 9, color: "#1d2330", line: { width: 1.5 } },
   };
 }
@@ -89,8 +104,11 @@ function clippedMarks(data) {
 function heatmapLayout(title, rows, width, showlegend) {
   const height = Math.min(240, 28 + Math.max(rows, 2) * (rows <= 16 ? 24 : 4)) + 74;
   return base(title, {
-    height, margin: { l: 110, r: 30, t: 30, b: 40 }, plot_bgcolor: "#e3e6eb",
-    showlegend, legend: { orientation: "h", x: 1, xanchor: "right", y: 1.02, yanchor: "bottom" },
+    height,
+    margin: { l: 110, r: 30, t: 30, b: 40 },
+    plot_bgcolor: "#e3e6eb",
+    showlegend,
+    legend: { orientation: "h", x: 1, xanchor: "right", y: 1.02, yanchor: "bottom" },
     xaxis: { title: { text: "position" }, showgrid: false, zeroline: false, dtick: width <= 40 ? 1 : undefined },
     yaxis: { autorange: "reversed", showgrid: false, automargin: true },
   });
@@ -106,17 +124,37 @@ function pooledHeatmap(data, spec) {
   const ft = pooled.factor_tokens;
   const z = pooled.fields[spec.field];
   const shown = pooled.rows;
-  const y = z.map((_, r) => (fr === 1 ? rowLabel(data, shown[r]) : POOLED.rows(shown[r * fr], shown[Math.min((r + 1) * fr, shown.length) - 1])));
+  const y = z.map((_, r) =>
+    fr === 1 ? rowLabel(data, shown[r]) : POOLED.rows(shown[r * fr], shown[Math.min((r + 1) * fr, shown.length) - 1]),
+  );
   const x = z[0].map((_, c) => c * ft + (ft - 1) / 2); // each block at its centre, in positions
   const width = pooled.width;
   const ranges = z[0].map((_, c) => POOLED.positions(c * ft, Math.min((c + 1) * ft, width) - 1));
   const customdata = pooled.counted.map((row) => row.map((n, c) => [ranges[c], n]));
   const trace = {
-    type: "heatmap", z, x, y, customdata, hovertemplate: POOLED.hover(spec.field), hoverongaps: false, name: spec.field,
-    colorbar: { thickness: 10 }, zsmooth: "fast", colorscale: DIVERGING, zmid: spec.mid,
+    type: "heatmap",
+    z,
+    x,
+    y,
+    customdata,
+    hovertemplate: POOLED.hover(spec.field),
+    hoverongaps: false,
+    name: spec.field,
+    colorbar: { thickness: 10 },
+    zsmooth: "fast",
+    colorscale: DIVERGING,
+    zmid: spec.mid,
   };
   if (spec.range) Object.assign(trace, { zmin: spec.range[0], zmax: spec.range[1] });
-  return { data: [trace], layout: heatmapLayout(fr * ft === 1 ? spec.title : POOLED.title(spec.title, fr, ft, spec.mid), z.length, width, false) };
+  return {
+    data: [trace],
+    layout: heatmapLayout(
+      fr * ft === 1 ? spec.title : POOLED.title(spec.title, fr, ft, spec.mid),
+      z.length,
+      width,
+      false,
+    ),
+  };
 }
 
 // One heatmap figure per field (each drawn on its own, when it is on screen). `hover()` gives the
@@ -128,8 +166,16 @@ export function heatmap(data, spec, hover) {
   const rows = data.token_rows.length;
   const width = z[0].length;
   const trace = {
-    type: "heatmap", z, y: rowLabels(data), customdata, hovertemplate: HOVER, hoverongaps: false, name: spec.field,
-    colorbar: { thickness: 10 }, xgap: width <= 64 ? 1 : 0, ygap: rows <= 64 ? 1 : 0,
+    type: "heatmap",
+    z,
+    y: rowLabels(data),
+    customdata,
+    hovertemplate: HOVER,
+    hoverongaps: false,
+    name: spec.field,
+    colorbar: { thickness: 10 },
+    xgap: width <= 64 ? 1 : 0,
+    ygap: rows <= 64 ? 1 : 0,
   };
   if (rows * width > 4096) trace.zsmooth = "fast"; // one pixel per cell, scaled: fast for big grids
   Object.assign(trace, { colorscale: DIVERGING, zmid: spec.mid });
@@ -146,12 +192,18 @@ export function contributionRows(data) {
       { type: "bar", name: LABELS.policy_loss, x, y: data.rows.policy_loss, marker: { color: "#4c78a8" } },
       { type: "bar", name: LABELS.kl_loss, x, y: data.rows.kl_loss, marker: { color: "#e45756" } },
       {
-        type: "scatter", mode: "markers", name: "row's loss share", x, y: data.rows.loss,
+        type: "scatter",
+        mode: "markers",
+        name: "row's loss share",
+        x,
+        y: data.rows.loss,
         marker: { symbol: "diamond", size: 10, color: "#1d2330" },
       },
     ],
     layout: base(`Per row: policy part + KL part = the row's loss share (they sum to the loss, ${fmt(data.loss)})`, {
-      barmode: "relative", height: 300, legend: { orientation: "h", y: -0.2 },
+      barmode: "relative",
+      height: 300,
+      legend: { orientation: "h", y: -0.2 },
       yaxis: { title: { text: "loss share" }, zeroline: true },
     }),
   };
@@ -199,8 +251,11 @@ export function contributionTokens(data, ks) {
       tokenTrace(LABELS.kl_loss, x, pick("kl_loss"), labels, "#e45756", numeric),
     ],
     layout: base(`${scope(data, ks)}, per token: policy part and KL part of the loss`, {
-      barmode: "relative", height: 320, legend: { orientation: "h", y: -0.35 },
-      xaxis: tokenAxis(numeric), yaxis: { title: { text: "loss share" } },
+      barmode: "relative",
+      height: 320,
+      legend: { orientation: "h", y: -0.35 },
+      xaxis: tokenAxis(numeric),
+      yaxis: { title: { text: "loss share" } },
     }),
   };
 }
@@ -212,11 +267,16 @@ export function gradientTokens(data, ks) {
       tokenTrace("policy part", x, pick("grad_policy"), labels, "#4c78a8", numeric),
       tokenTrace("KL part", x, pick("grad_kl"), labels, "#e45756", numeric),
     ],
-    layout: base(`${scope(data, ks)}: ∂loss/∂logp per token; the axis is flipped, so up = gradient descent raises the log-prob`, {
-      barmode: "relative", height: 340, legend: { orientation: "h", y: -0.35 },
-      xaxis: tokenAxis(numeric),
-      yaxis: { autorange: "reversed", title: { text: "∂loss/∂logp (flipped)" }, zeroline: true, zerolinewidth: 2 },
-    }),
+    layout: base(
+      `${scope(data, ks)}: ∂loss/∂logp per token; the axis is flipped, so up = gradient descent raises the log-prob`,
+      {
+        barmode: "relative",
+        height: 340,
+        legend: { orientation: "h", y: -0.35 },
+        xaxis: tokenAxis(numeric),
+        yaxis: { autorange: "reversed", title: { text: "∂loss/∂logp (flipped)" }, zeroline: true, zerolinewidth: 2 },
+      },
+    ),
   };
 }
 
@@ -240,41 +300,100 @@ export function clipCurves(data, options) {
     const xref = `x${panel.axis}`;
     const yref = `y${panel.axis}`;
     traces.push({
-      type: "scatter", mode: "lines", name: "objective", x: c.x, y: panel.curve.y, xaxis: xref, yaxis: yref,
-      line: { color: "#1d2330", width: 2 }, hoverinfo: "skip", legendgroup: "objective", showlegend: !panel.axis,
+      type: "scatter",
+      mode: "lines",
+      name: "objective",
+      x: c.x,
+      y: panel.curve.y,
+      xaxis: xref,
+      yaxis: yref,
+      line: { color: "#1d2330", width: 2 },
+      hoverinfo: "skip",
+      legendgroup: "objective",
+      showlegend: !panel.axis,
     });
     for (const region of Object.keys(REGION_COLORS)) {
       const idx = p.sign.map((s, i) => (s === panel.sign && p.region[i] === region ? i : -1)).filter((i) => i >= 0);
       if (!idx.length) continue;
       traces.push({
-        type: "scatter", mode: "markers", name: region, xaxis: xref, yaxis: yref, legendgroup: region, showlegend: !shown.has(region),
-        x: idx.map((i) => p.ratio[i]), y: idx.map((i) => p.y[i]),
+        type: "scatter",
+        mode: "markers",
+        name: region,
+        xaxis: xref,
+        yaxis: yref,
+        legendgroup: region,
+        showlegend: !shown.has(region),
+        x: idx.map((i) => p.ratio[i]),
+        y: idx.map((i) => p.y[i]),
         text: idx.map((i) => `row ${p.row[i]}, position ${p.position[i]}`),
         hovertemplate: "%{text}<br>ratio %{x:.4g}<br>objective per unit A %{y:.4g}<extra>" + region + "</extra>",
         marker: { color: REGION_COLORS[region], size: 9, line: { color: "#fff", width: 1 } },
       });
       shown.add(region);
     }
-    shapes.push({ type: "line", xref, yref: `${yref} domain`, x0: 1, x1: 1, y0: 0, y1: 1, line: { color: "#888", width: 1, dash: "dot" } });
-    shapes.push(...panel.curve.flat.map((span) => ({
-      type: "rect", xref, yref: `${yref} domain`, x0: span.x0, x1: span.x1, y0: 0, y1: 1,
-      fillcolor: REGION_COLORS[span.region], opacity: 0.13, line: { width: 0 }, layer: "below",
-    })));
-    annotations.push({ text: panel.title, xref: "paper", yref: "paper", x: panel.domain[0], y: 1.0, yanchor: "bottom", xanchor: "left", showarrow: false, font: { size: 12 } });
+    shapes.push({
+      type: "line",
+      xref,
+      yref: `${yref} domain`,
+      x0: 1,
+      x1: 1,
+      y0: 0,
+      y1: 1,
+      line: { color: "#888", width: 1, dash: "dot" },
+    });
+    shapes.push(
+      ...panel.curve.flat.map((span) => ({
+        type: "rect",
+        xref,
+        yref: `${yref} domain`,
+        x0: span.x0,
+        x1: span.x1,
+        y0: 0,
+        y1: 1,
+        fillcolor: REGION_COLORS[span.region],
+        opacity: 0.13,
+        line: { width: 0 },
+        layer: "below",
+      })),
+    );
+    annotations.push({
+      text: panel.title,
+      xref: "paper",
+      yref: "paper",
+      x: panel.domain[0],
+      y: 1.0,
+      yanchor: "bottom",
+      xanchor: "left",
+      showarrow: false,
+      font: { size: 12 },
+    });
   }
-  const settings = `${cfg.objective} · ε_low ${fmt(cfg.epsilon_low)} · ε_high ${fmt(cfg.epsilon_high)}` +
-    (cfg.dual_clip ? ` · dual clip ${fmt(cfg.dual_clip)}` : "") + (cfg.delta ? ` · delta ${fmt(cfg.delta)}` : "") +
+  const settings =
+    `${cfg.objective} · ε_low ${fmt(cfg.epsilon_low)} · ε_high ${fmt(cfg.epsilon_high)}` +
+    (cfg.dual_clip ? ` · dual clip ${fmt(cfg.dual_clip)}` : "") +
+    (cfg.delta ? ` · delta ${fmt(cfg.delta)}` : "") +
     (c.truncated ? ` · the first ${p.ratio.length} tokens shown` : "");
   const yTitle = options.registries.objective.find((o) => o.name === cfg.objective)?.axis || "objective"; // from the registry
   // Log-axis ticks written out (Plotly's own read "2 5 1 2 5 10" for 0.2 0.5 1 2 5 10).
   const ticks = LOG_TICKS.filter((v) => v >= c.x[0] && v <= c.x[c.x.length - 1]);
-  const xaxis = (domain) => ({ type: "log", domain, title: { text: "ratio π/π_old (log scale)" }, tickvals: ticks, ticktext: ticks.map(String) });
+  const xaxis = (domain) => ({
+    type: "log",
+    domain,
+    title: { text: "ratio π/π_old (log scale)" },
+    tickvals: ticks,
+    ticktext: ticks.map(String),
+  });
   return {
     data: traces,
     layout: base(`Objective per unit advantage · ${settings}`, {
-      height: 380, shapes, annotations, margin: { l: 60, r: 20, t: 60, b: 40 },
-      xaxis: xaxis(panels[0].domain), xaxis2: xaxis(panels[1].domain),
-      yaxis: { title: { text: yTitle }, domain: [0, 0.92] }, yaxis2: { anchor: "x2", domain: [0, 0.92] },
+      height: 380,
+      shapes,
+      annotations,
+      margin: { l: 60, r: 20, t: 60, b: 40 },
+      xaxis: xaxis(panels[0].domain),
+      xaxis2: xaxis(panels[1].domain),
+      yaxis: { title: { text: yTitle }, domain: [0, 0.92] },
+      yaxis2: { anchor: "x2", domain: [0, 0.92] },
       legend: { orientation: "h", y: -0.25 },
     }),
   };
@@ -284,7 +403,11 @@ export function compareRows(results, names) {
   const x = results[0].rows.loss.map((_, i) => `row ${i}`);
   return {
     data: results.map((r, n) => ({ type: "bar", name: names[n], x, y: r.rows.loss })),
-    layout: base("Each row's share of the loss, per preset", { barmode: "group", height: 300, legend: { orientation: "h", y: -0.25 } }),
+    layout: base("Each row's share of the loss, per preset", {
+      barmode: "group",
+      height: 300,
+      legend: { orientation: "h", y: -0.25 },
+    }),
   };
 }
 
@@ -293,20 +416,45 @@ export function compareRows(results, names) {
 export function compareWeights(results, names) {
   const counted = results[0].rows.length;
   const x = counted.map((n, i) => LABELS.rowCounted(i, n));
-  const firstWeight = (r) => r.tokens.weight.map((row, i) => {
-    const j = r.tokens.region[i].findIndex((g) => g !== "masked");
-    return j >= 0 ? row[j] : 0;
-  });
+  const firstWeight = (r) =>
+    r.tokens.weight.map((row, i) => {
+      const j = r.tokens.region[i].findIndex((g) => g !== "masked");
+      return j >= 0 ? row[j] : 0;
+    });
   const n = results.length;
   const gap = 0.06;
   const width = (1 - gap * (n - 1)) / n;
-  const layout = base(LABELS.compareWeightsTitle, { height: 320, showlegend: false, annotations: [], margin: { l: 60, r: 20, t: 56, b: 70 } });
+  const layout = base(LABELS.compareWeightsTitle, {
+    height: 320,
+    showlegend: false,
+    annotations: [],
+    margin: { l: 60, r: 20, t: 56, b: 70 },
+  });
   const data = results.map((r, k) => {
     const axis = k === 0 ? "" : String(k + 1);
     const x0 = k * (width + gap);
-    layout[`xaxis${axis}`] = { domain: [x0, x0 + width], anchor: `y${axis}`, type: "category", title: { text: LABELS.rowCountedAxis } };
-    layout[`yaxis${axis}`] = { anchor: `x${axis}`, exponentformat: "e", title: k === 0 ? { text: LABELS.weight } : undefined };
-    layout.annotations.push({ text: names[k], xref: "paper", yref: "paper", x: x0 + width / 2, y: 1.02, xanchor: "center", yanchor: "bottom", showarrow: false, font: { size: 12 } });
+    layout[`xaxis${axis}`] = {
+      domain: [x0, x0 + width],
+      anchor: `y${axis}`,
+      type: "category",
+      title: { text: LABELS.rowCountedAxis },
+    };
+    layout[`yaxis${axis}`] = {
+      anchor: `x${axis}`,
+      exponentformat: "e",
+      title: k === 0 ? { text: LABELS.weight } : undefined,
+    };
+    layout.annotations.push({
+      text: names[k],
+      xref: "paper",
+      yref: "paper",
+      x: x0 + width / 2,
+      y: 1.02,
+      xanchor: "center",
+      yanchor: "bottom",
+      showarrow: false,
+      font: { size: 12 },
+    });
     return { type: "bar", name: names[k], x, y: firstWeight(r), xaxis: `x${axis}`, yaxis: `y${axis}` };
   });
   return { data, layout };
@@ -317,9 +465,14 @@ export function compareWeights(results, names) {
 export function compareGrads(results, names, text) {
   const labels = [];
   const keys = [];
-  results[0].tokens.region.forEach((row, i) => row.forEach((g, j) => {
-    if (g !== "masked") { labels.push(`r${i}:${j} ${plotlyText(text ? text[i][j] : "")}`); keys.push([i, j]); }
-  }));
+  results[0].tokens.region.forEach((row, i) =>
+    row.forEach((g, j) => {
+      if (g !== "masked") {
+        labels.push(`r${i}:${j} ${plotlyText(text ? text[i][j] : "")}`);
+        keys.push([i, j]);
+      }
+    }),
+  );
   const n = results.length;
   const gap = 0.08;
   const height = (1 - gap * (n - 1)) / n;
@@ -328,8 +481,25 @@ export function compareGrads(results, names, text) {
     const axis = k === 0 ? "" : String(k + 1);
     const top = 1 - k * (height + gap);
     layout[`yaxis${axis}`] = { domain: [top - height, top], anchor: "x", exponentformat: "e" };
-    layout.annotations.push({ text: names[k], xref: "paper", yref: "paper", x: 0, y: top, xanchor: "left", yanchor: "bottom", showarrow: false, font: { size: 12 } });
-    return { type: "bar", name: names[k], x: labels, y: keys.map(([i, j]) => r.tokens.grad[i][j]), xaxis: "x", yaxis: `y${axis}` };
+    layout.annotations.push({
+      text: names[k],
+      xref: "paper",
+      yref: "paper",
+      x: 0,
+      y: top,
+      xanchor: "left",
+      yanchor: "bottom",
+      showarrow: false,
+      font: { size: 12 },
+    });
+    return {
+      type: "bar",
+      name: names[k],
+      x: labels,
+      y: keys.map(([i, j]) => r.tokens.grad[i][j]),
+      xaxis: "x",
+      yaxis: `y${axis}`,
+    };
   });
   layout.xaxis = { type: "category", automargin: true, anchor: `y${n === 1 ? "" : n}` };
   return { data, layout };
@@ -351,18 +521,199 @@ export function experimentChart(exp) {
     if (!style) {
       return many
         ? { type: "scatter", mode: "lines", name, x, y, line: { color: "#333", dash: "dash", width: 1.5 } }
-        : { type: "scatter", mode: "markers", name, x, y, marker: { symbol: "line-ew-open", size: 46, color: "#333", line: { width: 2 } } };
+        : {
+            type: "scatter",
+            mode: "markers",
+            name,
+            x,
+            y,
+            marker: { symbol: "line-ew-open", size: 46, color: "#333", line: { width: 2 } },
+          };
     }
     return many
-      ? { type: "scatter", mode: "lines+markers", name, x, y, marker: { color: style.color, size: 4 }, line: { color: style.color, width: 1 } }
+      ? {
+          type: "scatter",
+          mode: "lines+markers",
+          name,
+          x,
+          y,
+          marker: { color: style.color, size: 4 },
+          line: { color: style.color, width: 1 },
+        }
       : { type: "bar", name, x, y, marker: { color: style.color } };
   });
   return {
     data,
     layout: base("", {
-      height: 300, barmode: "group", legend: { orientation: "h", y: -0.3 }, margin: { l: 70, r: 20, t: 12, b: 40 },
+      height: 300,
+      barmode: "group",
+      legend: { orientation: "h", y: -0.3 },
+      margin: { l: 70, r: 20, t: 12, b: 40 },
       xaxis: { title: { text: exp.x_label }, type: many ? "linear" : "category" },
       yaxis: { title: { text: exp.y_label }, exponentformat: "e" },
     }),
+  };
+}
+
+// --- a run's steps (the Runs view) ------------------------------------------------------------------
+// A chart over a run's optimiser steps.
+const stepsLayout = (title, extra = {}) =>
+  base(title, {
+    height: 280,
+    xaxis: { title: { text: "optimiser step" }, dtick: 1 },
+    legend: { orientation: "h", y: -0.3 },
+    ...extra,
+  });
+
+export function lossChart(data) {
+  const x = data.steps.map((s) => s.step);
+  const bad = data.steps.filter((s) => !s.ok);
+  return {
+    data: [
+      {
+        x,
+        y: data.steps.map((s) => s.trainer_loss),
+        name: "trainer (returned, summed over micro-batches)",
+        mode: "lines+markers",
+        line: { color: "#6b7280" },
+      },
+      {
+        x,
+        y: data.steps.map((s) => s.lens_loss),
+        name: "GRPO Lens (recomputed)",
+        mode: "lines+markers",
+        line: { color: "#2563eb", dash: "dot" },
+      },
+      {
+        x: bad.map((s) => s.step),
+        y: bad.map((s) => s.lens_loss),
+        name: "mismatch",
+        mode: "markers",
+        marker: { color: "#dc2626", size: 14, symbol: "x" },
+      },
+    ],
+    layout: stepsLayout("Loss per step: trainer vs recomputed", { yaxis: { title: { text: "loss" } } }),
+  };
+}
+
+const RUN_METRICS = [
+  ["clip_ratio/region_mean", "#dc2626"],
+  ["clip_ratio/low_mean", "#f97316"],
+  ["clip_ratio/high_mean", "#eab308"],
+  ["actor/pg_clipfrac", "#db2777"],
+  ["kl", "#7c3aed"],
+];
+
+export function metricsChart(data) {
+  const x = data.steps.map((s) => s.step);
+  const traces = [];
+  for (const [name, color] of RUN_METRICS) {
+    if (!data.steps.some((s) => name in s.lens_mean)) continue;
+    traces.push({
+      x,
+      y: data.steps.map((s) => s.lens_mean[name] ?? null),
+      name: `${name} (GRPO Lens, mean over micro-batches)`,
+      mode: "lines+markers",
+      line: { color },
+    });
+    if (data.steps.some((s) => name in s.logged)) {
+      traces.push({
+        x,
+        y: data.steps.map((s) => s.logged[name] ?? null),
+        name: `${name} (trainer logged)`,
+        mode: "markers",
+        marker: { color, symbol: "circle-open", size: 11 },
+      });
+    }
+  }
+  const extra = [
+    ["reward", (s) => s.reward, "#16a34a"],
+    ["advantage std", (s) => s.lens_mean["lens/advantage/std"], "#0891b2"],
+    ["mean length", (s) => s.lens_mean["completions/mean_length"], "#64748b"],
+  ];
+  for (const [name, get, color] of extra) {
+    if (data.steps.some((s) => get(s) != null))
+      traces.push({ x, y: data.steps.map(get), name, yaxis: "y2", mode: "lines", line: { color, width: 1.5 } });
+  }
+  return {
+    data: traces,
+    layout: stepsLayout("Metrics per step (filled: recomputed; rings: logged by the trainer)", {
+      height: 340,
+      yaxis: { title: { text: "fraction / KL" } },
+      yaxis2: { title: { text: "reward · advantage std · length" }, overlaying: "y", side: "right" },
+    }),
+  };
+}
+
+export function replayChart(data, preset) {
+  const x = data.steps.map((s) => s.step);
+  const series = [
+    ["loss", "#2563eb"],
+    ["policy_loss", "#16a34a"],
+    ["kl_loss", "#7c3aed"],
+    ["clip_ratio/region_mean", "#dc2626"],
+  ];
+  const traces = [];
+  for (const [key, color] of series) {
+    traces.push({
+      x,
+      y: data.steps.map((s) => s.original[key]),
+      name: `${key} (as captured)`,
+      mode: "lines+markers",
+      line: { color },
+    });
+    traces.push({
+      x,
+      y: data.steps.map((s) => s.replay[key]),
+      name: `${key} (${preset})`,
+      mode: "lines+markers",
+      line: { color, dash: "dash" },
+    });
+  }
+  return { data: traces, layout: stepsLayout(`These same batches under ${preset}`, { height: 320 }) };
+}
+
+// --- the Lab: live runs (lab.js adds each run's traces and extends them step by step) --------------
+const LAB_CHART = {
+  height: 220,
+  margin: { l: 50, r: 50, t: 30, b: 25 },
+  xaxis: { rangemode: "tozero" },
+  showlegend: false,
+  hovermode: "closest", // the run list above the charts is the key
+};
+
+// One metric's chart, empty until runs add their traces.
+export function labMetric(metric) {
+  return { data: [], layout: base(metric, LAB_CHART) };
+}
+
+// Reward and loss of every run on one figure: the loss is not progress.
+export function labOverlay() {
+  return {
+    data: [],
+    layout: base("reward (solid, left axis) and loss (dotted, right axis): the loss is not progress", {
+      ...LAB_CHART,
+      height: 300,
+      showlegend: true,
+      legend: { orientation: "h", y: -0.12 },
+      margin: { l: 50, r: 60, t: 30, b: 40 },
+      yaxis: { title: { text: "reward" } },
+      yaxis2: { title: { text: "loss" }, overlaying: "y", side: "right" },
+    }),
+  };
+}
+
+// One run's (empty) trace on a lab chart: `kind` is "metric", "reward" or "loss" (the overlay's, on its right axis).
+export function labTrace(run, name, kind = "metric") {
+  const line = { color: run.colour, width: 2, ...(kind === "loss" ? { dash: "dot" } : {}) };
+  return {
+    x: [],
+    y: [],
+    name,
+    mode: "lines+markers",
+    marker: { size: 4 },
+    line,
+    meta: run.id,
+    ...(kind === "loss" ? { yaxis: "y2" } : {}),
   };
 }

@@ -2,7 +2,7 @@
 
 import { postJSON } from "./api.js";
 import * as charts from "./charts.js";
-import { $, clear, el, plot } from "./dom.js";
+import { $, clear, el, plot, purge } from "./dom.js";
 import { fmt } from "./format.js";
 import { COMPARE, COMPARE_ROWS } from "./labels.js";
 import * as redraw from "./redraw.js";
@@ -15,7 +15,9 @@ function buildCompareChoices() {
   for (const p of state.ui.options.presets) {
     const input = el("input", { type: "checkbox", value: p.name, checked: state.compare.includes(p.name) });
     input.addEventListener("change", () => {
-      state.compare = state.ui.options.presets.map((q) => q.name).filter((name) => box.querySelector(`input[value="${name}"]`).checked);
+      state.compare = state.ui.options.presets
+        .map((q) => q.name)
+        .filter((name) => box.querySelector(`input[value="${name}"]`).checked);
       writeURL();
       redraw.invalidate("compare");
     });
@@ -25,7 +27,15 @@ function buildCompareChoices() {
   const field = state.ui.options.fields.find((f) => f.name === "max_completion_length");
   if (field) {
     const own = [...new Set(state.ui.options.presets.map((p) => p.config.max_completion_length).filter(Boolean))];
-    const input = el("input", { id: "compare-L", type: "number", min: 1, step: 1, value: state.compare_constants.max_completion_length ?? "", placeholder: `${COMPARE.normaliserOwn}${own.length ? `: ${own.join(", ")}` : ""}`, title: field.doc });
+    const input = el("input", {
+      id: "compare-L",
+      type: "number",
+      min: 1,
+      step: 1,
+      value: state.compare_constants.max_completion_length ?? "",
+      placeholder: `${COMPARE.normaliserOwn}${own.length ? `: ${own.join(", ")}` : ""}`,
+      title: field.doc,
+    });
     input.addEventListener("change", () => {
       const v = input.value === "" ? null : Number(input.value);
       if (v === null) delete state.compare_constants.max_completion_length;
@@ -37,19 +47,28 @@ function buildCompareChoices() {
   }
   const edits = $("#compare-edits");
   edits.checked = state.compare_edits;
-  edits.addEventListener("change", () => { state.compare_edits = edits.checked; writeURL(); redraw.invalidate("compare"); });
+  edits.addEventListener("change", () => {
+    state.compare_edits = edits.checked;
+    writeURL();
+    redraw.invalidate("compare");
+  });
 }
 
 // The compare charts are views of the compare response, fetched only when one of them is on
 // screen (or in idle time) after the batch or the settings changed.
 export function setup() {
   redraw.setRefresh("compare", runCompare);
-  redraw.register("compare-rows", "compare", (data) => plot("compare-rows", charts.compareRows(data.results, names(data))));
-  redraw.register("compare-weights", "compare", (data) => plot("compare-weights", charts.compareWeights(data.results, names(data))));
+  redraw.register("compare-rows", "compare", (data) =>
+    plot("compare-rows", charts.compareRows(data.results, names(data))),
+  );
+  redraw.register("compare-weights", "compare", (data) =>
+    plot("compare-weights", charts.compareWeights(data.results, names(data))),
+  );
   redraw.register("compare-grads", "compare", (data) => {
     const tokens = data.lengths.reduce((a, b) => a + b, 0);
-    if (tokens <= ALL_TOKENS_LIMIT && data.results[0].tokens_complete) return plot("compare-grads", charts.compareGrads(data.results, names(data), data.text));
-    if (window.Plotly) Plotly.purge("compare-grads"); // too many tokens for one bar each: no chart rather than an old one
+    if (tokens <= ALL_TOKENS_LIMIT && data.results[0].tokens_complete)
+      return plot("compare-grads", charts.compareGrads(data.results, names(data), data.text));
+    purge("compare-grads"); // too many tokens for one bar each: no chart rather than an old one
     return null;
   });
   buildCompareChoices();
@@ -73,11 +92,36 @@ async function runCompare() {
 
 async function renderCompare(data) {
   const table = clear($("#compare-table"));
-  table.append(el("thead", {}, el("tr", {}, el("th", { text: "" }), ...names(data).map((n) => el("th", { scope: "col", text: n })))));
-  table.append(el("tbody", {}, ...COMPARE_ROWS.map(([label, get]) => el("tr", {}, el("td", { text: label }), ...data.results.map((r) => el("td", { class: "num", text: fmt(get(r), 5) }))))));
-  // One computed sentence per preset (the library's, from its explanation) on length weighting.
-  const lengths = data.results.map((r, k) => [names(data)[k], r.explanation.find((t) => t.startsWith("Per token, the shortest row"))]).filter(([, t]) => t);
-  clear($("#compare-lengths")).append(...(lengths.length ? [el("li", { class: "head", text: COMPARE.lengthsHead })] : []), ...lengths.map(([n, t]) => el("li", {}, el("strong", { text: `${n}: ` }), t)));
+  table.append(
+    el(
+      "thead",
+      {},
+      el("tr", {}, el("th", { text: "" }), ...names(data).map((n) => el("th", { scope: "col", text: n }))),
+    ),
+  );
+  table.append(
+    el(
+      "tbody",
+      {},
+      ...COMPARE_ROWS.map(([label, get]) =>
+        el(
+          "tr",
+          {},
+          el("td", { text: label }),
+          ...data.results.map((r) => el("td", { class: "num", text: fmt(get(r), 5) })),
+        ),
+      ),
+    ),
+  );
+  // One computed sentence per preset (the library's, from its explanation) on length weighting,
+  // found by its key (explanation_keys), never by its wording.
+  const lengths = data.results
+    .map((r, k) => [names(data)[k], r.explanation[r.explanation_keys.indexOf("length")]])
+    .filter(([, t]) => t);
+  clear($("#compare-lengths")).append(
+    ...(lengths.length ? [el("li", { class: "head", text: COMPARE.lengthsHead })] : []),
+    ...lengths.map(([n, t]) => el("li", {}, el("strong", { text: `${n}: ` }), t)),
+  );
   await redraw.publish("compare", data);
   document.body.dataset.compared = String((Number(document.body.dataset.compared) || 0) + 1);
 }

@@ -23,7 +23,10 @@ export function buildControls(onChange) {
   }
   const preset = clear($("#preset"));
   for (const p of options.presets) preset.append(el("option", { value: p.name, text: p.name, title: p.doc }));
-  preset.addEventListener("change", (e) => { state.config = { preset: e.target.value }; onChange(0); });
+  preset.addEventListener("change", (e) => {
+    state.config = { preset: e.target.value };
+    onChange(0);
+  });
 }
 
 function buildControl(field, onChange) {
@@ -38,7 +41,11 @@ function buildControl(field, onChange) {
     onChange(field.type === "number" || field.type === "integer" ? 180 : 0);
   };
   if (field.type === "choice") {
-    input = el("select", { id, "aria-describedby": desc.id, onchange: () => changed(input.value) }, ...field.choices.map((c) => el("option", { value: c, text: c })));
+    input = el(
+      "select",
+      { id, "aria-describedby": desc.id, onchange: () => changed(input.value) },
+      ...field.choices.map((c) => el("option", { value: c, text: c })),
+    );
     widget = input;
   } else if (field.type === "boolean") {
     input = el("input", { id, type: "checkbox", "aria-describedby": desc.id, onchange: () => changed(input.checked) });
@@ -46,13 +53,16 @@ function buildControl(field, onChange) {
   } else {
     input = el("input", { id, type: "number", step: "any", "aria-describedby": desc.id });
     const read = () => (input.value === "" ? null : Number(input.value));
-    input.addEventListener("input", () => { if (input.value !== "" && Number.isFinite(Number(input.value))) changed(read()); });
+    input.addEventListener("input", () => {
+      if (input.value !== "" && Number.isFinite(Number(input.value))) changed(read());
+    });
     widget = input;
     if (field.nullable) {
       const on = el("input", { type: "checkbox", "aria-label": `${field.name} on`, title: "on / off" });
       on.addEventListener("change", () => {
         input.disabled = !on.checked;
-        if (on.checked && input.value === "") input.value = String(field.gt !== undefined ? Math.max(field.gt * 2, 1) : 1);
+        if (on.checked && input.value === "")
+          input.value = String(field.gt !== undefined ? Math.max(field.gt * 2, 1) : 1);
         changed(on.checked ? read() : null);
       });
       widget = el("span", { class: "nullable" }, on, input);
@@ -79,7 +89,10 @@ export function renderControls(data) {
     if (field.type === "boolean") input.checked = Boolean(value);
     else if (!active) input.value = value === null || value === undefined ? "" : String(value);
     const on = inputs.get(`${field.name}:on`);
-    if (on) { on.checked = value !== null; input.disabled = value === null; }
+    if (on) {
+      on.checked = value !== null;
+      input.disabled = value === null;
+    }
     const edited = JSON.stringify(value) !== JSON.stringify(preset[field.name]);
     inputs.get(`${field.name}:label`).classList.toggle("edited", edited);
     const touched = inputs.get(`${field.name}:touched`);

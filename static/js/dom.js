@@ -39,23 +39,35 @@ export function download(filename, text, type = "application/json") {
 let plotlyLoading = null;
 export function loadPlotly() {
   if (!plotlyLoading) {
-    plotlyLoading = window.Plotly ? Promise.resolve() : new Promise((resolve, reject) => {
-      const script = el("script", { src: "/vendor/plotly.min.js" });
-      script.addEventListener("load", resolve);
-      script.addEventListener("error", () => reject(new Error("plotly.js did not load")));
-      document.head.append(script);
-    });
+    plotlyLoading = window.Plotly
+      ? Promise.resolve()
+      : new Promise((resolve, reject) => {
+          const script = el("script", { src: "/vendor/plotly.min.js" });
+          script.addEventListener("load", resolve);
+          script.addEventListener("error", () => reject(new Error("plotly.js did not load")));
+          document.head.append(script);
+        });
   }
   return plotlyLoading;
 }
 
 const nextTask = () => new Promise((resolve) => setTimeout(resolve, 0));
 
-// Draw (or update in place) one Plotly figure in the element with this id. Charts that waited for
-// plotly.js draw one per task, so input and navigation are never held behind all of them.
-export function plot(id, spec) {
-  const draw = () => Plotly.react(document.getElementById(id), spec.data, spec.layout, { responsive: true, displaylogo: false, toImageButtonOptions: { filename: `grpo-lens-${id}` } });
+// The one drawing call: draw (or update in place) one Plotly figure (charts.js's {data, layout}) in
+// `target`, an element or its id. Charts that waited for plotly.js draw one per task, so input and
+// navigation are never held behind all of them.
+export function plot(target, spec) {
+  const draw = () => {
+    const node = typeof target === "string" ? document.getElementById(target) : target;
+    const config = { responsive: true, displaylogo: false, toImageButtonOptions: { filename: `grpo-lens-${node.id}` } };
+    return Plotly.react(node, spec.data, spec.layout, config);
+  };
   return window.Plotly ? draw() : loadPlotly().then(nextTask).then(draw);
+}
+
+// Remove the figure in `target`, an element or its id (nothing to show rather than an old figure).
+export function purge(target) {
+  if (window.Plotly) Plotly.purge(target);
 }
 
 export function setStatus(text, kind = "") {

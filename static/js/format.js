@@ -16,7 +16,10 @@ export function pct(x) {
 
 // Plotly reads a few HTML-like tags in labels; escape token text so it is shown as written.
 export function plotlyText(s) {
-  return String(s ?? "").replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  return String(s ?? "")
+    .replace(/&/g, "&amp;")
+    .replace(/</g, "&lt;")
+    .replace(/>/g, "&gt;");
 }
 
 export const REGION_COLORS = {

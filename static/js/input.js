@@ -2,14 +2,15 @@
 
 import { $, clear, download, el, setStatus } from "./dom.js";
 import { CELL_LABELS, INPUT, SCENARIO, UPLOAD } from "./labels.js";
-import { currentRequest, fromUpload, scenarios, state } from "./state.js";
+import { postForFile } from "./api.js";
+import { currentRequest, fromUpload, load, scenarios, state } from "./state.js";
 
 const TABLE_EDIT_LIMIT = 400; // tokens: past this, edit as JSON or upload a file
 const PER_TOKEN = Object.keys(CELL_LABELS);
 const ROW_FIELDS = [...PER_TOKEN, "completion_mask", "tokens", "entropies"];
 
-// `recompute(delay)` schedules a recompute; `computeNow()` runs one at once.
-let hooks = { recompute: () => {}, computeNow: () => {} };
+// `recompute(delay)` schedules a recompute.
+let hooks = { recompute: () => {} };
 
 export function setup(h) {
   hooks = h;
@@ -22,20 +23,51 @@ export function setup(h) {
   $("#upload-file").addEventListener("change", (e) => onUpload(e.target.files[0]));
   $("#import-input").addEventListener("change", (e) => importInput(e.target.files[0]));
   $("#export-input").addEventListener("click", exportInput);
-  for (const fmt of ["safetensors", "npz"]) $(`#export-${fmt}`).addEventListener("click", () => exportFile(fmt));
+  buildFormats();
   buildUploadHelp();
+}
+
+// The formats come from /api/v1/options: the upload's label and accepted extensions, and one export
+// button per format the server writes (JSON is "Export input", written here with the settings).
+const formats = () => state.ui.options.formats.upload;
+
+function buildFormats() {
+  const labels = formats().map((f) => f.label);
+  $("#upload-label").textContent = UPLOAD.fileLabel(`${labels.slice(0, -1).join(", ")} or ${labels.at(-1)}`);
+  $("#upload-file").setAttribute("accept", state.ui.options.formats.accept);
+  const exports = formats().filter((f) => f.export && f.name !== "json");
+  clear($("#export-formats")).append(
+    ...exports.map((f) =>
+      el("button", {
+        type: "button",
+        id: `export-${f.name}`,
+        title: UPLOAD.exportTitle(f.label),
+        text: f.extensions[0],
+        onclick: () => exportFile(f.name),
+      }),
+    ),
+  );
 }
 
 // The upload tab lists the tensors a file may hold, links an example of each format, and says
 // what lower-precision inputs mean.
 function buildUploadHelp() {
-  const table = el("table", { class: "metrics upload-fields" },
+  const table = el(
+    "table",
+    { class: "metrics upload-fields" },
     el("thead", {}, el("tr", {}, ...UPLOAD.head.map((h) => el("th", { scope: "col", text: h })))),
-    el("tbody", {}, ...UPLOAD.fields.map((row) => el("tr", {}, ...row.map((text) => el("td", { text }))))));
-  const links = ["json", "jsonl", "safetensors", "npz"].map((fmt) => el("a", { href: `/api/v1/examples/${fmt}`, download: `grpo-lens-example.${fmt}`, text: fmt }));
-  clear($("#upload-help")).append(table,
+    el("tbody", {}, ...UPLOAD.fields.map((row) => el("tr", {}, ...row.map((text) => el("td", { text }))))),
+  );
+  const links = formats()
+    .filter((f) => f.export)
+    .map((f) =>
+      el("a", { href: `/api/v1/examples/${f.name}`, download: `grpo-lens-example${f.extensions[0]}`, text: f.name }),
+    );
+  clear($("#upload-help")).append(
+    table,
     el("p", { class: "muted", text: UPLOAD.precision }),
-    el("p", {}, UPLOAD.examples, " ", ...links.flatMap((a, i) => (i ? [" · ", a] : [a]))));
+    el("p", {}, UPLOAD.examples, " ", ...links.flatMap((a, i) => (i ? [" · ", a] : [a]))),
+  );
 }
 
 // safetensors and NPZ are written by the server (POST /api/v1/export/{fmt}), JSON here.
@@ -44,18 +76,22 @@ async function exportFile(fmt) {
     setStatus(INPUT.fileHoldsBatch, "error");
     return;
   }
-  const response = await fetch(`/api/v1/export/${fmt}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(currentRequest()) });
-  if (!response.ok) {
-    setStatus(INPUT.exportFailed(fmt, response.status), "error");
-    return;
+  try {
+    download(
+      `grpo-lens-input.${fmt}`,
+      await postForFile(`/api/v1/export/${fmt}`, currentRequest()),
+      "application/octet-stream",
+    );
+  } catch (err) {
+    setStatus(INPUT.exportFailed(fmt, err.message), "error");
   }
-  download(`grpo-lens-input.${fmt}`, await response.blob(), "application/octet-stream");
 }
 
+// The first edit loads the batch on screen as an edited one (the table already shows it).
 function editableInput() {
-  if (!state.input) state.input = structuredClone(currentRequest());
-  state.ui.uploadFile = null;
-  if (state.ui.origin.kind !== "edited") state.ui.origin = { kind: "edited", name: "" };
+  if (!state.input || state.ui.origin.kind !== "edited") {
+    load({ input: state.input ?? structuredClone(currentRequest()), row: state.row }, { kind: "edited", name: "" });
+  }
   return state.input;
 }
 
@@ -94,18 +130,45 @@ export function renderInputTable() {
   }
   const target = req.rewards ? "rewards" : "advantages";
   const prompt = Array.isArray(req.prompt_lengths) ? req.prompt_lengths : rows.map(() => req.prompt_lengths || 0);
-  const meta = el("div", { class: "batch-meta" },
+  const meta = el(
+    "div",
+    { class: "batch-meta" },
     el("label", { for: "in-target", text: INPUT.perRow }),
-    el("select", { id: "in-target", onchange: (e) => switchTarget(e.target.value, rows) },
+    el(
+      "select",
+      { id: "in-target", onchange: (e) => switchTarget(e.target.value, rows) },
       el("option", { value: "rewards", text: INPUT.targetRewards, selected: target === "rewards" }),
-      el("option", { value: "advantages", text: INPUT.targetAdvantages, selected: target === "advantages" })),
+      el("option", { value: "advantages", text: INPUT.targetAdvantages, selected: target === "advantages" }),
+    ),
     el("label", { for: "in-group", text: INPUT.groupSize }),
-    numberCell(req.group_size ?? "", (v) => { const inp = editableInput(); if (v) inp.group_size = v; else delete inp.group_size; inputChanged(); }, { id: "in-group", min: 1, step: 1, placeholder: INPUT.groupSizeAll }),
+    numberCell(
+      req.group_size ?? "",
+      (v) => {
+        const inp = editableInput();
+        if (v) inp.group_size = v;
+        else delete inp.group_size;
+        inputChanged();
+      },
+      { id: "in-group", min: 1, step: 1, placeholder: INPUT.groupSizeAll },
+    ),
   );
   host.append(meta);
   rows.forEach((row, i) => host.append(inputRow(req, row, i, target, prompt[i])));
-  host.append(el("div", { class: "row-buttons" },
-    el("button", { type: "button", onclick: () => { const inp = editableInput(); addRow(inp); inputChanged(); }, text: INPUT.addRow })));
+  host.append(
+    el(
+      "div",
+      { class: "row-buttons" },
+      el("button", {
+        type: "button",
+        onclick: () => {
+          const inp = editableInput();
+          addRow(inp);
+          inputChanged();
+        },
+        text: INPUT.addRow,
+      }),
+    ),
+  );
 }
 
 // Rewards -> advantages carries the advantages the server computed for this batch (not the raw
@@ -114,8 +177,12 @@ function switchTarget(target, rows) {
   const inp = editableInput();
   const other = target === "rewards" ? "advantages" : "rewards";
   const last = state.ui.last;
-  const computed = last && last.rows.advantage.length === rows.length ? last.rows[target === "advantages" ? "advantage" : "reward"] : null;
-  inp[target] = (computed && computed.every((v) => v !== null) ? computed.slice() : null) || inp[other] || rows.map(() => 0);
+  const computed =
+    last && last.rows.advantage.length === rows.length
+      ? last.rows[target === "advantages" ? "advantage" : "reward"]
+      : null;
+  inp[target] =
+    (computed && computed.every((v) => v !== null) ? computed.slice() : null) || inp[other] || rows.map(() => 0);
   delete inp[other];
   inputChanged();
 }
@@ -125,7 +192,13 @@ function inputRow(req, row, i, target, promptLength) {
   const gridNode = el("div", { class: "tok-grid", style: `--n:${n}` });
   gridNode.append(el("span", { class: "lab", text: INPUT.token }));
   for (let j = 0; j < n; j += 1) {
-    const text = el("input", { type: "text", class: `tok-text ${j < promptLength ? "prompt" : ""}`, value: req.tokens ? req.tokens[i][j] : "", "aria-label": `row ${i} token ${j} text`, title: j < promptLength ? INPUT.tokenPrompt : "" });
+    const text = el("input", {
+      type: "text",
+      class: `tok-text ${j < promptLength ? "prompt" : ""}`,
+      value: req.tokens ? req.tokens[i][j] : "",
+      "aria-label": `row ${i} token ${j} text`,
+      title: j < promptLength ? INPUT.tokenPrompt : "",
+    });
     text.addEventListener("change", () => {
       const inp = editableInput();
       if (!inp.tokens) inp.tokens = inp.per_token_logps.map((r) => r.map(() => ""));
@@ -138,17 +211,60 @@ function inputRow(req, row, i, target, promptLength) {
     gridNode.append(el("span", { class: "lab", text: CELL_LABELS[name] }));
     for (let j = 0; j < n; j += 1) {
       const values = req[name];
-      gridNode.append(numberCell(values ? values[i][j] : "", (v) => setCell(name, i, j, v), {
-        max: 0, "aria-label": `row ${i} ${CELL_LABELS[name]} ${j}`, placeholder: values ? "" : INPUT.sameAsLogp, class: j < promptLength ? "prompt" : "",
-      }));
+      gridNode.append(
+        numberCell(values ? values[i][j] : "", (v) => setCell(name, i, j, v), {
+          max: 0,
+          "aria-label": `row ${i} ${CELL_LABELS[name]} ${j}`,
+          placeholder: values ? "" : INPUT.sameAsLogp,
+          class: j < promptLength ? "prompt" : "",
+        }),
+      );
     }
   }
-  const header = el("header", {},
+  const header = el(
+    "header",
+    {},
     el("strong", { text: `row ${i}` }),
-    el("label", { text: target === "rewards" ? INPUT.reward : INPUT.advantage }, numberCell(req[target][i], (v) => { const inp = editableInput(); inp[target][i] = v ?? 0; valueChanged(); }, { "aria-label": `row ${i} ${target}` })),
-    el("button", { type: "button", class: "small", title: INPUT.addTokenTitle, onclick: () => { resizeRow(i, 1); }, text: INPUT.addToken }),
-    el("button", { type: "button", class: "small", title: INPUT.removeTokenTitle, disabled: n <= 1, onclick: () => { resizeRow(i, -1); }, text: INPUT.removeToken }),
-    el("button", { type: "button", class: "small", title: INPUT.removeRowTitle, disabled: req.per_token_logps.length <= 1, onclick: () => removeRow(i), text: INPUT.removeRow }),
+    el(
+      "label",
+      { text: target === "rewards" ? INPUT.reward : INPUT.advantage },
+      numberCell(
+        req[target][i],
+        (v) => {
+          const inp = editableInput();
+          inp[target][i] = v ?? 0;
+          valueChanged();
+        },
+        { "aria-label": `row ${i} ${target}` },
+      ),
+    ),
+    el("button", {
+      type: "button",
+      class: "small",
+      title: INPUT.addTokenTitle,
+      onclick: () => {
+        resizeRow(i, 1);
+      },
+      text: INPUT.addToken,
+    }),
+    el("button", {
+      type: "button",
+      class: "small",
+      title: INPUT.removeTokenTitle,
+      disabled: n <= 1,
+      onclick: () => {
+        resizeRow(i, -1);
+      },
+      text: INPUT.removeToken,
+    }),
+    el("button", {
+      type: "button",
+      class: "small",
+      title: INPUT.removeRowTitle,
+      disabled: req.per_token_logps.length <= 1,
+      onclick: () => removeRow(i),
+      text: INPUT.removeRow,
+    }),
   );
   return el("div", { class: "input-row" }, header, gridNode);
 }
@@ -158,7 +274,8 @@ function setCell(name, i, j, value) {
   const created = !inp[name];
   if (created) inp[name] = inp.per_token_logps.map((r) => r.slice());
   inp[name][i][j] = value ?? inp.per_token_logps[i][j];
-  if (created) inputChanged(); // the other cells of the new field now show values
+  if (created)
+    inputChanged(); // the other cells of the new field now show values
   else valueChanged();
 }
 
@@ -166,7 +283,8 @@ function resizeRow(i, delta) {
   const inp = editableInput();
   for (const name of ROW_FIELDS) {
     if (!inp[name]) continue;
-    if (delta > 0) inp[name][i].push(name === "tokens" ? "" : name === "completion_mask" ? 1 : (inp[name][i].at(-1) ?? -1));
+    if (delta > 0)
+      inp[name][i].push(name === "tokens" ? "" : name === "completion_mask" ? 1 : (inp[name][i].at(-1) ?? -1));
     else inp[name][i].pop();
   }
   inputChanged();
@@ -194,6 +312,8 @@ export function renderJSONBox() {
   $("#json-box").value = JSON.stringify({ ...currentRequest(), config: state.config }, null, 1);
 }
 
+const FROM_JSON_BOX = new Set(["json", "import", "upload"]); // read from the box's text (or a binary file: no text)
+
 function applyJSON(origin = { kind: "json", name: "" }) {
   let body;
   try {
@@ -207,30 +327,20 @@ function applyJSON(origin = { kind: "json", name: "" }) {
     return;
   }
   const { config, ...input } = body;
-  if (config) state.config = { preset: "article", ...config };
-  state.input = input;
-  state.ui.origin = origin;
-  state.ui.uploadFile = null;
-  state.row = -1;
-  renderInputTable();
-  hooks.computeNow();
+  load({ input, config }, origin);
 }
 
 async function onUpload(file) {
   if (!file) return;
   $("#upload-error").textContent = "";
-  if (file.name.toLowerCase().endsWith(".json")) {
+  const json = formats().find((f) => f.name === "json").extensions; // the request's own text: into the JSON box
+  if (json.some((ext) => file.name.toLowerCase().endsWith(ext))) {
     $("#json-box").value = await file.text();
     applyJSON({ kind: "upload", name: file.name });
     return;
   }
-  state.ui.uploadFile = file;
-  state.ui.origin = { kind: "upload", name: file.name };
-  state.input = null;
-  state.row = -1;
   $("#upload-info").textContent = INPUT.uploaded(file.name, file.size);
-  renderInputTable();
-  hooks.computeNow();
+  load({ file }, { kind: "upload", name: file.name });
 }
 
 function exportInput() {
@@ -254,17 +364,16 @@ function buildScenarios() {
   select.value = state.scenario;
   select.addEventListener("change", () => {
     const s = scenarios().get(select.value);
-    state.scenario = s.name;
-    state.input = null;
-    state.ui.uploadFile = null;
-    state.ui.origin = { kind: "scenario", name: "" };
-    state.row = -1;
-    state.config = { preset: s.preset, ...s.overrides };
-    renderScenarioNotes();
-    renderInputTable();
-    renderJSONBox();
-    hooks.computeNow();
+    load({ scenario: s.name, config: { preset: s.preset, ...s.overrides } }, { kind: "scenario", name: "" });
   });
+}
+
+// After a load: the views of the input show the new batch, except the one it came from (a table
+// redrawn under the cell being edited would lose the focus; a pasted JSON text keeps its layout).
+export function showLoaded(origin) {
+  renderScenarioNotes();
+  if (origin.kind !== "edited") renderInputTable();
+  if (!FROM_JSON_BOX.has(origin.kind)) renderJSONBox();
 }
 
 // The notes and the header name what is loaded: a scenario, an edited one, a JSON batch, a file.

@@ -6,8 +6,9 @@
 // names what differs between them, and a click on a point opens that step's batch in the breakdown
 // views. The numbers all come from the server; this module only draws them.
 
-import { ApiError, getJSON } from "./api.js";
-import { $, clear, el, loadPlotly } from "./dom.js";
+import { events, getJSON, remove, sendJSON } from "./api.js";
+import { labMetric, labOverlay, labTrace } from "./charts.js";
+import { $, clear, el, loadPlotly, plot, purge } from "./dom.js";
 import { fmt } from "./format.js";
 
 const COLOURS = ["#2f5bd3", "#e45756", "#1a7f4b", "#f58518", "#8e44ad", "#17becf", "#8c564b", "#bcbd22"];
@@ -27,15 +28,18 @@ const lab = {
 };
 
 const MARGIN = "150px 0px"; // a chart this close to the viewport counts as on screen
-const observer = new IntersectionObserver((entries) => {
-  for (const entry of entries) {
-    if (!entry.isIntersecting) lab.visible.delete(entry.target);
-    else {
-      lab.visible.add(entry.target);
-      drawQueued(entry.target.id);
+const observer = new IntersectionObserver(
+  (entries) => {
+    for (const entry of entries) {
+      if (!entry.isIntersecting) lab.visible.delete(entry.target);
+      else {
+        lab.visible.add(entry.target);
+        drawQueued(entry.target.id);
+      }
     }
-  }
-}, { rootMargin: MARGIN });
+  },
+  { rootMargin: MARGIN },
+);
 
 const chartId = (metric) => `lab-chart-${metric.replace(/[^a-z0-9]+/gi, "-")}`;
 
@@ -50,7 +54,14 @@ export async function setup(hooks) {
   preset.value = "article";
   const canned = $("#lab-comparisons");
   for (const c of lab.info.comparisons) {
-    canned.append(el("button", { type: "button", text: c.title, dataset: { comparison: c.name }, onclick: () => startComparison(c) }));
+    canned.append(
+      el("button", {
+        type: "button",
+        text: c.title,
+        dataset: { comparison: c.name },
+        onclick: () => startComparison(c),
+      }),
+    );
   }
   $("#lab-start").addEventListener("click", startFromForm);
   $("#lab-clear").addEventListener("click", clearRuns);
@@ -71,20 +82,12 @@ async function buildCharts() {
   $("#lab-empty").hidden = true;
   const box = clear($("#lab-charts"));
   const nodes = new Map([[OVERLAY, el("div", { class: "lab-chart", id: OVERLAY })]]);
-  for (const metric of orderedMetrics()) nodes.set(chartId(metric), el("div", { class: "lab-chart", id: chartId(metric) }));
+  for (const metric of orderedMetrics())
+    nodes.set(chartId(metric), el("div", { class: "lab-chart", id: chartId(metric) }));
   box.append(...nodes.values());
   await loadPlotly();
-  const layout = (title) => ({
-    title: { text: title, font: { size: 13 } }, height: 220, margin: { l: 50, r: 50, t: 30, b: 25 },
-    xaxis: { rangemode: "tozero" }, showlegend: false, hovermode: "closest", // the run list above is the key
-  });
-  const config = { responsive: true, displaylogo: false };
-  await Plotly.newPlot(nodes.get(OVERLAY), [], {
-    ...layout("reward (solid, left axis) and loss (dotted, right axis): the loss is not progress"),
-    height: 300, showlegend: true, legend: { orientation: "h", y: -0.12 }, margin: { l: 50, r: 60, t: 30, b: 40 },
-    yaxis: { title: { text: "reward" } }, yaxis2: { title: { text: "loss" }, overlaying: "y", side: "right" },
-  }, config);
-  for (const metric of orderedMetrics()) await Plotly.newPlot(nodes.get(chartId(metric)), [], layout(metric), config);
+  await plot(nodes.get(OVERLAY), labOverlay());
+  for (const metric of orderedMetrics()) await plot(nodes.get(chartId(metric)), labMetric(metric));
   for (const node of nodes.values()) {
     node.on("plotly_click", openPoint);
     if (node.isConnected) observer.observe(node); // not one the runs were cleared from meanwhile
@@ -98,7 +101,7 @@ function removeCharts() {
   lab.visible.clear();
   for (const node of $("#lab-charts").children) {
     observer.unobserve(node);
-    if (window.Plotly) Plotly.purge(node);
+    purge(node);
   }
   clear($("#lab-charts"));
   $("#lab-empty").hidden = false;
@@ -145,20 +148,26 @@ async function startComparison(comparison) {
 }
 
 async function startRun(body) {
-  const response = await fetch("/api/v1/lab/runs", {
-    method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body),
-  });
-  const data = await response.json();
-  if (!response.ok) {
-    $("#lab-error").textContent = new ApiError(response.status, data.detail).message;
+  let data;
+  try {
+    data = await sendJSON("/api/v1/lab/runs", body);
+  } catch (err) {
+    $("#lab-error").textContent = err.message;
     return;
   }
-  const run = { id: data.id, body: data.lab, colour: COLOURS[lab.runs.length % COLOURS.length], status: data.status, steps: 0 };
+  const run = {
+    id: data.id,
+    body: data.lab,
+    colour: COLOURS[lab.runs.length % COLOURS.length],
+    status: data.status,
+    steps: 0,
+  };
   lab.runs.push(run);
   renderRunList();
   try {
     await charts();
-  } catch (err) { // plotly.js did not load: say so; the next run tries again
+  } catch (err) {
+    // plotly.js did not load: say so; the next run tries again
     lab.charts = null;
     $("#lab-error").textContent = err.message;
     return;
@@ -167,16 +176,24 @@ async function startRun(body) {
   addTraces(run);
   renameTraces();
   // The stream opens once the run has its traces: no step arrives before there is a line to extend.
-  run.source = new EventSource(`/api/v1/lab/runs/${encodeURIComponent(run.id)}/events`);
-  for (const kind of ["queued", "started", "step", "done", "error", "cancelled", "interrupted"]) {
-    run.source.addEventListener(kind, (e) => onEvent(run, kind, JSON.parse(e.data)));
-  }
+  const kinds = ["queued", "started", "step", "done", "error", "cancelled", "interrupted"];
+  run.source = events(
+    `/api/v1/lab/runs/${encodeURIComponent(run.id)}/events`,
+    Object.fromEntries(kinds.map((kind) => [kind, (data) => onEvent(run, kind, data)])),
+  );
+}
+
+// The run's end comes as an event; a cancel the server refuses (the run is gone) is said under the form.
+function cancel(run) {
+  remove(`/api/v1/lab/runs/${encodeURIComponent(run.id)}`).catch((err) => {
+    $("#lab-error").textContent = err.message;
+  });
 }
 
 function clearRuns() {
   for (const run of lab.runs) {
     run.source?.close();
-    if (!TERMINAL.has(run.status)) fetch(`/api/v1/lab/runs/${encodeURIComponent(run.id)}`, { method: "DELETE" });
+    if (!TERMINAL.has(run.status)) cancel(run);
   }
   lab.runs = [];
   lab.pending = [];
@@ -227,9 +244,25 @@ function flush() {
   };
   for (const [run, steps] of byRun) {
     const xs = steps.map((d) => d.step);
-    for (const metric of lab.info.metrics) add(chartId(metric), run.traces[metric], xs, steps.map((d) => d[metric]));
-    add(OVERLAY, run.traces.overlayReward, xs, steps.map((d) => d.reward));
-    add(OVERLAY, run.traces.overlayLoss, xs, steps.map((d) => d.loss));
+    for (const metric of lab.info.metrics)
+      add(
+        chartId(metric),
+        run.traces[metric],
+        xs,
+        steps.map((d) => d[metric]),
+      );
+    add(
+      OVERLAY,
+      run.traces.overlayReward,
+      xs,
+      steps.map((d) => d.reward),
+    );
+    add(
+      OVERLAY,
+      run.traces.overlayLoss,
+      xs,
+      steps.map((d) => d.loss),
+    );
   }
   for (const node of lab.visible) drawQueued(node.id);
   renderRunList();
@@ -247,17 +280,16 @@ function drawQueued(id) {
 
 function addTraces(run) {
   run.traces = {};
-  const base = { x: [], y: [], mode: "lines+markers", marker: { size: 4 }, line: { color: run.colour, width: 2 }, meta: run.id };
   for (const metric of lab.info.metrics) {
     const node = document.getElementById(chartId(metric));
     run.traces[metric] = node.data.length;
-    Plotly.addTraces(node, { ...base, name: run.id });
+    Plotly.addTraces(node, labTrace(run, run.id));
   }
   const overlay = document.getElementById(OVERLAY);
   run.traces.overlayReward = overlay.data.length;
-  Plotly.addTraces(overlay, { ...base, name: `${run.id}: reward` });
+  Plotly.addTraces(overlay, labTrace(run, `${run.id}: reward`, "reward"));
   run.traces.overlayLoss = overlay.data.length;
-  Plotly.addTraces(overlay, { ...base, name: `${run.id}: loss`, yaxis: "y2", line: { ...base.line, dash: "dot" } });
+  Plotly.addTraces(overlay, labTrace(run, `${run.id}: loss`, "loss"));
 }
 
 // The legend names what differs between the runs on the page (their request fields).
@@ -272,7 +304,9 @@ function flatten(body) {
 
 export function runLabels(runs) {
   const flat = runs.map((r) => flatten(r.body));
-  const keys = [...new Set(flat.flatMap(Object.keys))].filter((k) => k !== "preset" && new Set(flat.map((f) => JSON.stringify(f[k]))).size > 1);
+  const keys = [...new Set(flat.flatMap(Object.keys))].filter(
+    (k) => k !== "preset" && new Set(flat.map((f) => JSON.stringify(f[k]))).size > 1,
+  );
   return runs.map((r, i) => (keys.length ? keys.map((k) => `${k}=${flat[i][k]}`).join(" · ") : r.id));
 }
 
@@ -280,25 +314,46 @@ function renameTraces() {
   const labels = runLabels(lab.runs);
   for (const metric of lab.info.metrics) {
     const node = document.getElementById(chartId(metric));
-    Plotly.restyle(node, { name: labels }, lab.runs.map((r) => r.traces[metric]));
+    Plotly.restyle(
+      node,
+      { name: labels },
+      lab.runs.map((r) => r.traces[metric]),
+    );
   }
   const overlay = document.getElementById(OVERLAY);
-  Plotly.restyle(overlay, { name: lab.runs.flatMap((_, i) => [`${labels[i]}: reward`, `${labels[i]}: loss`]) },
-    lab.runs.flatMap((r) => [r.traces.overlayReward, r.traces.overlayLoss]));
+  Plotly.restyle(
+    overlay,
+    { name: lab.runs.flatMap((_, i) => [`${labels[i]}: reward`, `${labels[i]}: loss`]) },
+    lab.runs.flatMap((r) => [r.traces.overlayReward, r.traces.overlayLoss]),
+  );
 }
 
 function renderRunList() {
   const list = clear($("#lab-runs"));
   const labels = runLabels(lab.runs);
   lab.runs.forEach((run, i) => {
-    const cancel = TERMINAL.has(run.status) ? null : el("button", {
-      type: "button", text: "Cancel", onclick: () => fetch(`/api/v1/lab/runs/${encodeURIComponent(run.id)}`, { method: "DELETE" }),
-    });
-    list.append(el("li", { dataset: { run: run.id, status: run.status } },
-      el("span", { class: "swatch", style: `background:${run.colour}` }),
-      el("strong", { text: labels[i] }), " ",
-      el("span", { class: "muted", text: `${run.id} · ${run.status}${run.reason ? ` (${run.reason})` : ""} · step ${run.steps}/${run.body.steps}` }),
-      " ", cancel));
+    const cancel = TERMINAL.has(run.status)
+      ? null
+      : el("button", {
+          type: "button",
+          text: "Cancel",
+          onclick: () => cancel(run),
+        });
+    list.append(
+      el(
+        "li",
+        { dataset: { run: run.id, status: run.status } },
+        el("span", { class: "swatch", style: `background:${run.colour}` }),
+        el("strong", { text: labels[i] }),
+        " ",
+        el("span", {
+          class: "muted",
+          text: `${run.id} · ${run.status}${run.reason ? ` (${run.reason})` : ""} · step ${run.steps}/${run.body.steps}`,
+        }),
+        " ",
+        cancel,
+      ),
+    );
   });
 }
 

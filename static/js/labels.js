@@ -44,10 +44,12 @@ export const HEATMAP_TITLES = {
 
 // A pooled heatmap (app/responses.py pools grids with more cells than pixels) says so.
 export const POOLED = {
-  title: (title, rows, positions, mid) => `${title.replace(/ \(.*\)$/, "")} · pooled by ${rows === 1 ? "" : `${rows} rows × `}${positions} positions: each cell its token farthest from ${mid}`,
+  title: (title, rows, positions, mid) =>
+    `${title.replace(/ \(.*\)$/, "")} · pooled by ${rows === 1 ? "" : `${rows} rows × `}${positions} positions: each cell its token farthest from ${mid}`,
   rows: (first, last) => (first === last ? `row ${first}` : `rows ${first}–${last}`),
   positions: (first, last) => (first === last ? `position ${first}` : `positions ${first}–${last}`),
-  hover: (field) => `%{y}, %{customdata[0]}<br>${field} %{z:.4g}: the farthest from the centre of %{customdata[1]} counted tokens<extra></extra>`,
+  hover: (field) =>
+    `%{y}, %{customdata[0]}<br>${field} %{z:.4g}: the farthest from the centre of %{customdata[1]} counted tokens<extra></extra>`,
 };
 
 // Hover text on what the clip did to a token, by region.
@@ -101,13 +103,15 @@ export const INPUT = {
   removeTokenTitle: "remove the last token",
   removeRow: "remove row",
   removeRowTitle: "remove this row",
-  tooLarge: (rows, total) => `${rows} rows, ${total} tokens: too many to edit as a table. Use the JSON tab or upload a file.`,
-  fromFile: (name) => `The batch comes from the file ${name}; the server holds it. Edit a JSON copy via the JSON tab, or pick a scenario.`,
+  tooLarge: (rows, total) =>
+    `${rows} rows, ${total} tokens: too many to edit as a table. Use the JSON tab or upload a file.`,
+  fromFile: (name) =>
+    `The batch comes from the file ${name}; the server holds it. Edit a JSON copy via the JSON tab, or pick a scenario.`,
   uploaded: (name, size) => `${name}, ${size} bytes: evaluated by the server on every change.`,
   notJSON: (msg) => `Not valid JSON: ${msg}`,
   notObject: "Expected a JSON object with the /api/v1/loss fields.",
   fileHoldsBatch: "This batch lives in the uploaded file; keep that file.",
-  exportFailed: (fmt, status) => `Export as ${fmt} failed (HTTP ${status}).`,
+  exportFailed: (fmt, message) => `Export as ${fmt} failed: ${message}`,
 };
 
 export const STATUS = {
@@ -124,7 +128,8 @@ export const SUMMARY = {
   noClamp: "No clamp touched any token.",
   clamps: (list) => `Clamps that touched tokens: ${list}.`,
   touched: (n) => `touched ${n} token${n === 1 ? "" : "s"}`,
-  largeBatch: (positions, row) => `This batch has ${positions} positions, more than the per-token limit: the heatmaps show every row, the other per-token charts the tokens of row ${row} (pick another row below or in the rows table).`,
+  largeBatch: (positions, row) =>
+    `This batch has ${positions} positions, more than the per-token limit: the heatmaps show every row, the other per-token charts the tokens of row ${row} (pick another row below or in the rows table).`,
 };
 
 export const ROWS = {
@@ -142,14 +147,15 @@ export const SCENARIO = {
   file: (name) => `From the file ${name}`,
   importNote: "Imported from an exported input file.",
   uploadNote: "Uploaded; the server evaluates the file on every change.",
-  loaded: (kind, title, name) => ({
-    scenario: `Loaded: ${title}`,
-    edited: `Loaded: ${title}, edited`,
-    json: "Loaded: JSON input",
-    import: `Loaded: imported ${name}`,
-    upload: `Loaded: uploaded ${name}`,
-    step: `Loaded: ${name}`,
-  })[kind],
+  loaded: (kind, title, name) =>
+    ({
+      scenario: `Loaded: ${title}`,
+      edited: `Loaded: ${title}, edited`,
+      json: "Loaded: JSON input",
+      import: `Loaded: imported ${name}`,
+      upload: `Loaded: uploaded ${name}`,
+      step: `Loaded: ${name}`,
+    })[kind],
 };
 
 export const STALE = {
@@ -190,8 +196,17 @@ export const UPLOAD = {
     ["prompt_lengths", "() or (B,)", "int", "optional: leading positions to exclude"],
     ["entropies", "(B, T)", "float", "optional: for the entropy metric"],
     ["tokens", "(B, T)", "strings", "optional, JSON/NPZ only: display text"],
-    ["logits + token_ids", "(B, T, V) + (B, T)", "float + int", "instead of log-probs (.pt, safetensors, NPZ): shifted and gathered; ref_logits, old_logits, prompt_length, temperature optional"],
+    [
+      "logits + token_ids",
+      "(B, T, V) + (B, T)",
+      "float + int",
+      "instead of log-probs (.pt, safetensors, NPZ): shifted and gathered; ref_logits, old_logits, prompt_length, temperature optional",
+    ],
   ],
-  precision: "Inputs stored as bfloat16 or float16 are widened exactly to float32 before the computation: the rounding they carry (bfloat16 keeps about 3 significant digits, so a log-prob of -1.2345 arrives as -1.234375) is already in every number shown.",
+  precision:
+    "Inputs stored as bfloat16 or float16 are widened exactly to float32 before the computation: the rounding they carry (bfloat16 keeps about 3 significant digits, so a log-prob of -1.2345 arrives as -1.234375) is already in every number shown.",
   examples: "Example files (the article's batch):",
+  // the file input's label, from /api/v1/options's formats (labels: "JSON, JSONL or .pt")
+  fileLabel: (labels) => `A batch file: ${labels} (tensors only; logits with token_ids go through the causal shift)`,
+  exportTitle: (label) => `Download the input batch as ${label} (the upload reads it back)`,
 };

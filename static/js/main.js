@@ -1,8 +1,11 @@
 // Wires the page: options -> controls; state <-> URL; input -> /api/v1/loss -> the views.
-// The modules: state.js (the one state object), labels.js (every label), input.js (the input
-// editor), controls.js (the settings), views.js (summary, charts, rows), compare.js, reference.js.
+// The modules: state.js (the one state object and the one way a batch is loaded), api.js (every
+// request), charts.js (every figure), dom.js (DOM helpers and the one drawing call), redraw.js (which
+// view is drawn when), labels.js (every label), format.js (numbers as text), input.js (the input
+// editor), controls.js (the settings), views.js (summary, charts, rows), compare.js, reference.js,
+// runs.js (captured runs), lab.js (live lab runs).
 
-import { ApiError, getJSON, postForm, postJSON } from "./api.js";
+import { ApiError, postForm, postJSON } from "./api.js";
 import * as compare from "./compare.js";
 import { buildControls, renderControls } from "./controls.js";
 import { $, download, el, setStatus } from "./dom.js";
@@ -12,7 +15,7 @@ import * as lab from "./lab.js";
 import { EXPERIMENTS, STALE, STATUS } from "./labels.js";
 import { currentSeq, drawOnScreen, hold, invalidate, isCurrent, whenQuiet } from "./redraw.js";
 import { buildGlossary, loadExperiments } from "./reference.js";
-import { currentRequest, readURL, scenarios, state, writeURL } from "./state.js";
+import { currentRequest, load, onLoad, readURL, state, writeURL } from "./state.js";
 import * as runs from "./runs.js";
 import * as views from "./views.js";
 
@@ -110,9 +113,13 @@ function exportCSV() {
   const fields = ["ratio", "clipped_ratio", "surrogate", "kl", "weight", "loss", "grad", "grad_policy", "grad_kl"];
   const quote = (s) => `"${String(s).replace(/"/g, '""')}"`;
   const lines = [["row", "position", "token", "region", ...fields].join(",")];
-  last.token_rows.forEach((row, k) => t.ratio[k].forEach((_, j) => {
-    lines.push([row, j, quote(t.text ? t.text[k][j] : ""), t.region[k][j], ...fields.map((f) => t[f][k][j])].join(","));
-  }));
+  last.token_rows.forEach((row, k) =>
+    t.ratio[k].forEach((_, j) => {
+      lines.push(
+        [row, j, quote(t.text ? t.text[k][j] : ""), t.region[k][j], ...fields.map((f) => t[f][k][j])].join(","),
+      );
+    }),
+  );
   download("grpo-lens-breakdown.csv", lines.join("\n"), "text/csv");
 }
 
@@ -126,18 +133,16 @@ async function copyLink() {
   }
 }
 
+// Every load (state.js `load`): the input views show the new batch, then one recompute (an edit's own
+// recompute, a moment later, replaces this one).
+function onLoaded(origin) {
+  input.showLoaded(origin);
+  schedule(0);
+}
+
 // A lab step's batch (an /api/v1/loss request and its config) becomes the input of every view.
 function openBatch(request, config, title, note) {
-  state.scenario = "";
-  state.input = request;
-  state.config = config;
-  state.row = -1;
-  state.ui.uploadFile = null;
-  state.ui.origin = { kind: "step", name: title, note };
-  input.renderInputTable();
-  input.renderJSONBox();
-  input.renderScenarioNotes();
-  compute();
+  load({ scenario: "", input: request, config }, { kind: "step", name: title, note });
   $("#summary").scrollIntoView();
 }
 
@@ -153,17 +158,24 @@ async function init() {
   const boot = readBoot();
   state.ui.options = boot.options;
   readURL(state.ui.options.fields);
-  if (!scenarios().has(state.scenario)) state.scenario = "article";
-  if (state.input) state.ui.origin = { kind: "edited", name: "" };
   // (With every row's tokens in the answer, the heatmap_rows the page asks for changes nothing.)
-  const carried = boot.first && boot.first.answer.tokens_complete && !state.ui.uploadFile && sameJSON(boot.first.request, { ...currentRequest(), config: state.config });
+  const carried =
+    boot.first &&
+    boot.first.answer.tokens_complete &&
+    !state.ui.uploadFile &&
+    sameJSON(boot.first.request, { ...currentRequest(), config: state.config });
   const first = carried ? Promise.resolve(boot.first.answer) : fetchLoss(); // in flight while the controls are built
   first.catch(() => {}); // its error is reported by compute() below
   views.setup({ pickRow });
-  input.setup({ recompute: schedule, computeNow: compute });
+  input.setup({ recompute: schedule });
+  onLoad(onLoaded);
   buildControls(schedule);
-  for (const id of ["#contrib-row", "#grad-row"]) $(id).addEventListener("change", (e) => pickRow(Number(e.target.value)));
-  $("#export-json").addEventListener("click", () => state.ui.last && download("grpo-lens-breakdown.json", JSON.stringify(state.ui.last)));
+  for (const id of ["#contrib-row", "#grad-row"])
+    $(id).addEventListener("change", (e) => pickRow(Number(e.target.value)));
+  $("#export-json").addEventListener(
+    "click",
+    () => state.ui.last && download("grpo-lens-breakdown.json", JSON.stringify(state.ui.last)),
+  );
   $("#export-csv").addEventListener("click", exportCSV);
   $("#copy-link").addEventListener("click", copyLink);
   compare.setup();
@@ -173,32 +185,37 @@ async function init() {
   // control moved or a reload right after it is not kept waiting.
   buildGlossary();
   whenQuiet(() => {
-    setupRuns().catch((err) => { $("#run-info").textContent = err.message; });
-    lab.setup({ presets: () => state.ui.options.presets, openBatch }).catch((err) => { $("#lab-error").textContent = err.message; });
-    loadExperiments().catch((err) => { $("#experiments").textContent = EXPERIMENTS.failed(err.message); });
+    setupRuns().catch((err) => {
+      $("#run-info").textContent = err.message;
+    });
+    lab.setup({ presets: () => state.ui.options.presets, openBatch }).catch((err) => {
+      $("#lab-error").textContent = err.message;
+    });
+    loadExperiments().catch((err) => {
+      $("#experiments").textContent = EXPERIMENTS.failed(err.message);
+    });
   });
 }
 
 // Deep equality of two JSON values (the carried request against the page's own).
 function sameJSON(a, b) {
   if (a === b) return true;
-  if (typeof a !== "object" || typeof b !== "object" || a === null || b === null || Array.isArray(a) !== Array.isArray(b)) return false;
+  if (
+    typeof a !== "object" ||
+    typeof b !== "object" ||
+    a === null ||
+    b === null ||
+    Array.isArray(a) !== Array.isArray(b)
+  )
+    return false;
   const keys = Object.keys(a);
   return keys.length === Object.keys(b).length && keys.every((k) => Object.hasOwn(b, k) && sameJSON(a[k], b[k]));
 }
 
-// The Runs view: its step slider loads a captured step into every view, through the same input
-// path as a pasted JSON body (state.input and state.config, then one recompute).
+// The Runs view: its step slider loads a captured step into every view (an /api/v1/loss body).
 function loadRequest(body, title = "", note = "") {
   const { config, ...fields } = body;
-  state.config = { ...config, preset: config.preset || "article" };
-  state.input = fields;
-  state.ui.uploadFile = null;
-  state.ui.origin = { kind: "step", name: title, note };
-  state.row = -1;
-  input.renderInputTable();
-  input.renderScenarioNotes();
-  schedule(0);
+  load({ input: fields, config }, { kind: "step", name: title, note });
 }
 
 async function setupRuns() {
@@ -213,7 +230,9 @@ async function setupRuns() {
 window.grpoLens = {
   state,
   isCurrent,
-  get last() { return state.ui.last; },
+  get last() {
+    return state.ui.last;
+  },
   request: lossRequest,
   drawSummary: (data) => views.renderSummary(data),
   drawCharts: (data) => drawOnScreen("loss", data),

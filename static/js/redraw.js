@@ -13,14 +13,17 @@ let quietTimer = null;
 let idleHandle = null;
 let generation = 0; // bumped by new data: an idle round from before it stops
 
-const observer = new IntersectionObserver((entries) => {
-  for (const entry of entries) {
-    const view = views.get(entry.target.id);
-    if (!view) continue;
-    view.visible = entry.isIntersecting;
-    if (view.visible) bringUpToDate(view);
-  }
-}, { rootMargin: MARGIN });
+const observer = new IntersectionObserver(
+  (entries) => {
+    for (const entry of entries) {
+      const view = views.get(entry.target.id);
+      if (!view) continue;
+      view.visible = entry.isIntersecting;
+      if (view.visible) bringUpToDate(view);
+    }
+  },
+  { rootMargin: MARGIN },
+);
 
 function source(name) {
   if (!sources.has(name)) sources.set(name, { seq: 0, data: null, stale: false, refresh: null });
@@ -113,7 +116,9 @@ function scheduleIdle() {
   clearTimeout(quietTimer);
   if (idleHandle !== null) cancelIdleCallback(idleHandle);
   idleHandle = null;
-  quietTimer = setTimeout(() => { idleHandle = requestIdleCallback(() => drawOneStale(mine)); }, QUIET_MS);
+  quietTimer = setTimeout(() => {
+    idleHandle = requestIdleCallback(() => drawOneStale(mine));
+  }, QUIET_MS);
 }
 
 function drawOneStale(mine) {

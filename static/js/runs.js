@@ -4,18 +4,12 @@
 // the same batches under another preset. Every number comes from the server.
 
 import { getJSON, postJSON } from "./api.js";
+import { lossChart, metricsChart, replayChart } from "./charts.js";
 import { $, clear, el, plot } from "./dom.js";
 import { fmt } from "./format.js";
 
 let hooks = null; // { loadRequest(body) }: puts a /api/v1/loss body into the page's state and redraws
 let current = null; // the open run's /api/v1/runs/{run} response
-
-const FONT = { family: "system-ui, sans-serif", size: 12 };
-const layout = (title, extra = {}) => ({
-  title: { text: title, font: { ...FONT, size: 13 } }, font: FONT, height: 280,
-  margin: { l: 60, r: 20, t: 36, b: 40 }, xaxis: { title: { text: "optimiser step" }, dtick: 1 },
-  legend: { orientation: "h", y: -0.3 }, ...extra,
-});
 
 export function setup(h) {
   hooks = h;
@@ -29,9 +23,12 @@ export function setup(h) {
 export async function refresh() {
   const runs = await getJSON("/api/v1/runs?limit=1000"); // the newest 1,000: the listing's largest page
   const select = clear($("#run-select"));
-  select.append(el("option", { value: "", text: runs.length ? "choose a run" : "no runs yet (grpo.capture or the lab)" }));
+  select.append(
+    el("option", { value: "", text: runs.length ? "choose a run" : "no runs yet (grpo.capture or the lab)" }),
+  );
   for (const r of runs) {
-    const text = r.valid === false ? `${r.name} · unreadable: ${r.error}` : `${r.name} · ${r.source} · ${r.steps} steps`;
+    const text =
+      r.valid === false ? `${r.name} · unreadable: ${r.error}` : `${r.name} · ${r.source} · ${r.steps} steps`;
     select.append(el("option", { value: r.name, text, disabled: r.valid === false }));
   }
   $("#runs").dataset.count = String(runs.length);
@@ -44,8 +41,11 @@ export async function openRun(name) {
   const data = await getJSON(`/api/v1/runs/${encodeURIComponent(name)}`);
   current = data;
   const bad = data.steps.filter((s) => !s.ok).map((s) => s.step);
-  $("#run-info").textContent = `${data.name}: ${data.source}, ${data.steps.length} steps, ${data.files} micro-batches. ` +
-    (data.ok ? `Every micro-batch matches the trainer (relative error ≤ ${data.rtol}).` : `Mismatch at steps ${bad.join(", ")}.`);
+  $("#run-info").textContent =
+    `${data.name}: ${data.source}, ${data.steps.length} steps, ${data.files} micro-batches. ` +
+    (data.ok
+      ? `Every micro-batch matches the trainer (relative error ≤ ${data.rtol}).`
+      : `Mismatch at steps ${bad.join(", ")}.`);
   $("#run-info").className = data.ok ? "run-info" : "run-info error";
   const slider = $("#run-step");
   slider.min = String(data.steps[0]?.step ?? 1);
@@ -63,10 +63,16 @@ async function showStep(step) {
   const query = micro === "" ? "" : `?micro=${micro}`;
   const data = await getJSON(`/api/v1/runs/${encodeURIComponent(current.name)}/steps/${step}${query}`);
   const trainer = data.trainer.map((t) => fmt(t.loss)).join(" + ");
-  $("#run-step-label").textContent = `step ${step}` + (micro === "" ? ` (micro-batches ${data.micro_batches.join(", ")} joined)` : `, micro-batch ${micro}`) +
+  $("#run-step-label").textContent =
+    `step ${step}` +
+    (micro === "" ? ` (micro-batches ${data.micro_batches.join(", ")} joined)` : `, micro-batch ${micro}`) +
     ` · trainer's loss ${trainer} · GRPO Lens ${fmt(data.breakdown.loss)}`;
   $("#runs").dataset.step = String(step);
-  hooks.loadRequest(data.request, `Run ${current.name}, step ${step}` + (micro === "" ? "" : `, micro-batch ${micro}`), $("#run-step-label").textContent);
+  hooks.loadRequest(
+    data.request,
+    `Run ${current.name}, step ${step}` + (micro === "" ? "" : `, micro-batch ${micro}`),
+    $("#run-step-label").textContent,
+  );
 }
 
 async function replay() {
@@ -81,61 +87,4 @@ async function replay() {
     const more = await postJSON("replay", `${url}?after=${data.next}`, { config: { preset } });
     data = more && { ...more, steps: [...data.steps, ...more.steps] };
   }
-}
-
-// --- charts: the API's JSON in, Plotly figures out ------------------------------------------------
-export function lossChart(data) {
-  const x = data.steps.map((s) => s.step);
-  const bad = data.steps.filter((s) => !s.ok);
-  return {
-    data: [
-      { x, y: data.steps.map((s) => s.trainer_loss), name: "trainer (returned, summed over micro-batches)", mode: "lines+markers", line: { color: "#6b7280" } },
-      { x, y: data.steps.map((s) => s.lens_loss), name: "GRPO Lens (recomputed)", mode: "lines+markers", line: { color: "#2563eb", dash: "dot" } },
-      { x: bad.map((s) => s.step), y: bad.map((s) => s.lens_loss), name: "mismatch", mode: "markers", marker: { color: "#dc2626", size: 14, symbol: "x" } },
-    ],
-    layout: layout("Loss per step: trainer vs recomputed", { yaxis: { title: { text: "loss" } } }),
-  };
-}
-
-const METRICS = [
-  ["clip_ratio/region_mean", "#dc2626"], ["clip_ratio/low_mean", "#f97316"], ["clip_ratio/high_mean", "#eab308"],
-  ["actor/pg_clipfrac", "#db2777"], ["kl", "#7c3aed"],
-];
-
-export function metricsChart(data) {
-  const x = data.steps.map((s) => s.step);
-  const traces = [];
-  for (const [name, color] of METRICS) {
-    if (!data.steps.some((s) => name in s.lens_mean)) continue;
-    traces.push({ x, y: data.steps.map((s) => s.lens_mean[name] ?? null), name: `${name} (GRPO Lens, mean over micro-batches)`, mode: "lines+markers", line: { color } });
-    if (data.steps.some((s) => name in s.logged)) {
-      traces.push({ x, y: data.steps.map((s) => s.logged[name] ?? null), name: `${name} (trainer logged)`, mode: "markers", marker: { color, symbol: "circle-open", size: 11 } });
-    }
-  }
-  const extra = [
-    ["reward", (s) => s.reward, "#16a34a"],
-    ["advantage std", (s) => s.lens_mean["lens/advantage/std"], "#0891b2"],
-    ["mean length", (s) => s.lens_mean["completions/mean_length"], "#64748b"],
-  ];
-  for (const [name, get, color] of extra) {
-    if (data.steps.some((s) => get(s) != null)) traces.push({ x, y: data.steps.map(get), name, yaxis: "y2", mode: "lines", line: { color, width: 1.5 } });
-  }
-  return {
-    data: traces,
-    layout: layout("Metrics per step (filled: recomputed; rings: logged by the trainer)", {
-      height: 340, yaxis: { title: { text: "fraction / KL" } },
-      yaxis2: { title: { text: "reward · advantage std · length" }, overlaying: "y", side: "right" },
-    }),
-  };
-}
-
-export function replayChart(data, preset) {
-  const x = data.steps.map((s) => s.step);
-  const series = [["loss", "#2563eb"], ["policy_loss", "#16a34a"], ["kl_loss", "#7c3aed"], ["clip_ratio/region_mean", "#dc2626"]];
-  const traces = [];
-  for (const [key, color] of series) {
-    traces.push({ x, y: data.steps.map((s) => s.original[key]), name: `${key} (as captured)`, mode: "lines+markers", line: { color } });
-    traces.push({ x, y: data.steps.map((s) => s.replay[key]), name: `${key} (${preset})`, mode: "lines+markers", line: { color, dash: "dash" } });
-  }
-  return { data: traces, layout: layout(`These same batches under ${preset}`, { height: 320 }) };
 }

@@ -41,7 +41,8 @@ function parseValue(field, raw) {
   return raw;
 }
 
-// Fill `state` from the URL; `fields` are the config fields from /api/v1/options.
+// Fill `state` from the URL; `fields` are the config fields from /api/v1/options (read after the
+// options are in state.ui.options: an unknown scenario falls back to the article's).
 export function readURL(fields) {
   const params = new URLSearchParams(location.search);
   const byName = new Map(fields.map((f) => [f.name, f]));
@@ -51,9 +52,11 @@ export function readURL(fields) {
     const field = byName.get(key);
     if (field && key !== "preset") state.config[key] = parseValue(field, raw);
   }
+  if (!scenarios().has(state.scenario)) state.scenario = "article";
   if (params.has("input")) {
     try {
       state.input = decode(params.get("input"));
+      state.ui.origin = { kind: "edited", name: "" };
     } catch {
       state.input = null;
     }
@@ -88,7 +91,8 @@ export function writeURL() {
   if (state.row !== -1) params.set("row", String(state.row));
   params.set("compare", state.compare.join(","));
   if (state.compare_edits) params.set("compare_edits", "1");
-  if (state.compare_constants.max_completion_length) params.set("compare_max_completion_length", String(state.compare_constants.max_completion_length));
+  if (state.compare_constants.max_completion_length)
+    params.set("compare_max_completion_length", String(state.compare_constants.max_completion_length));
   history.replaceState(null, "", `${location.pathname}?${params}${location.hash}`);
   return fits;
 }
@@ -106,3 +110,26 @@ export function currentRequest() {
 
 // True while the batch is a binary upload that only the server holds.
 export const fromUpload = () => Boolean(state.ui.uploadFile && !state.input);
+
+// --- loading a batch ------------------------------------------------------------------------------
+const loadListeners = [];
+
+// `fn(origin)` runs after every load (the page redraws its input views and recomputes).
+export function onLoad(fn) {
+  loadListeners.push(fn);
+}
+
+// The one way a batch becomes the page's input: a scenario, a table edit, a JSON paste or import, an
+// upload, a run's or a lab run's step. `batch`: `scenario` (its name: its request is the input),
+// `input` (request fields), `file` (a binary upload only the server reads), `config` (the settings;
+// kept when absent), `row` (the row shown; -1 when absent). `origin`: what is loaded, as
+// state.ui.origin describes it.
+export function load(batch, origin) {
+  if (batch.scenario !== undefined) state.scenario = batch.scenario;
+  state.input = batch.input ?? null;
+  state.ui.uploadFile = batch.file ?? null;
+  if (batch.config) state.config = { ...batch.config, preset: batch.config.preset || "article" };
+  state.row = batch.row ?? -1;
+  state.ui.origin = origin;
+  for (const fn of loadListeners) fn(origin);
+}

@@ -12,7 +12,13 @@ const ALL_TOKENS_LIMIT = 400; // tokens: per-token bar charts show every row up 
 let hooks = { pickRow: () => {} };
 
 export function renderSummary(data) {
-  const card = (label, value) => el("div", { class: "card" }, el("div", { class: "label", text: label }), el("div", { class: "value", text: fmt(value, 5) }));
+  const card = (label, value) =>
+    el(
+      "div",
+      { class: "card" },
+      el("div", { class: "label", text: label }),
+      el("div", { class: "value", text: fmt(value, 5) }),
+    );
   clear($("#summary-cards")).append(...SUMMARY_CARDS.map(([key, label]) => card(label, data[key])));
   clear($("#explanation")).append(...data.explanation.map((s) => el("li", { text: s })));
   clear($("#warnings")).append(...data.warnings.map((s) => el("li", { text: s })));
@@ -23,11 +29,19 @@ export function renderSummary(data) {
       const term = meanings.get(name);
       const text = term && !explained.has(term) ? term.meaning : "";
       if (term) explained.add(term);
-      return el("tr", { title: term?.meaning }, el("td", { text: name }), el("td", { class: "num", text: fmt(value, 5) }), el("td", { class: "muted", text }));
+      return el(
+        "tr",
+        { title: term?.meaning },
+        el("td", { text: name }),
+        el("td", { class: "num", text: fmt(value, 5) }),
+        el("td", { class: "muted", text }),
+      );
     }),
   );
   const touched = Object.entries(data.clamp_counts).filter(([, n]) => n > 0);
-  $("#clamp-counts").textContent = touched.length ? SUMMARY.clamps(touched.map(([k, n]) => `${k} ${n}`).join(", ")) : SUMMARY.noClamp;
+  $("#clamp-counts").textContent = touched.length
+    ? SUMMARY.clamps(touched.map(([k, n]) => `${k} ${n}`).join(", "))
+    : SUMMARY.noClamp;
 }
 
 // Positions in data.token_rows whose tokens the per-token charts show: every row of a small
@@ -44,7 +58,9 @@ function fillRowPickers(data) {
   for (const id of ["#contrib-row", "#grad-row"]) {
     const select = clear($(id));
     if (small) select.append(el("option", { value: -1, text: ROWS.allRows, selected: state.row < 0 }));
-    data.rows.loss.forEach((_, i) => select.append(el("option", { value: i, text: ROWS.rowN(i), selected: i === state.row })));
+    data.rows.loss.forEach((_, i) =>
+      select.append(el("option", { value: i, text: ROWS.rowN(i), selected: i === state.row })),
+    );
   }
 }
 
@@ -57,7 +73,14 @@ function hoverOf(data) {
 
 // The chart views of a /api/v1/loss response: element id -> how it is drawn.
 const CHART_VIEWS = [
-  ...charts.HEATMAPS.map((spec) => [`heat-${spec.field}`, (data) => plot(`heat-${spec.field}`, charts.heatmap(data, spec, () => hoverOf(data)))]),
+  ...charts.HEATMAPS.map((spec) => [
+    `heat-${spec.field}`,
+    (data) =>
+      plot(
+        `heat-${spec.field}`,
+        charts.heatmap(data, spec, () => hoverOf(data)),
+      ),
+  ]),
   ["contrib-rows", (data) => plot("contrib-rows", charts.contributionRows(data))],
   ["contrib-tokens", (data) => plot("contrib-tokens", charts.contributionTokens(data, tokenRowsShown(data)))],
   ["grad-tokens", (data) => plot("grad-tokens", charts.gradientTokens(data, tokenRowsShown(data)))],
@@ -85,7 +108,17 @@ export function renderViews(data) {
 // One row per completion. Past VIRTUAL_ROWS, the table scrolls in a box of its own and holds only
 // the rows in and near its window, between two spacer rows that keep the scroll height (a run's
 // step can have thousands of completions).
-const ROW_COLUMNS = ["group", "reward", "advantage", "length", "loss", "policy_loss", "kl_loss", "sequence_ratio", "clip_fraction"];
+const ROW_COLUMNS = [
+  "group",
+  "reward",
+  "advantage",
+  "length",
+  "loss",
+  "policy_loss",
+  "kl_loss",
+  "sequence_ratio",
+  "clip_fraction",
+];
 const VIRTUAL_ROWS = 200;
 const OVERSCAN = 15; // rows drawn beyond each edge of the window
 
@@ -101,10 +134,24 @@ export function renderRowsTable(data) {
   const table = clear($("#rows-table"));
   const head = el("tr", { "aria-rowindex": 1 }, el("th", { scope: "col", text: ROWS.row }));
   for (const key of ROW_COLUMNS) {
-    const th = el("th", { scope: "col", class: "num", tabindex: 0, text: LABELS[key] || key, "aria-sort": sort.key === key ? (sort.dir > 0 ? "ascending" : "descending") : "none" });
-    const resort = () => { state.ui.rowSort = { key, dir: sort.key === key ? -sort.dir : 1 }; renderRowsTable(data); };
+    const th = el("th", {
+      scope: "col",
+      class: "num",
+      tabindex: 0,
+      text: LABELS[key] || key,
+      "aria-sort": sort.key === key ? (sort.dir > 0 ? "ascending" : "descending") : "none",
+    });
+    const resort = () => {
+      state.ui.rowSort = { key, dir: sort.key === key ? -sort.dir : 1 };
+      renderRowsTable(data);
+    };
     th.addEventListener("click", resort);
-    th.addEventListener("keydown", (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); resort(); } });
+    th.addEventListener("keydown", (e) => {
+      if (e.key === "Enter" || e.key === " ") {
+        e.preventDefault();
+        resort();
+      }
+    });
     head.append(th);
   }
   table.append(el("thead", {}, head), el("tbody"));
@@ -126,7 +173,20 @@ function rowNode(data, i, position) {
     return el("td", { class: "num", text: key === "clip_fraction" ? pct(v) : fmt(v) });
   });
   const pick = () => hooks.pickRow(i);
-  return el("tr", { class: i === state.row ? "selected" : "", tabindex: 0, "aria-rowindex": position + 2, onclick: pick, onkeydown: (e) => { if (e.key === "Enter") pick(); } }, el("td", { text: String(i) }), ...cells);
+  return el(
+    "tr",
+    {
+      class: i === state.row ? "selected" : "",
+      tabindex: 0,
+      "aria-rowindex": position + 2,
+      onclick: pick,
+      onkeydown: (e) => {
+        if (e.key === "Enter") pick();
+      },
+    },
+    el("td", { text: String(i) }),
+    ...cells,
+  );
 }
 
 function spacer(rows) {
@@ -144,7 +204,8 @@ function fillRows(top, height) {
     clear(body).append(...order.map((i, k) => rowNode(data, i, k)));
     return;
   }
-  if (!rowsView.rowHeight) { // measured once, from a real row (not while the table is not laid out)
+  if (!rowsView.rowHeight) {
+    // measured once, from a real row (not while the table is not laid out)
     const probe = rowNode(data, order[0], 0);
     body.append(probe);
     rowsView.rowHeight = probe.getBoundingClientRect().height;
@@ -155,19 +216,27 @@ function fillRows(top, height) {
   const last = Math.min(order.length, first + Math.ceil(height / h) + 2 * OVERSCAN);
   clear(body);
   rowsView.first = first;
-  body.append(spacer(first), ...order.slice(first, last).map((i, k) => rowNode(data, i, first + k)), spacer(order.length - last));
+  body.append(
+    spacer(first),
+    ...order.slice(first, last).map((i, k) => rowNode(data, i, first + k)),
+    spacer(order.length - last),
+  );
 }
 
 // Scrolling the box redraws the window once per frame, when it has moved by a few rows.
 export function setupRowsTable() {
   const wrap = $("#rows-wrap");
-  wrap.addEventListener("scroll", () => {
-    if (rowsView.scheduled || rowsView.order.length <= VIRTUAL_ROWS) return;
-    rowsView.scheduled = true;
-    requestAnimationFrame(() => {
-      rowsView.scheduled = false;
-      const first = Math.max(0, Math.floor(wrap.scrollTop / (rowsView.rowHeight || 30)) - OVERSCAN);
-      if (Math.abs(first - rowsView.first) >= OVERSCAN / 3) fillRows(wrap.scrollTop, wrap.clientHeight);
-    });
-  }, { passive: true });
+  wrap.addEventListener(
+    "scroll",
+    () => {
+      if (rowsView.scheduled || rowsView.order.length <= VIRTUAL_ROWS) return;
+      rowsView.scheduled = true;
+      requestAnimationFrame(() => {
+        rowsView.scheduled = false;
+        const first = Math.max(0, Math.floor(wrap.scrollTop / (rowsView.rowHeight || 30)) - OVERSCAN);
+        if (Math.abs(first - rowsView.first) >= OVERSCAN / 3) fillRows(wrap.scrollTop, wrap.clientHeight);
+      });
+    },
+    { passive: true },
+  );
 }

@@ -1,0 +1,88 @@
+"""The page's modules keep one place for each job (read from their source, the way a reviewer would):
+every request goes through static/js/api.js, every figure is built in static/js/charts.js and drawn
+by dom.js's one drawing call, and only state.js loads a batch into the state. The npm lock that
+ESLint and Prettier come from is pinned and hashed."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+JS = ROOT / "static" / "js"
+MODULES = sorted(JS.glob("*.js"))
+
+
+def _code(path: Path) -> str:
+    """The module without its comments (a comment may name what the code must not do)."""
+    text = re.sub(r"/\*.*?\*/", "", path.read_text(), flags=re.S)
+    return re.sub(r"(^|[^:\"'`])//.*", r"\1", text)
+
+
+def _offenders(pattern: str, allowed: set[str]) -> dict[str, list[str]]:
+    found = {p.name: re.findall(pattern, _code(p)) for p in MODULES if p.name not in allowed}
+    return {name: hits for name, hits in found.items() if hits}
+
+
+def test_the_scan_sees_the_modules() -> None:
+    names = {p.name for p in MODULES}
+    assert {"api.js", "charts.js", "dom.js", "state.js", "main.js", "lab.js", "runs.js"} <= names
+    # the patterns below do match where the code is allowed to be
+    assert re.search(r"\bfetch\(", _code(JS / "api.js")) and re.search(r"\bEventSource\(", _code(JS / "api.js"))
+    assert re.search(r"Plotly\.react\(", _code(JS / "dom.js"))
+    assert re.search(r"\blayout\s*:", _code(JS / "charts.js"))
+
+
+def test_every_request_goes_through_api_js() -> None:
+    assert _offenders(r"\bfetch\(|\bEventSource\(|XMLHttpRequest|navigator\.sendBeacon", {"api.js"}) == {}
+
+
+def test_every_figure_is_built_in_charts_js_and_drawn_one_way() -> None:
+    # one drawing call (dom.js plot: Plotly.react); lab.js only adds, extends and renames traces of
+    # figures drawn that way, and every trace it adds comes from charts.js
+    assert _offenders(r"Plotly\.(?:newPlot|react|plot|update|relayout)\b", {"dom.js"}) == {}
+    figure_parts = r"\b(?:layout|xaxis\d*|yaxis\d*|margin|legend|marker|colorscale|hovertemplate|barmode)\s*:"
+    assert _offenders(figure_parts, {"charts.js"}) == {}
+    # one base layout: the font and the margins are written once
+    assert [p.name for p in MODULES if re.search(r"\bfamily\s*:", _code(p))] == ["charts.js"]
+    assert len(re.findall(r"\bconst base\s*=", _code(JS / "charts.js"))) == 1
+
+
+def test_only_state_js_loads_a_batch() -> None:
+    # state.input, the uploaded file, the origin and the scenario change only in state.js (its `load`)
+    pattern = r"state\.(?:input|scenario|ui\.uploadFile|ui\.origin)\s*=(?!=)"
+    assert _offenders(pattern, {"state.js"}) == {}
+
+
+def test_no_module_matches_the_servers_sentences() -> None:
+    # the server's explanation is shown as it is, and found by explanation_keys, never by its words
+    assert _offenders(r"explanation\.(?:find|filter|some|findIndex)\(", set()) == {}
+
+
+def test_the_npm_lock_is_exact_and_hashed() -> None:
+    manifest = json.loads((ROOT / "package.json").read_text())
+    assert set(manifest) >= {"devDependencies"} and "dependencies" not in manifest
+    pins = manifest["devDependencies"]
+    assert set(pins) == {"eslint", "@eslint/js", "globals", "prettier"}
+    assert all(re.fullmatch(r"\d+\.\d+\.\d+", v) for v in pins.values()), pins
+    lock = json.loads((ROOT / "package-lock.json").read_text())
+    assert lock["packages"][""]["devDependencies"] == pins
+    packages = {k: v for k, v in lock["packages"].items() if k}
+    assert packages, "an empty lock"
+    for name, entry in packages.items():
+        if entry.get("link"):
+            continue
+        assert entry.get("dev") is True, name  # nothing of it is a runtime dependency
+        assert str(entry.get("integrity", "")).startswith("sha512-"), name
+    for name, version in pins.items():
+        assert packages[f"node_modules/{name}"]["version"] == version
+
+
+def test_make_lint_runs_eslint_and_prettier() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = re.search(r"^lint:.*?\n((?:\t.*\n)+)", makefile, flags=re.M)
+    assert recipe is not None and "$(NODE_STAMP)" in recipe.group(0).splitlines()[0]
+    assert "eslint" in recipe.group(1) and "prettier --check" in recipe.group(1)
+    assert re.search(r"npm ci --ignore-scripts --no-audit --no-fund", makefile)
+    assert "node_modules/" in (ROOT / ".gitignore").read_text().split()
