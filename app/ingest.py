@@ -142,7 +142,7 @@ def check_padded(
         of_it = f" ({output_bytes // MB} MB of it for {output})" if output else ""
         raise LimitError(
             output_loc or ["body", "per_token_logps"],
-            f"{what} would take about {estimate // MB} MB{of_it}; at most "
+            f"{what} would take about {estimate // MB} MB to compute{of_it}; at most "
             f"{settings.max_request_bytes // MB} MB per request (a setting)",
         )
 

@@ -300,8 +300,9 @@ def listing(
     or by time (the newest of run.json's and steps/'s times: the run's last write), newest first."""
     names = []
     with suppress(FileNotFoundError, NotADirectoryError), os.scandir(root) as children:
-        for child in children:  # a dot: being written or deleted, or the store's own
-            if not child.name.startswith(".") and os.path.isfile(os.path.join(child.path, "run.json")):
+        for child in children:  # a dot: being written or deleted, or the store's own; a link is no run
+            run_json = os.path.join(child.path, "run.json")
+            if not child.name.startswith(".") and not child.is_symlink() and os.path.isfile(run_json):
                 names.append(child.name)
     if sort == "name":
         order = sorted(names)
