@@ -102,9 +102,8 @@ def _lab_config(body: LabRunRequest, settings: Settings) -> LabConfig:
         raise config_error(["body"], grpo.GrpoInputError("steps", f"at most {settings.lab_max_steps} (a setting)"))
     fields: dict[str, Any] = body.config.model_dump(exclude_unset=True) if body.config is not None else {}
     fields |= dict(body.config.model_extra or {}) if body.config is not None else {}
-    preset = fields.pop("preset", None) or "article"
     try:
-        loss = grpo.LossConfig.from_preset(preset, **{**fields, "device": "cpu"})
+        loss = grpo.LossConfig.resolve({**fields, "device": "cpu"})  # the lab's workers train on the CPU
     except grpo.GrpoInputError as exc:
         raise config_error(["body", "config"], exc) from exc
     knobs = body.model_dump(exclude={"config", "name", "task"})

@@ -74,11 +74,10 @@ def resolve_config(
     fields: dict[str, Any] = {}
     if request is not None:
         fields = request.model_dump(exclude_unset=True) | dict(request.model_extra or {})
-    preset = fields.pop("preset", None) or "article"
-    if fields.get("device", "auto") == "auto":  # the server's batches arrive on the CPU: auto picks the GPU
-        fields["device"] = "cuda" if settings.device == "auto" and torch.cuda.is_available() else settings.device
+    # the server's batches arrive on the CPU: a config left at auto runs where the setting says (auto: a GPU)
+    device = "cuda" if settings.device == "auto" and torch.cuda.is_available() else settings.device
     try:
-        return grpo.LossConfig.from_preset(preset, **fields)
+        return grpo.LossConfig.resolve(fields, device=device)
     except grpo.GrpoInputError as exc:
         raise config_error([*loc], exc) from exc
 

@@ -19,7 +19,7 @@ from grpo.batch import Batch
 from grpo.config import LossConfig
 from grpo.errors import GrpoInputError
 from grpo.loss import Breakdown, evaluate
-from grpo.runs import Run, StepRef, load_step, with_overrides
+from grpo.runs import Run, StepRef, load_step
 
 DEFAULT_RTOL = 1e-5
 DEFAULT_METRIC_ATOL = 1e-6
@@ -116,15 +116,7 @@ def _compare(trainer: dict[str, Any], lens: dict[str, float], atol: float) -> di
 
 def replay_config(stored: LossConfig, overrides: dict[str, Any] | None) -> LossConfig:
     """A stored config under overrides (``preset`` replaces it); the trainer's scaling is kept."""
-    if not overrides:
-        return stored
-    fields = dict(overrides)
-    preset = fields.pop("preset", None)
-    config = with_overrides(stored, preset, **fields)
-    if preset is not None:
-        keep = {k: getattr(stored, k) for k in SCALING_FIELDS if k not in fields}
-        config = replace(config, **keep)
-    return config
+    return LossConfig.resolve(overrides, base=stored, keep=SCALING_FIELDS) if overrides else stored
 
 
 def evaluate_ref(ref: StepRef, overrides: dict[str, Any] | None = None) -> tuple[Breakdown, dict[str, Any]]:

@@ -15,7 +15,6 @@ never half of one.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import json
 import math
@@ -35,7 +34,7 @@ import torch
 from torch import Tensor
 
 from grpo.batch import Batch
-from grpo.config import FIELD_NAMES, PRESETS, LossConfig
+from grpo.config import PRESETS, LossConfig
 from grpo.errors import GrpoInputError
 from grpo.requests import BATCH_FIELDS
 
@@ -101,15 +100,12 @@ def config_from_dict(fields: dict[str, Any]) -> LossConfig:
     if not isinstance(fields, dict):
         raise GrpoInputError("config", "a JSON object: LossConfig fields, or a preset and overrides")
     fields = dict(fields)
-    unknown = sorted(set(fields) - set(FIELD_NAMES))
-    if unknown:
-        raise GrpoInputError(unknown[0], f"a LossConfig field: one of {', '.join(FIELD_NAMES)}")
-    preset = fields.pop("preset", None)
+    preset = fields.get("preset")
     if preset is not None and not isinstance(preset, str):
         raise GrpoInputError("preset", f"a preset name: one of {', '.join(PRESETS)}", got=type(preset).__name__)
-    if preset is not None and preset in PRESETS:
-        return LossConfig.from_preset(preset, **fields)
-    return LossConfig(**fields)
+    if preset not in PRESETS:  # a plugin's preset no longer registered: the stored fields as they are
+        fields.pop("preset", None)
+    return LossConfig.resolve(fields, base=LossConfig())
 
 
 def package_versions(*names: str) -> dict[str, str]:
@@ -503,13 +499,3 @@ def load_step(path: str | os.PathLike[str]) -> tuple[Batch, LossConfig, dict[str
         return Batch(**fields), config_from_dict(info["config"]), info
     except GrpoInputError as exc:  # a run holds many step files: say which one
         raise GrpoInputError(exc.field, f"{exc.expected} (in the step file {path.name})", exc.row, exc.got) from exc
-
-
-def with_overrides(config: LossConfig, preset: str | None = None, **overrides: Any) -> LossConfig:
-    """A stored config under the user's flags: a preset replaces it; fields override it."""
-    if preset is not None:
-        return LossConfig.from_preset(preset, **overrides)
-    unknown = sorted(set(overrides) - set(FIELD_NAMES))
-    if unknown:
-        raise GrpoInputError(unknown[0], f"a LossConfig field: one of {', '.join(FIELD_NAMES)}")
-    return dataclasses.replace(config, **overrides)
