@@ -18,7 +18,9 @@ from grpo.examples import ARTICLE_EXAMPLE
 from grpo.io import ALIASES
 
 LogProb = Annotated[float, Field(le=0, allow_inf_nan=False)]
-Finite = Annotated[float, Field(allow_inf_nan=False)]
+# A reward or an advantage is a JSON number: a strict float takes ints, never true/false (the schema says
+# "number"). Per-token rows stay lax like the vectorised reader, which reads true as 1 (tests/test_ingest.py).
+Finite = Annotated[float, Field(allow_inf_nan=False, strict=True)]
 MaskValue = Annotated[int, Field(ge=0, le=1)]
 Entropy = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Count = Annotated[int, Field(ge=0)]
