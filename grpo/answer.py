@@ -116,6 +116,8 @@ def breakdown_to_json(
     explained = explain_parts(bd)
     why = token_why(bd)
     token_data["why"] = [why.code_names()[i][: lengths[i]] for i in rows]
+    if bd.config.importance_sampling_level == "sequence":  # the token's own ratio beside its row's (GSPO)
+        token_data["token_ratio"] = _rows_of(bd.tokens.log_ratio.exp() * bd.tokens.mask, lengths, rows)
     return {
         "loss": float(bd.loss),
         "objective": float(bd.objective),
