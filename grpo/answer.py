@@ -15,7 +15,7 @@ from torch import Tensor
 
 from grpo.curves import objective_curves
 from grpo.explain import explain_parts, number, token_why
-from grpo.glossary import metric_meanings
+from grpo.glossary import metric_meaning_parts, metric_meanings
 from grpo.loss import Breakdown
 from grpo.objectives import REGIONS
 from grpo.pooling import pool_extreme, pool_factors
@@ -135,6 +135,7 @@ def breakdown_to_json(
             "no_gradient": sorted(why.no_gradient),
         },
         "metric_meanings": {k: v for k, v in metric_meanings(bd.config).items() if k in bd.metrics},
+        "metric_meaning_parts": {k: v for k, v in metric_meaning_parts(bd.config).items() if k in bd.metrics},
         # the numbers as the page prints them: enough digits to tell a value from 1 (GSPO's 1 + 4e-4)
         "config_text": {k: number(v) for k, v in bd.config.to_dict().items() if _is_number(v)},
         "advantages": bd.advantages.cpu().numpy(),

@@ -42,16 +42,16 @@ START, SEP, END = "\x02", "\x1f", "\x03"
 _MARKED = re.compile(f"{START}([^{SEP}]*){SEP}([^{SEP}]*){SEP}([^{END}]*){END}")
 
 
-def _q(quantity: str, value: float, digits: int = 4) -> str:
+def mark(quantity: str, value: float, digits: int = 4) -> str:
     """The number as a sentence prints it, marked with its quantity (the API's name for it)."""
     return f"{START}{quantity}{SEP}{float(value)!r}{SEP}{number(value, digits)}{END}"
 
 
-def _plain(text: str) -> str:
+def plain(text: str) -> str:
     return _MARKED.sub(lambda m: m[3], text)
 
 
-def _parts(text: str) -> list[str | dict[str, Any]]:
+def parts_of(text: str) -> list[str | dict[str, Any]]:
     """A marked sentence as text pieces and numbers: {"quantity", "value", "text"}."""
     out: list[str | dict[str, Any]] = []
     last = 0
@@ -139,11 +139,11 @@ def _sign_sentence(bd: Breakdown) -> str:
     loss, surrogate, kl = float(bd.loss), -float(bd.policy_loss), float(bd.kl_loss)
     policy_size = float(bd.tokens.policy_loss.abs().sum())
     size = policy_size + float(bd.tokens.kl_loss.abs().sum())
-    L, S, K = _q("loss", loss), _q("weighted_surrogate", surrogate), _q("kl_loss", kl)
+    L, S, K = mark("loss", loss), mark("weighted_surrogate", surrogate), mark("kl_loss", kl)
     if abs(loss) <= 1e-5 * size:
         return (
-            f"The loss is about 0 ({_q('loss', loss, 3)}): its per-token terms, of total size "
-            f"{_q('lens/why/term_size', size)}, cancel (weighted surrogate {S}, beta·KL {K})."
+            f"The loss is about 0 ({mark('loss', loss, 3)}): its per-token terms, of total size "
+            f"{mark('lens/why/term_size', size)}, cancel (weighted surrogate {S}, beta·KL {K})."
         )
     if loss < 0:
         below = " (itself negative: see the KL estimate below)" if kl < 0 else ""
@@ -155,8 +155,8 @@ def _sign_sentence(bd: Breakdown) -> str:
     if abs(surrogate) <= 1e-5 * policy_size:
         return (
             f"The loss is positive ({L}): the policy terms cancel to about 0 "
-            f"({_q('weighted_surrogate', surrogate, 3)}, from terms of total size "
-            f"{_q('lens/why/policy_term_size', policy_size)}), so what is left is beta·KL {K}."
+            f"({mark('weighted_surrogate', surrogate, 3)}, from terms of total size "
+            f"{mark('lens/why/policy_term_size', policy_size)}), so what is left is beta·KL {K}."
         )
     if surrogate > 0:
         return f"The loss is positive ({L}) because beta·KL {K} exceeds the weighted surrogate {S}."
@@ -180,7 +180,7 @@ def _negative_drivers(bd: Breakdown) -> str:
     A > 0 tokens whose ratio rose above 1 (the policy already likes them more than when sampled)."""
     shares = bd.rows.loss
     order = [int(i) for i in torch.argsort(shares) if float(shares[i]) < 0][:2]
-    rows = " and ".join(f"row {i} ({_q(f'rows/loss/{i}', float(shares[i]))})" for i in order)
+    rows = " and ".join(f"row {i} ({mark(f'rows/loss/{i}', float(shares[i]))})" for i in order)
     text = f" The most negative loss shares: {rows}." if rows else ""
     a = bd.advantages[:, None].expand_as(bd.tokens.ratio)  # (B,) -> (B, T)
     rose = _counted(bd) & (a > 0) & (bd.tokens.ratio > 1)
@@ -188,18 +188,18 @@ def _negative_drivers(bd: Breakdown) -> str:
         top = float(bd.tokens.ratio[rose].max())
         clipped = rose & (bd.tokens.clipped_ratio < bd.tokens.ratio) & (bd.tokens.region > REGIONS.index("trust"))
         free = rose & ~clipped
-        n_rose, top_q = _q("lens/why/rose", int(rose.sum()), 12), _q("lens/why/rose_ratio_max", top)
+        n_rose, top_q = mark("lens/why/rose", int(rose.sum()), 12), mark("lens/why/rose_ratio_max", top)
         text += (
             f" {n_rose} token(s) with A > 0 have a ratio above 1 (up to {top_q}): the policy already "
             "made them likelier than when sampled"
         )
         if int(free.sum()):
             text += (
-                f"; {_q('lens/why/rose_unclipped', int(free.sum()), 12)} unclipped, whose surrogate A·ratio exceeds A"
+                f"; {mark('lens/why/rose_unclipped', int(free.sum()), 12)} unclipped, whose surrogate A·ratio exceeds A"
             )
         if int(clipped.sum()):
-            high = _q("config/1+epsilon_high", 1 + bd.config.epsilon_high)
-            n_clipped = _q("lens/why/rose_clipped", int(clipped.sum()), 12)
+            high = mark("config/1+epsilon_high", 1 + bd.config.epsilon_high)
+            n_clipped = mark("lens/why/rose_clipped", int(clipped.sum()), 12)
             text += f"; {n_clipped} clipped at 1 + ε_high = {high}, whose surrogate is the clipped {high}·A"
         text += "."
     return text
@@ -213,11 +213,14 @@ def _negative_kl_sentence(bd: Breakdown) -> str | None:
     negative = kl < 0
     if not int(negative.sum()):
         return None
-    n_negative, n = _q("lens/why/kl_negative", int(negative.sum()), 12), _q("lens/num_tokens", int(counted.sum()), 12)
-    batch_kl = _q("metrics/kl", bd.metrics.get("kl", float(kl.mean())))
+    n_negative, n = (
+        mark("lens/why/kl_negative", int(negative.sum()), 12),
+        mark("lens/num_tokens", int(counted.sum()), 12),
+    )
+    batch_kl = mark("metrics/kl", bd.metrics.get("kl", float(kl.mean())))
     text = (
         f"The KL estimate is negative on {n_negative} of {n} tokens (as low as "
-        f"{_q('lens/why/kl_min', float(kl.min()))}; the batch's kl is {batch_kl}): an estimator "
+        f"{mark('lens/why/kl_min', float(kl.min()))}; the batch's kl is {batch_kl}): an estimator "
         "like k1 = logp - ref goes below 0 wherever the policy gives a token less probability than the "
         "reference, so beta·KL lowers the loss there instead of penalising the drift."
     )
@@ -226,7 +229,7 @@ def _negative_kl_sentence(bd: Breakdown) -> str | None:
     beta = bd.config.beta
     if beta and torch.allclose(per_weight, torch.full_like(per_weight, beta), rtol=1e-5, atol=0.0):
         text += (
-            f" Its gradient is beta × the token's weight (beta = {_q('config/beta', beta)}) on every token alike: it "
+            f" Its gradient is beta × the token's weight (beta = {mark('config/beta', beta)}) on every token alike: it "
             "does not grow with the gap, so it cannot pull a token far below the reference back harder than any other."
         )
     return text
@@ -256,19 +259,19 @@ def _clip_sentence(bd: Breakdown, why: TokenWhy) -> str | None:
     ratios = bd.tokens.ratio[flat]
     lo, hi = float(ratios.min()), float(ratios.max())
     span = (
-        f"ratio {_q('lens/why/flat_ratio_min', lo)}"
+        f"ratio {mark('lens/why/flat_ratio_min', lo)}"
         if lo == hi
-        else (f"ratios {_q('lens/why/flat_ratio_min', lo)} to {_q('lens/why/flat_ratio_max', hi)}")
+        else (f"ratios {mark('lens/why/flat_ratio_min', lo)} to {mark('lens/why/flat_ratio_max', hi)}")
     )
-    parts = ", ".join(f"{_q(f'why/{k}', v, 12)} {WHY_LABELS.get(k, k)}" for k, v in silent.items())
+    parts = ", ".join(f"{mark(f'why/{k}', v, 12)} {WHY_LABELS.get(k, k)}" for k, v in silent.items())
     total = sum(silent.values())
-    n_silent, n_all = _q("why/no_gradient", total, 12), _q("lens/num_tokens", n, 12)
+    n_silent, n_all = mark("why/no_gradient", total, 12), mark("lens/num_tokens", n, 12)
     text = f"{n_silent} of {n_all} tokens get no policy gradient: {parts} ({span} on the bounded ones)."
     held = [k for k in clipped if k in ("dual_clip", "delta")]
     if held:
         text += (
             " clip_ratio/region_mean and actor/pg_clipfrac count only the clipped ones "
-            f"({_q('metrics/clip_ratio/region_mean', bd.metrics.get('clip_ratio/region_mean', 0.0))}); "
+            f"({mark('metrics/clip_ratio/region_mean', bd.metrics.get('clip_ratio/region_mean', 0.0))}); "
             + "; ".join(_held_note(bd, k) for k in held)
             + "."
         )
@@ -278,7 +281,7 @@ def _clip_sentence(bd: Breakdown, why: TokenWhy) -> str | None:
 def _held_note(bd: Breakdown, code: str) -> str:
     if code == "dual_clip":
         lower = bd.metrics.get("actor/pg_clipfrac_lower", 0.0)
-        lower_q = _q("metrics/actor/pg_clipfrac_lower", lower)
+        lower_q = mark("metrics/actor/pg_clipfrac_lower", lower)
         return f"verl counts the dual-clip ones as actor/pg_clipfrac_lower ({lower_q})"
     return "no trainer metric counts those capped by delta"
 
@@ -293,9 +296,10 @@ def _unbounded_sentence(bd: Breakdown, why: TokenWhy) -> str | None:
         return None
     top = float(bd.tokens.ratio[free].max())
     return (
-        f"{_q('why/unbounded', k, 12)} token(s) with A < 0 have a ratio above 1 + ε_high = "
-        f"{_q('config/1+epsilon_high', 1 + bd.config.epsilon_high)} (up to {_q('lens/why/unbounded_ratio_max', top)}) "
-        "and nothing bounds them: the pessimistic min keeps A·ratio, so their loss and gradient grow with the ratio. "
+        f"{mark('why/unbounded', k, 12)} token(s) with A < 0 have a ratio above 1 + ε_high = "
+        f"{mark('config/1+epsilon_high', 1 + bd.config.epsilon_high)} "
+        f"(up to {mark('lens/why/unbounded_ratio_max', top)}) and nothing bounds them: the pessimistic min keeps "
+        "A·ratio, so their loss and gradient grow with the ratio. "
         "Setting dual_clip (verl clip_ratio_c) or delta bounds them."
     )
 
@@ -311,14 +315,14 @@ def _gspo_sentence(bd: Breakdown) -> str | None:
     seq_max = bd.metrics.get("lens/ratio/max", 1.0)
     return (
         f"Sequence-level ratio (GSPO): each token uses its row's ratio exp(mean log-ratio), at most "
-        f"{_q('metrics/lens/ratio/max', seq_max)} here (lens/ratio/max), while the token ratios themselves reach "
-        f"{_q('lens/token_ratio/max', token_max)}."
+        f"{mark('metrics/lens/ratio/max', seq_max)} here (lens/ratio/max), while the token ratios themselves reach "
+        f"{mark('lens/token_ratio/max', token_max)}."
     )
 
 
 def _clamp_sentences(bd: Breakdown) -> list[str]:
     return [
-        f"{name} acted on {_q(f'clamp_counts/{name}', count, 12)} token(s): a clamp passes no gradient where it "
+        f"{name} acted on {mark(f'clamp_counts/{name}', count, 12)} token(s): a clamp passes no gradient where it "
         "acts, so those tokens get none through the clamped term."
         for name, count in bd.clamp_counts.items()
         if count
@@ -337,8 +341,8 @@ def _length_sentence(bd: Breakdown) -> str | None:
     long = max(rows, key=lambda i: (int(length[i]), -i))
     w_short = float(bd.tokens.weight[short][counted[short]][0])
     w_long = float(bd.tokens.weight[long][counted[long]][0])
-    n_short, n_long = (_q(f"rows/length/{i}", int(length[i]), 12) for i in (short, long))
-    q_short, q_long = _q(f"lens/why/row_weight/{short}", w_short), _q(f"lens/why/row_weight/{long}", w_long)
+    n_short, n_long = (mark(f"rows/length/{i}", int(length[i]), 12) for i in (short, long))
+    q_short, q_long = mark(f"lens/why/row_weight/{short}", w_short), mark(f"lens/why/row_weight/{long}", w_long)
     head = (
         f"Per token, the shortest row (row {short}, {n_short} tokens) weighs {q_short} and the "
         f"longest (row {long}, {n_long} tokens) {q_long}"
@@ -347,7 +351,7 @@ def _length_sentence(bd: Breakdown) -> str | None:
         return f"{head}: every token counts the same, so this aggregation has no per-token length bias."
     if w_short > w_long:
         return (
-            f"{head}, {_q('lens/why/weight_ratio', w_short / w_long)}× less: right answers (A > 0) are pushed up "
+            f"{head}, {mark('lens/why/weight_ratio', w_short / w_long)}× less: right answers (A > 0) are pushed up "
             "hardest when short and wrong ones (A < 0) pushed down least when long, so this aggregation favours "
             "short right answers and lets wrong answers grow long."
         )
@@ -358,8 +362,8 @@ def _zero_std_sentence(bd: Breakdown) -> str:
     """Zero-std groups: advantages 0, yet their tokens stay in the divisor and dilute the others."""
     m = bd.metrics
     text = (
-        f"{_q('lens/why/zero_std_groups', len(bd.zero_std_groups), 12)} group(s) have zero reward std "
-        f"(frac_reward_zero_std = {_q('metrics/frac_reward_zero_std', m.get('frac_reward_zero_std', 0.0))}): their "
+        f"{mark('lens/why/zero_std_groups', len(bd.zero_std_groups), 12)} group(s) have zero reward std "
+        f"(frac_reward_zero_std = {mark('metrics/frac_reward_zero_std', m.get('frac_reward_zero_std', 0.0))}): their "
         "advantages are 0 and they teach nothing."
     )
     zero_rows = torch.isin(bd.rows.group, torch.tensor(bd.zero_std_groups, device=bd.rows.group.device))
@@ -370,9 +374,9 @@ def _zero_std_sentence(bd: Breakdown) -> str:
         share = (total - silent) / total
         n_zero = int((counted & zero_rows[:, None]).sum())
         text += (
-            f" Their {_q('lens/why/zero_std_tokens', n_zero, 12)} token(s) still count in the aggregation's "
-            f"divisor: they hold {_q('lens/why/zero_std_weight_share', silent / total)} of the weight, so the other "
-            f"groups' policy gradient is {_q('lens/why/signal_weight_share', share)}× what it would be with them "
+            f" Their {mark('lens/why/zero_std_tokens', n_zero, 12)} token(s) still count in the aggregation's "
+            f"divisor: they hold {mark('lens/why/zero_std_weight_share', silent / total)} of the weight, so the other "
+            f"groups' policy gradient is {mark('lens/why/signal_weight_share', share)}× what it would be with them "
             "filtered out (as DAPO's dynamic sampling does)."
         )
     return text
@@ -380,14 +384,14 @@ def _zero_std_sentence(bd: Breakdown) -> str:
 
 def explain_parts(bd: Breakdown) -> list[tuple[str, list[str | dict[str, Any]]]]:
     """``explain_items`` with each number apart: text pieces and {"quantity", "value", "text"}."""
-    return [(key, _parts(text)) for key, text in _marked_items(bd)]
+    return [(key, parts_of(text)) for key, text in _marked_items(bd)]
 
 
 def explain_items(bd: Breakdown) -> list[tuple[str, str]]:
     """The sentences of ``explain``, each with a key saying what it is about, so a reader (the page's
     compare view) finds one by its key, never by its wording: "sign", "on_policy", "clip", "unbounded",
     "gspo", "negative_kl", "clamp", "zero_std", "kl_off", "kl_dominates", "length"."""
-    return [(key, _plain(text)) for key, text in _marked_items(bd)]
+    return [(key, plain(text)) for key, text in _marked_items(bd)]
 
 
 def _marked_items(bd: Breakdown) -> list[tuple[str, str]]:
@@ -398,14 +402,14 @@ def _marked_items(bd: Breakdown) -> list[tuple[str, str]]:
     if m.get("lens/ratio/min") == 1.0 and m.get("lens/ratio/max") == 1.0:
         on_policy = (
             f"The ratio is 1 everywhere (on-policy), so the policy part is minus the weighted mean advantage, "
-            f"{_q('policy_loss', policy)}, and nothing can clip"
+            f"{mark('policy_loss', policy)}, and nothing can clip"
         )
         size = float(bd.tokens.policy_loss.abs().sum() + bd.tokens.kl_loss.abs().sum())
         grad_norm = m.get("lens/grad_norm_logps", 0.0)
         if abs(float(bd.loss)) <= NEAR_ZERO * size and grad_norm > 0:
             on_policy += (
                 "; the loss is small next to its terms, yet the gradient norm is "
-                f"{_q('metrics/lens/grad_norm_logps', grad_norm)}: a near-zero loss does not mean a zero gradient"
+                f"{mark('metrics/lens/grad_norm_logps', grad_norm)}: a near-zero loss does not mean a zero gradient"
             )
         out.append(("on_policy", on_policy + "."))
     why = token_why(bd)
@@ -425,7 +429,7 @@ def _marked_items(bd: Breakdown) -> list[tuple[str, str]]:
         out.append(
             (
                 "kl_dominates",
-                f"beta·KL ({_q('kl_loss', kl)}) dominates the loss; the KL gradient pushes tokens back toward the "
+                f"beta·KL ({mark('kl_loss', kl)}) dominates the loss; the KL gradient pushes tokens back toward the "
                 "reference.",
             )
         )

@@ -12,10 +12,11 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from grpo.advantages import ADVANTAGES, group_std_mean
 from grpo.config import LossConfig
-from grpo.explain import number
+from grpo.explain import mark, parts_of, plain
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,10 @@ class Term:
 
     def render(self, config: LossConfig) -> str:
         """The meaning under ``config``: every setting it names followed by its value there."""
+        return plain(self.marked(config))
+
+    def marked(self, config: LossConfig) -> str:
+        """``render`` with each number marked with the setting it shows (grpo.explain.mark)."""
         return self.template.format_map({k: show(config) for k, (_, show) in SETTINGS.items()})
 
 
@@ -46,19 +51,19 @@ def _reward_std(config: LossConfig) -> str:
 def _optional(name: str, label: str) -> Callable[[LossConfig], str]:
     def show(config: LossConfig) -> str:
         value = getattr(config, name)
-        return f"{label} ({name}, off here)" if value is None else f"{label} ({name}) = {number(value)}"
+        return f"{label} ({name}, off here)" if value is None else f"{label} ({name}) = {mark(f'config/{name}', value)}"
 
     return show
 
 
 # Each placeholder a meaning may hold: (as the glossary writes it, as a config's metrics table writes it).
 SETTINGS: dict[str, tuple[str, Callable[[LossConfig], str]]] = {
-    "high": ("1 + ε_high", lambda c: f"1 + ε_high = {number(1 + c.epsilon_high)}"),
-    "low": ("1 - ε_low", lambda c: f"1 - ε_low = {number(1 - c.epsilon_low)}"),
-    "eps_high": ("ε_high", lambda c: f"ε_high = {number(c.epsilon_high)}"),
+    "high": ("1 + ε_high", lambda c: f"1 + ε_high = {mark('config/1+epsilon_high', 1 + c.epsilon_high)}"),
+    "low": ("1 - ε_low", lambda c: f"1 - ε_low = {mark('config/1-epsilon_low', 1 - c.epsilon_low)}"),
+    "eps_high": ("ε_high", lambda c: f"ε_high = {mark('config/epsilon_high', c.epsilon_high)}"),
     "c": ("c (dual_clip)", _optional("dual_clip", "c")),
     "delta": ("delta", _optional("delta", "delta")),
-    "beta": ("beta", lambda c: f"beta = {number(c.beta)}"),
+    "beta": ("beta", lambda c: f"beta = {mark('config/beta', c.beta)}"),
     "aggregation": ("aggregation", lambda c: f"aggregation ({c.aggregation})"),
     "reward_std": (
         "the mean of the per-group stds, or the std over the whole batch under scale_rewards='batch' "
@@ -76,6 +81,11 @@ def _t(keys: tuple[str, ...], names: tuple[str, str, str], template: str, health
 def metric_meanings(config: LossConfig) -> dict[str, str]:
     """Each metric key's meaning under ``config`` (the metrics table shows these, one per key)."""
     return {key: term.render(config) for term in GLOSSARY for key in term.keys}
+
+
+def metric_meaning_parts(config: LossConfig) -> dict[str, list[str | dict[str, Any]]]:
+    """``metric_meanings`` with each number apart, tagged with the setting it shows (grpo.explain.parts_of)."""
+    return {key: parts_of(term.marked(config)) for term in GLOSSARY for key in term.keys}
 
 
 GLOSSARY: tuple[Term, ...] = (

@@ -61,7 +61,7 @@ export const HOVER = {
   ratio: (ratio, tokenRatio) =>
     tokenRatio === null ? `ratio ${ratio}` : `sequence ratio ${ratio} (GSPO; this token's own ratio ${tokenRatio})`,
   why: (code, text) => `why: <b>${code}</b>, ${text}`,
-  grad: "∂loss/∂logp (descent lowers it: negative = the log-prob is raised)",
+  grad: "∂loss/∂logp (negative: descent raises the log-prob)",
 };
 
 // Summary cards: [API field, label].

@@ -12,10 +12,10 @@ const ALL_TOKENS_LIMIT = 400; // tokens: per-token bar charts show every row up 
 let hooks = { pickRow: () => {} };
 
 // A sentence from the server with each of its numbers in a span that says which quantity it shows.
-export function sentence(parts, tag = "li") {
+export function sentence(parts, tag = "li", attrs = {}) {
   return el(
     tag,
-    {},
+    attrs,
     ...parts.map((p) =>
       typeof p === "string" ? p : el("span", { class: "num-inline", text: p.text, ...tagged(p.quantity, p.value) }),
     ),
@@ -46,7 +46,7 @@ export function renderSummary(data) {
         { title: meaning || undefined },
         el("td", { text: name }),
         el("td", { class: "num", text: fmt(value, 5), ...tagged(`metrics/${name}`, value) }),
-        el("td", { class: "muted", text }),
+        text ? sentence(data.metric_meaning_parts[name], "td", { class: "muted" }) : el("td", { class: "muted" }),
       );
     }),
   );
