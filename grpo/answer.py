@@ -115,7 +115,8 @@ def breakdown_to_json(
     row_data = {name: getattr(bd.rows, name) for name in ROW_FIELDS}
     explained = explain_parts(bd)
     why = token_why(bd)
-    token_data["why"] = [why.code_names()[i][: lengths[i]] for i in rows]
+    codes = why.codes.cpu().numpy()
+    token_data["why"] = [[why.names[c] for c in codes[i, : lengths[i]]] for i in rows]  # only the rows sent
     if bd.config.importance_sampling_level == "sequence":  # the token's own ratio beside its row's (GSPO)
         token_data["token_ratio"] = _rows_of(bd.tokens.log_ratio.exp() * bd.tokens.mask, lengths, rows)
     return {
