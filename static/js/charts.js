@@ -52,7 +52,9 @@ function wrap(text) {
 export function hoverData(data) {
   const t = data.tokens;
   const columns = HOVER_FIELDS.map((f) => t[f]);
-  const texts = Object.fromEntries(Object.entries(data.why.texts).map(([code, text]) => [code, wrap(plotlyText(text))]));
+  const texts = Object.fromEntries(
+    Object.entries(data.why.texts).map(([code, text]) => [code, wrap(plotlyText(text))]),
+  );
   return t.ratio.map((row, k) =>
     row.map((_, j) => {
       const code = t.why[k][j];

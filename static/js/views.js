@@ -192,7 +192,8 @@ export function renderRowsTable(data) {
 function rowNode(data, i, position) {
   const cells = ROW_COLUMNS.map((key) => {
     const v = data.rows[key] ? data.rows[key][i] : null;
-    return el("td", { class: "num", text: key === "clip_fraction" ? pct(v) : fmt(v), ...tagged(`rows/${key}/${i}`, v) });
+    const text = key === "clip_fraction" ? pct(v) : fmt(v);
+    return el("td", { class: "num", text, ...tagged(`rows/${key}/${i}`, v) });
   });
   const pick = () => hooks.pickRow(i);
   return el(
