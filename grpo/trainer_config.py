@@ -233,6 +233,16 @@ VERL_KL_TYPES: dict[str, dict[str, Any]] = {
     "k2": {"kl_estimator": "k2"},
     "mse+": {"kl_estimator": "k2"},
     "k2+": {"kl_estimator": "k2"},
+    "abs": {"kl_estimator": "abs"},
+}
+# verl's "+" types: the base type's value with k2's gradient (straight through; k2+ is k2 itself)
+VERL_KL_TYPES |= {
+    f"{name}+": {**settings, "kl_gradient": "k2"}
+    for name, settings in VERL_KL_TYPES.items()
+    if not name.endswith("+") and settings["kl_estimator"] != "k2"
+}
+VERL_KL_UNSUPPORTED = {
+    "full": "verl 0.9.1 itself raises NotImplementedError for 'full' (it would need every vocabulary logit)"
 }
 VERL_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 VERL_CAPTURED = {
@@ -281,6 +291,7 @@ def map_verl(actor_config: Any, algorithm: Any = None) -> TrainerMapping:
         "length_epsilon": 1e-8,
         "beta": float(a.get("kl_loss_coef", 0.001)) if use_kl else 0.0,
         "kl_estimator": "k3",
+        "kl_gradient": "estimator",
         "sapo_temperature_pos": float(a.get("tau_pos", 1.0)),
         "sapo_temperature_neg": float(a.get("tau_neg", 1.05)),
         "advantage": "group",
@@ -303,7 +314,8 @@ def map_verl(actor_config: Any, algorithm: Any = None) -> TrainerMapping:
     }
     settings |= VERL_KL_TYPES.get(kl_type, {})  # with use_kl_loss off too: the estimator beta > 0 would use
     if use_kl and kl_type not in VERL_KL_TYPES:
-        unsupported["kl_loss_type"] = f"{kl_type!r} is not reproduced (k1, k2, k3/low_var_kl are)"
+        known = ", ".join(VERL_KL_TYPES)
+        unsupported["kl_loss_type"] = VERL_KL_UNSUPPORTED.get(kl_type, f"{kl_type!r} is not a verl KL type ({known})")
     elif use_kl:
         mapped["kl_loss_type"] = "kl_estimator and its clamps"
     elif "kl_loss_type" in a:
