@@ -207,7 +207,8 @@ def compute_advantages(batch: Batch, config: LossConfig, device: torch.device, d
         return _Advantages(batch.advantages.to(device, dtype), None, {}, (), G)
     rewards = batch.rewards.to(device, dtype)
     grouped = rewards.view(-1, G)  # (B,) -> (B/G, G)
-    values = ADVANTAGES.get(config.advantage)(grouped, config.advantage_epsilon).reshape(B)
+    lengths = batch.mask.sum(dim=-1).to(device, dtype).view(-1, G)  # counted tokens per row
+    values = ADVANTAGES.get(config.advantage)(grouped, config.advantage_epsilon, lengths).reshape(B)
     group_std = unbiased_std(grouped)  # (B/G, 1)
     zero = (
         torch.isclose(group_std, torch.zeros_like(group_std)).reshape(-1)
