@@ -31,7 +31,7 @@ FILE: dict[int | str, dict[str, Any]] = {
     responses={**FILE, **ERRORS},
     openapi_extra=json_body(BatchRequest),
 )
-async def export(fmt: Format, request: Request) -> Response:
+async def export(fmt: Format, request: Request) -> Response:  # type: ignore[valid-type]
     return await answer(request, work.export, fmt)
 
 
@@ -41,7 +41,7 @@ async def export(fmt: Format, request: Request) -> Response:
     response_class=Response,
     responses=FILE,
 )
-def example(fmt: Format) -> Response:
+def example(fmt: Format) -> Response:  # type: ignore[valid-type]
     """The article's batch: 3 rows of 5 tokens, a few kilobytes in any format."""
     headers = {"content-disposition": f'attachment; filename="{file_name("grpo-lens-example", fmt)}"'}
     return Response(export_batch(dict(ARTICLE_EXAMPLE), fmt), media_type=FORMATS[fmt], headers=headers)

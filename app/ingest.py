@@ -23,8 +23,8 @@ from pydantic import BaseModel, ValidationError
 import grpo
 from app.errors import BODY_EXPECTED, LimitError, Loc, error_item, invalid
 from app.settings import Settings
-from grpo.fields import BATCH_FIELDS, BatchField, fields_of, names_of, padded, present
-from grpo.io import ALIASES, canonical, parse_json, read_arrays
+from grpo.fields import ALIASES, BATCH_FIELDS, BatchField, fields_of, names_of, padded, present
+from grpo.io import canonical, parse_json, read_arrays
 
 # The per-token fields (grpo's batch-field table: their bounds, 0/1 or not, NaN allowed or not).
 PER_TOKEN: dict[str, BatchField] = {name: BATCH_FIELDS[name] for name in fields_of("token")}

@@ -50,10 +50,11 @@ def _request_type(spec: BatchField) -> Any:
     """A batch field's JSON: ragged rows per token, a list per row (or one number for all), a number."""
     value = _value_type(spec)
     if spec.shape == "token":
-        length = {"min_length": 1} if spec.required else {}
-        return Annotated[list[Annotated[list[value], Field(fail_fast=True, **length)]], Field(fail_fast=True, **length)]
+        length: dict[str, Any] = {"min_length": 1} if spec.required else {}
+        row = Annotated[list[value], Field(fail_fast=True, **length)]  # type: ignore[valid-type]
+        return Annotated[list[row], Field(fail_fast=True, **length)]
     if spec.shape == "row":
-        rows = Annotated[list[value], FAIL_FAST]
+        rows = Annotated[list[value], FAIL_FAST]  # type: ignore[valid-type]
         return value | rows if spec.scalar_ok else rows
     return value
 
@@ -110,7 +111,7 @@ BatchFields: type[BaseModel] = create_model(  # type: ignore[call-overload]
 )
 
 
-class BatchRequest(BatchFields):  # type: ignore[valid-type,misc]
+class BatchRequest(BatchFields):
     """One training batch: ragged rows of per-token log-probs, and rewards or advantages."""
 
     tokens: TextRows | None = Field(None, description="Display strings, one per token.")
