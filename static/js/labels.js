@@ -189,7 +189,8 @@ export const UPLOAD = {
   // The batch's fields come from /api/v1/options (grpo's batch-field table): a row each, then these.
   shape: (f) => ({ token: "(B, T)", row: f.scalar_ok ? "() or (B,)" : "(B,)", batch: "() scalar" })[f.shape],
   dtype: (f) => (f.dtype === "mask" ? "0/1" : f.dtype),
-  doc: (f) => `${f.required ? "required" : "optional"}: ${f.doc}${f.aliases.length ? ` (also ${f.aliases.join(", ")})` : ""}`,
+  doc: (f) =>
+    `${f.required ? "required" : "optional"}: ${f.doc}${f.aliases.length ? ` (also ${f.aliases.join(", ")})` : ""}`,
   moreFields: [
     ["tokens", "(B, T)", "strings", "optional, JSON/NPZ only: display text"],
     [
