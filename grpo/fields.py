@@ -177,7 +177,7 @@ def padded(name: str, value: Any, lengths: Sequence[int] | np.ndarray, fill: flo
     if isinstance(value, np.ndarray) and value.ndim == 2:
         return np.asarray(value, dtype=np.float64)
     where = present(lengths)
-    out = np.full(where.shape, fill, dtype=np.float64)
+    out = np.zeros(where.shape) if fill == 0 else np.full(where.shape, fill, dtype=np.float64)  # zeros: no write
     if isinstance(value, np.ndarray):  # flat: every row's values, row after row
         out[where] = value
         return out
