@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -22,18 +22,6 @@ from grpo.fields import BATCH_FIELDS, LOGP_HIGH, BatchField, fields_of, padded, 
 
 TensorLike = Tensor | np.ndarray | Sequence[Any]
 LOGP_FIELDS = tuple(name for name, f in BATCH_FIELDS.items() if f.expected == LOGP_HIGH)
-# Batch's own arguments; every other registered field arrives checked in ``Batch.extra``.
-OWN_FIELDS = frozenset(BATCH_FIELDS) & {
-    "per_token_logps",
-    "old_per_token_logps",
-    "ref_per_token_logps",
-    "completion_mask",
-    "prompt_lengths",
-    "advantages",
-    "rewards",
-    "group_size",
-    "entropies",
-}
 
 
 def _as_tensor(name: str, value: Any, dtype: torch.dtype | None = None, keep_graph: bool = False) -> Tensor:
@@ -97,7 +85,7 @@ class Batch:
         group_size: int | None = None,
         entropies: TensorLike | None = None,
         extra: Mapping[str, TensorLike] | None = None,
-        **fields: TensorLike,
+        **more: TensorLike,
     ) -> None:
         logp = _as_tensor("per_token_logps", per_token_logps, keep_graph=True)
         if logp.dim() != 2 or logp.shape[0] == 0 or logp.shape[1] == 0:
@@ -136,7 +124,7 @@ class Batch:
         ):
             raise GrpoInputError("group_size", f"a positive divisor of the number of rows ({B})", got=repr(group_size))
         set_(self, "group_size", None if group_size is None else int(group_size))
-        given = {**(extra or {}), **fields}
+        given = {**(extra or {}), **more}
         set_(self, "extra", {name: _extra(name, value, logp, mask, weights) for name, value in given.items()})
 
     @property
@@ -162,6 +150,10 @@ class Batch:
     def prompt_length_tensor(self) -> Tensor:
         """(B,) int64 prompt lengths (0 when none were given)."""
         return self.prompt_lengths
+
+
+# Batch's own fields; every other registered field arrives checked in ``Batch.extra``.
+OWN_FIELDS = frozenset(f.name for f in fields(Batch)) - {"extra"}
 
 
 # --- checks ---------------------------------------------------------------------------------------
