@@ -14,9 +14,11 @@ from app.api import ERRORS, answer, json_body
 from app.schemas import BatchRequest
 from grpo.examples import ARTICLE_EXAMPLE
 from grpo.export import FORMATS, export_batch
+from grpo.io import file_name
 
 router = APIRouter()
-Format = Literal["json", "jsonl", "safetensors", "npz"]
+# The formats grpo writes (a plugin's too): the path parameter's choices, in the API's schema.
+Format = Literal[tuple(FORMATS)]  # type: ignore[valid-type]
 FILE: dict[int | str, dict[str, Any]] = {
     200: {"description": "The batch file", "content": {media: {} for media in sorted(set(FORMATS.values()))}}
 }
@@ -29,7 +31,7 @@ FILE: dict[int | str, dict[str, Any]] = {
     responses={**FILE, **ERRORS},
     openapi_extra=json_body(BatchRequest),
 )
-async def export(fmt: Format, request: Request) -> Response:
+async def export(fmt: Format, request: Request) -> Response:  # type: ignore[valid-type]
     return await answer(request, work.export, fmt)
 
 
@@ -39,7 +41,7 @@ async def export(fmt: Format, request: Request) -> Response:
     response_class=Response,
     responses=FILE,
 )
-def example(fmt: Format) -> Response:
+def example(fmt: Format) -> Response:  # type: ignore[valid-type]
     """The article's batch: 3 rows of 5 tokens, a few kilobytes in any format."""
-    headers = {"content-disposition": f'attachment; filename="grpo-lens-example.{fmt}"'}
+    headers = {"content-disposition": f'attachment; filename="{file_name("grpo-lens-example", fmt)}"'}
     return Response(export_batch(dict(ARTICLE_EXAMPLE), fmt), media_type=FORMATS[fmt], headers=headers)

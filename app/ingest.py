@@ -23,18 +23,14 @@ from pydantic import BaseModel, ValidationError
 import grpo
 from app.errors import BODY_EXPECTED, LimitError, Loc, error_item, invalid
 from app.settings import Settings
-from grpo.io import ALIASES, canonical, parse_json, read_arrays
+from grpo.fields import ALIASES, BATCH_FIELDS, BatchField, fields_of, names_of, padded, present
+from grpo.io import canonical, parse_json, read_arrays
 
-# The per-token fields and what their values must be: (lower bound, upper bound, whole 0/1).
-PER_TOKEN: dict[str, tuple[float, float]] = {
-    "per_token_logps": (-np.inf, 0.0),
-    "old_per_token_logps": (-np.inf, 0.0),
-    "ref_per_token_logps": (-np.inf, 0.0),
-    "completion_mask": (0.0, 1.0),
-    "entropies": (0.0, np.inf),
-}
-PLACEHOLDER = {"completion_mask": [[1]]}
-NAMES = {name: [name, *(alias for alias, target in ALIASES.items() if target == name)] for name in PER_TOKEN}
+# The per-token fields (grpo's batch-field table: their bounds, 0/1 or not, NaN allowed or not).
+PER_TOKEN: dict[str, BatchField] = {name: BATCH_FIELDS[name] for name in fields_of("token")}
+# One value inside each field's bounds: the model checks the other fields with these in the per-token ones' place.
+PLACEHOLDER = {name: [[min(max(1.0 if f.dtype == "mask" else 0.0, f.low), f.high)]] for name, f in PER_TOKEN.items()}
+NAMES = {name: names_of(name) for name in PER_TOKEN}
 PER_TOKEN_KEYS = frozenset(chain.from_iterable(NAMES.values()))
 
 # Bytes one padded position costs: each given per-token field as a float64 (B, T) array, the mask,
@@ -85,7 +81,7 @@ class Flat(NamedTuple):
     lengths: np.ndarray
 
 
-def _flat(rows: Any, low: float, high: float, whole: bool) -> tuple[np.ndarray, np.ndarray]:
+def _flat(rows: Any, field: BatchField) -> tuple[np.ndarray, np.ndarray]:
     """Ragged rows -> (flat float64 values, row lengths), checked; ``_Slow`` when anything is off."""
     if isinstance(rows, Flat):
         flat, lengths = rows
@@ -99,8 +95,10 @@ def _flat(rows: Any, low: float, high: float, whole: bool) -> tuple[np.ndarray, 
             flat = np.fromiter(chain.from_iterable(rows), dtype=np.float64, count=int(lengths.sum()))
         except (TypeError, ValueError, OverflowError):
             raise _Slow from None
-    ok = np.isfinite(flat).all() and (flat.min(initial=low) >= low) and (flat.max(initial=high) <= high)
-    if not ok or (whole and not np.isin(flat, (0.0, 1.0)).all()):
+    low, high = field.low, field.high
+    numbers = flat[~np.isnan(flat)] if field.nan_ok else flat
+    ok = np.isfinite(numbers).all() and (numbers.min(initial=low) >= low) and (numbers.max(initial=high) <= high)
+    if not ok or (field.dtype == "mask" and not np.isin(flat, (0.0, 1.0)).all()):
         raise _Slow
     return flat, lengths
 
@@ -210,9 +208,9 @@ def _fast(
     if any(len(keys) > 1 for keys in given.values()):
         raise _Slow
     keys = {name: keys[0] for name, keys in given.items() if keys}
-    rest = {**body, **{key: PLACEHOLDER.get(name, [[0.0]]) for name, key in keys.items()}}
+    rest = {**body, **{key: PLACEHOLDER[name] for name, key in keys.items()}}
     checked = validated(model, rest, root)  # rewards, config, tokens, ...: pydantic's checks and errors
-    flats = {name: _flat(body[key], *PER_TOKEN[name], whole=name == "completion_mask") for name, key in keys.items()}
+    flats = {name: _flat(body[key], PER_TOKEN[name]) for name, key in keys.items()}
     if "per_token_logps" not in flats:
         raise _Slow
     lengths = flats["per_token_logps"][1]
@@ -247,14 +245,10 @@ def _same_rows(name: str, row_lengths: np.ndarray, lengths: np.ndarray) -> None:
 
 def _padded(fields: dict[str, Any], lengths: np.ndarray, names: list[str]) -> dict[str, Any]:
     """Flat per-token values -> (B, T) arrays padded with 0; the completion mask masks the padding."""
-    B, T = len(lengths), int(lengths.max())
-    present = np.arange(T)[None, :] < lengths[:, None]  # (B, T): row-major, the flat arrays' order
     for name in names:
-        grid = np.zeros((B, T), dtype=np.float64)
-        grid[present] = fields[name]
-        fields[name] = grid
-    mask = fields.get("completion_mask")
-    fields["completion_mask"] = present.astype(np.float64) if mask is None else mask
+        fields[name] = padded(name, fields[name], lengths)
+    if fields.get("completion_mask") is None:
+        fields["completion_mask"] = present(lengths).astype(np.float64)
     return fields
 
 
@@ -263,6 +257,6 @@ def _slow(body: dict[str, Any], model: type[BaseModel], settings: Settings, root
     checked = validated(model, body, root)
     fields = checked.batch_fields()
     lengths = [len(r) for r in fields["per_token_logps"]]
-    present = [n for n in PER_TOKEN if fields.get(n) is not None]
-    check_cost(lengths, len(present), _dtype(getattr(checked, "config", None)), settings, copies)
+    given = [n for n in PER_TOKEN if fields.get(n) is not None]
+    check_cost(lengths, len(given), _dtype(getattr(checked, "config", None)), settings, copies)
     return Prepared(fields, lengths, checked)

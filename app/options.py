@@ -26,6 +26,7 @@ def options_json() -> dict[str, Any]:
         "scenarios": [dataclasses.asdict(s) for s in SCENARIOS.values()],
         "glossary": [dataclasses.asdict(g) for g in GLOSSARY],
         "formats": formats_json(),
+        "batch_fields": [f.describe() for f in grpo.BATCH_FIELDS.values()],
     }
 
 

@@ -8,6 +8,7 @@ rewards/advantages, config values) are the grpo library's, mapped to the same er
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model
@@ -15,30 +16,61 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model
 import grpo
 from grpo.config import MAX_INT, MAX_MAGNITUDE, FieldSpec
 from grpo.examples import ARTICLE_EXAMPLE
-from grpo.io import ALIASES
+from grpo.fields import BATCH_FIELDS, BatchField, names_of
 
-LogProb = Annotated[float, Field(le=0, allow_inf_nan=False)]
 # A reward or an advantage is a JSON number: a strict float takes ints, never true/false (the schema says
 # "number"). Per-token rows stay lax like the vectorised reader, which reads true as 1 (tests/test_ingest.py).
 Finite = Annotated[float, Field(allow_inf_nan=False, strict=True)]
-MaskValue = Annotated[int, Field(ge=0, le=1)]
-Entropy = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Count = Annotated[int, Field(ge=0)]
 # Lists stop at their first bad entry (fail_fast): one error per field, not one per number, so a
 # million positive log-probs cost one error, not seconds and hundreds of MB of them.
 FAIL_FAST = Field(fail_fast=True)
-Row = Annotated[list[LogProb], Field(min_length=1, fail_fast=True)]
-Rows = Annotated[list[Row], Field(min_length=1, fail_fast=True)]
-LogProbRows = Annotated[list[Annotated[list[LogProb], FAIL_FAST]], FAIL_FAST]
-MaskRows = Annotated[list[Annotated[list[MaskValue], FAIL_FAST]], FAIL_FAST]
-EntropyRows = Annotated[list[Annotated[list[Entropy], FAIL_FAST]], FAIL_FAST]
 TextRows = Annotated[list[Annotated[list[str], FAIL_FAST]], FAIL_FAST]
-Numbers = Annotated[list[Finite], FAIL_FAST]
 Counts = Annotated[list[Count], FAIL_FAST]
 
 
-def _aliases(name: str) -> AliasChoices:
-    return AliasChoices(name, *(alias for alias, target in ALIASES.items() if target == name))
+def _bounds(spec: BatchField) -> dict[str, Any]:
+    """pydantic's bounds for one value of a batch field (grpo's table)."""
+    number = int if spec.dtype in ("mask", "int") else float
+    return {
+        **({"ge": number(spec.low)} if spec.low > -math.inf else {}),
+        **({"le": number(spec.high)} if spec.high < math.inf else {}),
+    }
+
+
+def _value_type(spec: BatchField) -> Any:
+    """One value: a mask 0/1 or an int within bounds; a float within bounds (finite unless NaN is allowed).
+    Per-row floats are strict (no true/false); per-token ones lax, as the vectorised reader is."""
+    if spec.dtype in ("mask", "int"):
+        return Annotated[int, Field(**_bounds(spec))]
+    return Annotated[float, Field(allow_inf_nan=spec.nan_ok, strict=spec.shape != "token", **_bounds(spec))]
+
+
+def _request_type(spec: BatchField) -> Any:
+    """A batch field's JSON: ragged rows per token, a list per row (or one number for all), a number."""
+    value = _value_type(spec)
+    if spec.shape == "token":
+        length: dict[str, Any] = {"min_length": 1} if spec.required else {}
+        row = Annotated[list[value], Field(fail_fast=True, **length)]  # type: ignore[valid-type]
+        return Annotated[list[row], Field(fail_fast=True, **length)]
+    if spec.shape == "row":
+        rows = Annotated[list[value], FAIL_FAST]  # type: ignore[valid-type]
+        return value | rows if spec.scalar_ok else rows
+    return value
+
+
+def _batch_field(spec: BatchField) -> tuple[Any, Any]:
+    """The pydantic (type, Field) of one batch field: its aliases accepted, its doc the description."""
+    aliases = f" Aliases: {', '.join(spec.aliases)}." if spec.aliases else ""
+    kind = _request_type(spec)
+    return (
+        kind if spec.required else kind | None,
+        Field(
+            ... if spec.required else None,
+            validation_alias=AliasChoices(*names_of(spec.name)),
+            description=spec.doc + aliases,
+        ),
+    )
 
 
 # Config numbers are used as float32 scalars (1 + epsilon_high, clamp bounds): past float32's
@@ -71,39 +103,17 @@ ConfigRequest: type[BaseModel] = create_model(  # type: ignore[call-overload]
 )
 
 
-class BatchRequest(BaseModel):
+# Every batch field of grpo's table (a plugin's too), with its aliases, bounds and doc.
+BatchFields: type[BaseModel] = create_model(  # type: ignore[call-overload]
+    "BatchFields",
+    __config__=ConfigDict(extra="forbid", populate_by_name=True),
+    **{name: _batch_field(spec) for name, spec in BATCH_FIELDS.items()},
+)
+
+
+class BatchRequest(BatchFields):
     """One training batch: ragged rows of per-token log-probs, and rewards or advantages."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    per_token_logps: Rows = Field(
-        validation_alias=_aliases("per_token_logps"),
-        description="Current policy log-probs, one list per completion (ragged). Aliases: log_prob, pi_logprob.",
-    )
-    old_per_token_logps: LogProbRows | None = Field(
-        None,
-        validation_alias=_aliases("old_per_token_logps"),
-        description="Old (sampling) policy log-probs; default: the current ones (ratio 1).",
-    )
-    ref_per_token_logps: LogProbRows | None = Field(
-        None,
-        validation_alias=_aliases("ref_per_token_logps"),
-        description="Reference policy log-probs; default: the current ones (KL 0).",
-    )
-    completion_mask: MaskRows | None = Field(
-        None, validation_alias=_aliases("completion_mask"), description="0/1 per token; default all 1."
-    )
-    prompt_lengths: Count | Counts | None = Field(
-        None,
-        validation_alias=_aliases("prompt_lengths"),
-        description="Leading positions of each row that are prompt (excluded). Alias: input_len.",
-    )
-    rewards: Numbers | None = Field(None, description="One reward per row (give this or advantages).")
-    advantages: Numbers | None = Field(None, description="One advantage per row (give this or rewards).")
-    group_size: Annotated[int, Field(ge=1)] | None = Field(
-        None, description="Consecutive rows per prompt; default: all rows are one group."
-    )
-    entropies: EntropyRows | None = Field(None, description="Per-token entropies, for the entropy metric.")
     tokens: TextRows | None = Field(None, description="Display strings, one per token.")
 
     def batch_fields(self) -> dict[str, Any]:

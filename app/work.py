@@ -36,7 +36,7 @@ from app.schemas import BatchRequest, CompareRequest, LossRequest, UploadForm
 from app.settings import Settings
 from grpo.answer import breakdown_to_json, dumps
 from grpo.export import FORMATS, export_batch, file_bytes
-from grpo.io import INPUT_DTYPES, load_file, precision_notes
+from grpo.io import INPUT_DTYPES, UPLOAD_FORMATS, file_name, load_file, precision_notes
 from grpo.requests import batch_from_request
 
 
@@ -168,7 +168,7 @@ def export(body: bytes, fmt: str, settings: Settings) -> Reply:
             prepared.lengths, given, "float32", settings, output_bytes=2 * size, output=f"a {fmt} file", output_loc=loc
         )
     data = export_batch(fields, fmt, prepared.lengths)
-    headers = {"content-disposition": f'attachment; filename="grpo-lens-input.{fmt}"'}
+    headers = {"content-disposition": f'attachment; filename="{file_name("grpo-lens-input", fmt)}"'}
     return Reply(200, data, headers, media_type=FORMATS[fmt])
 
 
@@ -240,12 +240,13 @@ def _form_fields(parts: list[tuple[dict[bytes, bytes], list[bytes]]]) -> dict[st
 
 
 FILENAME = re.compile(rb'\r\nContent-Disposition: form-data; name="file"; filename="([^"\r\n]*)"', re.IGNORECASE)
-BINARY_SUFFIXES = (b".safetensors", b".npz")
+# The formats whose reading copies numbers without a Python object each (their entries say ``light``).
+BINARY_SUFFIXES = tuple(f".{suffix}".encode() for f in UPLOAD_FORMATS if f.light for suffix in f.suffixes)
 
 
 def binary_upload(body: bytes) -> bool:
-    """A multipart upload whose file is named .safetensors or .npz (its header among the body's first
-    64 KiB): reading it copies numbers and holds the GIL for milliseconds, so it needs no worker
+    """A multipart upload whose file is named as a light format (.safetensors, .npz; its header among the
+    body's first 64 KiB): reading it copies numbers and holds the GIL for milliseconds, so it needs no worker
     process. The content is still sniffed: a JSON text under such a name is refused at once."""
     found = FILENAME.search(body, 0, 65536)
     return found is not None and found.group(1).lower().endswith(BINARY_SUFFIXES)

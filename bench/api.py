@@ -30,6 +30,8 @@ m. memory back: for each kind of large request (a 1M-token JSON /loss, the same 
 9. run pages: 4 concurrent GETs of the page of a 40,000-member run (4,000 with --quick; uploaded as a zip,
    deleted after), first read (its summary computed once, in a worker process) and warm (kept): /healthz
    p99 (target <= 100 ms) and small /loss p99 (target <= 300 ms) meanwhile, beside the two alone.
+c. run pages and event streams together: figure 9's pages read while figure 8's 1,000 streams are open
+   (the "alone" row is measured before either), same targets.
 
 Starts ``uvicorn app.main:app --http app.server:HeaderTimeoutHttpTools`` (as `make run`; ``--http``
 picks another protocol, e.g. ``app.server:HeaderTimeoutH11``) on a free loopback port under a memory
@@ -57,7 +59,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from queue import Empty
 from typing import Any, NamedTuple
@@ -698,12 +700,14 @@ async def open_streams(host: str, port: int, path: str, total: int, sessions: in
     return counts
 
 
-def event_streams(base: str, seconds: float, total: int = 1000, sessions: int = 50) -> None:
+@contextmanager
+def streams_open(base: str, total: int = 1000, sessions: int = 50) -> Iterator[dict[str, Any]]:
+    """A training lab run with ``total`` event streams open on it from ``sessions`` clients, half never
+    reading; yields the accepted/refused/failed counts (and, once closed, the steps the run trained)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # a descriptor per stream here...
     if STATE["pid"] is not None:
         resource.prlimit(STATE["pid"], resource.RLIMIT_NOFILE, (hard, hard))  # ... and in the server
-    alone = probe(base, seconds)
     name = f"bench-streams-{os.getpid()}"
     headers = STATE["auth"]
     started = httpx.post(f"{base}/api/v1/lab/runs", json={"name": name, "steps": 1000}, headers=headers)
@@ -718,12 +722,13 @@ def event_streams(base: str, seconds: float, total: int = 1000, sessions: int = 
     held: list[Any] = []
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
+    counts: dict[str, Any] = {"soft": soft, "hard": hard}
     try:
         path = f"/api/v1/lab/runs/{name}/events"
-        counts = asyncio.run_coroutine_threadsafe(open_streams(host, int(port), path, total, sessions, held), loop)
-        opened = counts.result(timeout=300)
-        during = probe(base, seconds)
-        steps = httpx.get(status, headers=headers).json().get("steps_done")
+        opening = asyncio.run_coroutine_threadsafe(open_streams(host, int(port), path, total, sessions, held), loop)
+        counts.update(opening.result(timeout=300))
+        yield counts
+        counts["steps"] = httpx.get(status, headers=headers).json().get("steps_done")
     finally:
         for writer, reading in held:
             loop.call_soon_threadsafe(writer.close)
@@ -736,9 +741,23 @@ def event_streams(base: str, seconds: float, total: int = 1000, sessions: int = 
             time.sleep(0.1)
         httpx.delete(f"{base}/api/v1/runs/{name}", headers=headers)
         loop.call_soon_threadsafe(loop.stop)
-    print(f"8. event streams: {total} opened on one training lab run from {sessions} clients, half never reading")
-    print(f"   accepted {opened['accepted']}   refused (429) {opened['refused']}   failed {opened['failed']}")
-    print(f"   the run had trained {steps} steps at the end; descriptors: soft limit {soft} raised to {hard}")
+
+
+def print_streams(counts: dict[str, Any], total: int = 1000, sessions: int = 50) -> None:
+    print(f"   {total} event streams opened on one training lab run from {sessions} clients, half never reading:")
+    print(f"   accepted {counts['accepted']}   refused (429) {counts['refused']}   failed {counts['failed']}")
+    print(
+        f"   the run had trained {counts.get('steps')} steps at the end; descriptors: soft limit "
+        f"{counts['soft']} raised to {counts['hard']}"
+    )
+
+
+def event_streams(base: str, seconds: float) -> None:
+    alone = probe(base, seconds)
+    with streams_open(base) as counts:
+        during = probe(base, seconds)
+    print("8. event streams")
+    print_streams(counts)
     for label, i, target in (("GET  /healthz", 0, 0.1), ("POST /api/v1/loss (small)", 1, 0.3)):
         a, d = pct(alone[i], 99), pct(during[i], 99)
         print(f"   {label:27s} p99 alone {ms(a)}   with the streams {ms(d)}   (target <= {ms(target).strip()})")
@@ -830,9 +849,10 @@ async def beside(base: str, seconds: float, pages: Any = None) -> tuple[list[flo
     return health, loss, errors
 
 
-def run_pages(base: str, members: int, seconds: float) -> None:
+def run_pages(base: str, members: int, seconds: float, streams: bool = False) -> None:
     """Four concurrent pages of a long run beside /healthz and small /loss: the first read (the summary
-    computed, once, in a worker process) and warm reads (the kept summary), against the two alone."""
+    computed, once, in a worker process) and warm reads (the kept summary), against the two alone; with
+    ``streams``, the pages are read while 1,000 event streams are open on a training lab run."""
     name = f"bench-run-pages-{os.getpid()}"
     started = time.perf_counter()
     blob = long_run_zip(members)
@@ -845,20 +865,25 @@ def run_pages(base: str, members: int, seconds: float) -> None:
     time.sleep(2.5)  # a summary is kept once the run's files are 2 s old
     spawn = multiprocessing.get_context("spawn")
     rows = [("alone", *asyncio.run(beside(base, seconds)), [])]
-    for label, repeat in (("first read (summary computed)", 0.0), ("warm (summary kept)", seconds)):
-        queue = spawn.Queue()
-        pages = spawn.Process(target=fetch_pages, args=(base, STATE["auth"], f"/api/v1/runs/{name}", 4, repeat, queue))
-        pages.start()
-        health, loss, errors = asyncio.run(beside(base, 0, pages))
-        got = []
-        while (item := queue.get()) is not None:
-            got.append(item)
-        pages.join()
-        rows.append((label, health, loss, errors, got))
+    with streams_open(base) if streams else nullcontext({}) as counts:
+        for label, repeat in (("first read (summary computed)", 0.0), ("warm (summary kept)", seconds)):
+            queue = spawn.Queue()
+            path = f"/api/v1/runs/{name}"
+            pages = spawn.Process(target=fetch_pages, args=(base, STATE["auth"], path, 4, repeat, queue))
+            pages.start()
+            health, loss, errors = asyncio.run(beside(base, 0, pages))
+            got = []
+            while (item := queue.get()) is not None:
+                got.append(item)
+            pages.join()
+            rows.append((label, health, loss, errors, got))
     with httpx.Client(base_url=base, timeout=600, headers=STATE["auth"]) as client:
         client.delete(f"/api/v1/runs/{name}")
     size = f"zip {len(blob) / MB:.1f} MB, made in {made:.0f} s"
-    print(f"9. run pages: a {members}-member run ({size}), 4 concurrent GETs of its page")
+    figure = "c. run pages and event streams together" if streams else "9. run pages"
+    print(f"{figure}: a {members}-member run ({size}), 4 concurrent GETs of its page")
+    if streams:
+        print_streams(counts)
     for label, health, loss, errors, got in rows:
         print(
             f"   {label:30} /healthz p99 {ms(pct(health, 99))} (target <= 100 ms)   small /loss p99 "
@@ -876,7 +901,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0, help="port of the server started here (default: a free one)")
     parser.add_argument("--cap-gb", type=float, default=8.0, help="RLIMIT_AS of the server started here (0: none)")
     parser.add_argument("--quick", action="store_true", help="fewer repeats and shorter phases")
-    parser.add_argument("--only", default="123456789xm", help="which figures to print, e.g. 245")
+    parser.add_argument("--only", default="123456789xmc", help="which figures to print, e.g. 245")
     parser.add_argument("--http", default="app.server:HeaderTimeoutHttpTools", help="uvicorn's --http (started here)")
     parser.add_argument("--token", default=os.environ.get("GRPO_LENS_AUTH_TOKEN"), help="bearer token, if set")
     args = parser.parse_args()
@@ -903,6 +928,7 @@ def main() -> None:
             "x": lambda: export_hostile(base),
             "m": lambda: memory_back(base),
             "9": lambda: run_pages(base, 4000 if args.quick else 40_000, seconds),
+            "c": lambda: run_pages(base, 4000 if args.quick else 40_000, seconds, streams=True),
         }
         for key in args.only:
             steps[key]()

@@ -9,7 +9,8 @@ loss = grpo.compute_loss(batch, config)  # for training: differentiable in per_t
 
 Plugins: set GRPO_LENS_PLUGINS to comma-separated module names; each is imported at the end of
 ``import grpo`` and may register variants (``grpo.OBJECTIVES.register(...)``) and presets
-(``grpo.register_preset(...)``), which every part of GRPO Lens then offers.
+(``grpo.register_preset(...)``), batch fields (``grpo.register_field(...)``) and file formats
+(``grpo.register_format(...)``), which every part of GRPO Lens then offers (docs/extending.md).
 
 Importing grpo changes nothing else in the process: no allocator tuning, thread counts or seeds
 (``grpo._allocator.keep_freed_memory()`` is there for programs that want it).
@@ -21,6 +22,8 @@ from grpo.aggregation import AGGREGATIONS
 from grpo.batch import Batch, from_rows
 from grpo.config import FIELD_NAMES, FIELDS, PRESETS, REGISTRIES, LossConfig, Preset, register_preset
 from grpo.errors import GrpoInputError
+from grpo.fields import BATCH_FIELDS, BatchField, register_field
+from grpo.io import UPLOAD_FORMATS, UploadFormat, register_format  # registers the built-in formats
 from grpo.kl import KL_ESTIMATORS
 from grpo.logits import TokenLogprobs, token_logprobs
 from grpo.loss import Breakdown, RowBreakdown, TokenBreakdown, compute_loss, evaluate
@@ -33,6 +36,7 @@ from grpo.trainer_config import TrainerMapping, map_trl, map_verl  # registers t
 __all__ = [
     "ADVANTAGES",
     "AGGREGATIONS",
+    "BATCH_FIELDS",
     "FIELDS",
     "FIELD_NAMES",
     "KL_ESTIMATORS",
@@ -41,7 +45,9 @@ __all__ = [
     "PRESETS",
     "REGIONS",
     "REGISTRIES",
+    "UPLOAD_FORMATS",
     "Batch",
+    "BatchField",
     "Breakdown",
     "GrpoInputError",
     "LossConfig",
@@ -52,6 +58,7 @@ __all__ = [
     "TokenBreakdown",
     "TokenLogprobs",
     "TrainerMapping",
+    "UploadFormat",
     "capture",
     "compute_loss",
     "evaluate",
@@ -62,6 +69,8 @@ __all__ = [
     "load_step",
     "map_trl",
     "map_verl",
+    "register_field",
+    "register_format",
     "register_preset",
     "token_logprobs",
 ]

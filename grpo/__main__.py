@@ -23,7 +23,7 @@ from grpo.config import PRESETS, LossConfig
 from grpo.errors import GrpoInputError
 from grpo.examples import ARTICLE_EXAMPLE
 from grpo.explain import summary_table
-from grpo.io import load_file
+from grpo.io import UPLOAD_FORMATS, load_file
 from grpo.loss import evaluate
 from grpo.requests import batch_from_request, row_lengths
 from grpo.runs import is_step_metadata, load_run, load_step, read_metadata
@@ -39,7 +39,8 @@ def _value(text: str) -> Any:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grpo", description="GRPO Lens: explain a GRPO-family loss.")
     sub = parser.add_subparsers(dest="command")
-    ev = sub.add_parser("eval", help="evaluate a batch file (JSON, JSONL, safetensors, NPZ, .pt)")
+    formats = ", ".join(f.label for f in UPLOAD_FORMATS)
+    ev = sub.add_parser("eval", help=f"evaluate a batch file ({formats}) or a run's step file")
     ev.add_argument("file", type=Path)
     ev.add_argument("--preset", default=None, help=f"one of {', '.join(PRESETS)} (default: the file's, else article)")
     ev.add_argument("--json", action="store_true", help="print the whole breakdown as JSON")

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from grpo.curves import objective_curves
 from grpo.explain import explain_parts, number, token_why
+from grpo.fields import ragged
 from grpo.glossary import metric_meaning_parts, metric_meanings
 from grpo.loss import Breakdown
 from grpo.objectives import REGIONS
@@ -82,8 +83,7 @@ def pooled_heatmaps(bd: Breakdown, lengths: list[int], rows: list[int], drawable
 
 
 def _rows_of(t: Tensor, lengths: list[int], rows: list[int]) -> list[np.ndarray]:
-    array = t.detach().cpu().numpy()
-    return [array[i, : lengths[i]] for i in rows]
+    return ragged(t.detach().cpu().numpy(), lengths, rows)
 
 
 def breakdown_to_json(
@@ -109,14 +109,13 @@ def breakdown_to_json(
     token_data: dict[str, Any] = {name: _rows_of(getattr(bd.tokens, name), lengths, rows) for name in TOKEN_FIELDS}
     token_data["mask"] = [m.astype(np.int8) for m in _rows_of(bd.tokens.mask, lengths, rows)]
     region = bd.tokens.region.cpu().numpy()
-    token_data["region"] = [[REGIONS[c] for c in region[i, : lengths[i]]] for i in rows]
+    token_data["region"] = [[REGIONS[c] for c in row] for row in ragged(region, lengths, rows)]
     if tokens is not None:
         token_data["text"] = [tokens[i] for i in rows]
     row_data = {name: getattr(bd.rows, name) for name in ROW_FIELDS}
     explained = explain_parts(bd)
     why = token_why(bd)
-    codes = why.codes.cpu().numpy()
-    token_data["why"] = [[why.names[c] for c in codes[i, : lengths[i]]] for i in rows]  # only the rows sent
+    token_data["why"] = [[why.names[c] for c in row] for row in ragged(why.codes.cpu().numpy(), lengths, rows)]
     if bd.config.importance_sampling_level == "sequence":  # the token's own ratio beside its row's (GSPO)
         token_data["token_ratio"] = _rows_of(bd.tokens.log_ratio.exp() * bd.tokens.mask, lengths, rows)
     return {

@@ -8,8 +8,9 @@ Shapes: B rows (completions), T padded positions. A position counts when ``compl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -17,9 +18,10 @@ import torch
 from torch import Tensor
 
 from grpo.errors import GrpoInputError
+from grpo.fields import BATCH_FIELDS, LOGP_HIGH, BatchField, fields_of, padded, present
 
 TensorLike = Tensor | np.ndarray | Sequence[Any]
-LOGP_FIELDS = ("per_token_logps", "old_per_token_logps", "ref_per_token_logps")
+LOGP_FIELDS = tuple(name for name, f in BATCH_FIELDS.items() if f.expected == LOGP_HIGH)
 
 
 def _as_tensor(name: str, value: Any, dtype: torch.dtype | None = None, keep_graph: bool = False) -> Tensor:
@@ -51,6 +53,8 @@ class Batch:
     ``advantages`` (B,) or ``rewards`` (B,); ``group_size`` G groups consecutive rows (default: all
     rows are one group). ``prompt_lengths`` (an int, or one per row) excludes each row's leading
     positions. Rebuilding from the fields, ``Batch(**dataclasses.asdict``-style, gives the same batch.
+    Any other field registered in ``grpo.fields`` is passed by name (or in ``extra``) and arrives
+    checked in ``extra``.
     """
 
     per_token_logps: Tensor
@@ -66,6 +70,8 @@ class Batch:
     rewards: Tensor | None
     group_size: int | None
     entropies: Tensor | None
+    extra: dict[str, Tensor]
+    """Registered fields beyond these (``grpo.fields.register_field``), checked like their kind."""
 
     def __init__(
         self,
@@ -78,6 +84,8 @@ class Batch:
         rewards: TensorLike | None = None,
         group_size: int | None = None,
         entropies: TensorLike | None = None,
+        extra: Mapping[str, TensorLike] | None = None,
+        **more: TensorLike,
     ) -> None:
         logp = _as_tensor("per_token_logps", per_token_logps, keep_graph=True)
         if logp.dim() != 2 or logp.shape[0] == 0 or logp.shape[1] == 0:
@@ -116,6 +124,8 @@ class Batch:
         ):
             raise GrpoInputError("group_size", f"a positive divisor of the number of rows ({B})", got=repr(group_size))
         set_(self, "group_size", None if group_size is None else int(group_size))
+        given = {**(extra or {}), **more}
+        set_(self, "extra", {name: _extra(name, value, logp, mask, weights) for name, value in given.items()})
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -140,6 +150,10 @@ class Batch:
     def prompt_length_tensor(self) -> Tensor:
         """(B,) int64 prompt lengths (0 when none were given)."""
         return self.prompt_lengths
+
+
+# Batch's own fields; every other registered field arrives checked in ``Batch.extra``.
+OWN_FIELDS = frozenset(f.name for f in fields(Batch)) - {"extra"}
 
 
 # --- checks ---------------------------------------------------------------------------------------
@@ -181,6 +195,32 @@ def _counted_mask(completion_mask: TensorLike | None, prompt: Tensor, logp: Tens
     return mask & (positions[None, :] >= prompt[:, None])
 
 
+def _extra(name: str, value: TensorLike, logp: Tensor, mask: Tensor, weights: Tensor) -> Tensor:
+    """A registered field beyond Batch's own, checked as its table entry says."""
+    field = BATCH_FIELDS.get(name)
+    if field is None or name in OWN_FIELDS:
+        raise GrpoInputError(name, f"a batch field: one of {', '.join(BATCH_FIELDS)}")
+    tensor = _as_tensor(name, value, logp.dtype)
+    if field.shape == "token":
+        return _checked(name, _same_shape(name, tensor, logp), mask, weights)
+    B = logp.shape[0]
+    if field.shape == "row" and tensor.shape != (B,):
+        raise GrpoInputError(name, f"one number per row ({B})", got=f"shape {tuple(tensor.shape)}")
+    bad = _out_of_bounds(field, tensor.reshape(-1)) if tensor.dim() else _out_of_bounds(field, tensor.reshape(1))
+    if bad.any():
+        raise GrpoInputError(name, field.bounds_text(), row=int(bad.nonzero()[0, 0]) if tensor.dim() else None)
+    return tensor.to(logp.device)
+
+
+def _out_of_bounds(field: BatchField, values: Tensor) -> Tensor:
+    """(N,) bool: the values outside the field's bounds (NaN only where the field allows it)."""
+    finite = torch.isfinite(values) | (
+        torch.isnan(values) if field.nan_ok else torch.zeros_like(values, dtype=torch.bool)
+    )
+    inside = (values >= field.low) & (values <= field.high)
+    return ~finite | (~inside & ~torch.isnan(values))
+
+
 def _targets(advantages: TensorLike | None, rewards: TensorLike | None, logp: Tensor) -> tuple[Tensor | None, ...]:
     """(advantages, rewards): exactly one given, as (B,) finite numbers in logp's dtype."""
     if (advantages is None) == (rewards is None):
@@ -200,14 +240,16 @@ def _targets(advantages: TensorLike | None, rewards: TensorLike | None, logp: Te
 def _checked(name: str, value: Tensor, mask: Tensor, weights: Tensor) -> Tensor:
     """``value`` with 0 wherever nothing counts, after checking the positions that do.
 
-    Log-probs that count must be finite and <= 0 (a positive one usually means logits were
-    passed); entropies finite and >= 0. Padding may hold anything, NaN included: it is zeroed.
-    The common case costs one multiply and two reductions; the exact search for the offending
-    row runs only when they say something is wrong.
+    The field's table entry gives the bounds (log-probs <= 0: a positive one usually means logits
+    were passed; entropies >= 0) and whether NaN may stand at a counted token. Padding may hold
+    anything, NaN included: it is zeroed. The common case costs one multiply and two reductions;
+    the exact search for the offending row runs only when they say something is wrong.
     """
+    field = BATCH_FIELDS[name]
     kept = value * weights
     if not bool(torch.isfinite(kept.sum())):
-        bad = mask & ~torch.isfinite(value)
+        allowed = torch.isfinite(value) | torch.isnan(value) if field.nan_ok else torch.isfinite(value)
+        bad = mask & ~allowed
         if bad.any():
             row = _first_row(bad)
             pos = int(bad[row].nonzero()[0, 0])
@@ -217,59 +259,34 @@ def _checked(name: str, value: Tensor, mask: Tensor, weights: Tensor) -> Tensor:
                 row=row,
                 got=f"{float(value[row, pos])} at position {pos}",
             )
-        kept = torch.nan_to_num(kept, nan=0.0, posinf=0.0, neginf=0.0)  # only padding was non-finite
-    entropy = name == "entropies"
-    extreme = kept.min() < 0 if entropy else kept.max() > 0
-    if bool(extreme):
-        bad = mask & ((value < 0) if entropy else (value > 0))
+        counted_nan = mask & torch.isnan(value) if field.nan_ok else None
+        kept = torch.nan_to_num(kept, nan=0.0, posinf=0.0, neginf=0.0)  # only padding (or allowed NaN)
+        if counted_nan is not None and bool(counted_nan.any()):
+            kept = kept.masked_fill(counted_nan, float("nan"))  # "not scored": the consumer decides
+    numbers = torch.nan_to_num(kept, nan=0.0) if field.nan_ok else kept
+    low, high = field.low > -math.inf, field.high < math.inf
+    if (low and bool(numbers.min() < field.low)) or (high and bool(numbers.max() > field.high)):
+        bad = mask & ((value < field.low) | (value > field.high))
         row = _first_row(bad)
         pos = int(bad[row].nonzero()[0, 0])
-        expected = "entropies >= 0" if entropy else "log-probs <= 0 (a positive value usually means logits were passed)"
-        raise GrpoInputError(name, expected, row=row, got=f"{float(value[row, pos]):g} at position {pos}")
+        raise GrpoInputError(name, field.bounds_text(), row=row, got=f"{float(value[row, pos]):g} at position {pos}")
     return kept
 
 
-def from_rows(
-    per_token_logps: Sequence[Sequence[float]],
-    old_per_token_logps: Sequence[Sequence[float]] | None = None,
-    ref_per_token_logps: Sequence[Sequence[float]] | None = None,
-    completion_mask: Sequence[Sequence[float]] | None = None,
-    entropies: Sequence[Sequence[float]] | None = None,
-    **rest: Any,
-) -> Batch:
-    """A Batch from ragged rows (each row its own length): padded on the right, padding masked."""
+def from_rows(per_token_logps: Sequence[Sequence[float]], **rest: Any) -> Batch:
+    """A Batch from ragged rows (each row its own length): every per-token field padded on the right,
+    the padding masked."""
     lengths = [len(row) for row in per_token_logps]
     if not lengths or min(lengths) == 0:
         row = lengths.index(0) if lengths else None
         raise GrpoInputError("per_token_logps", "at least one row, each with at least one token", row=row)
-    T = max(lengths)
-
-    def pad(name: str, rows: Sequence[Sequence[float]] | None, fill: float) -> np.ndarray | None:
-        if rows is None:
-            return None
-        if len(rows) != len(lengths):
-            raise GrpoInputError(name, f"{len(lengths)} rows like per_token_logps", got=f"{len(rows)} rows")
-        out = np.full((len(lengths), T), fill, dtype=np.float64)
-        for i, (row, n) in enumerate(zip(rows, lengths, strict=True)):
-            if len(row) != n:
-                raise GrpoInputError(name, f"{n} values like per_token_logps[{i}]", row=i, got=f"{len(row)}")
-            try:
-                out[i, :n] = row
-            except (ValueError, TypeError) as exc:
-                raise GrpoInputError(name, "a list of numbers", row=i) from exc
-        return out
-
-    present = np.zeros((len(lengths), T))
-    for i, n in enumerate(lengths):
-        present[i, :n] = 1
-    mask = pad("completion_mask", completion_mask, 0.0)
-    logps = pad("per_token_logps", per_token_logps, 0.0)
-    assert logps is not None
+    counted = present(lengths).astype(np.float64)
+    given = {name: rest.pop(name, None) for name in fields_of("token") if name != "per_token_logps"}
+    grids: dict[str, Any] = {name: padded(name, value, lengths) for name, value in given.items() if value is not None}
+    mask = grids.pop("completion_mask", None)
     return Batch(
-        per_token_logps=logps,
-        old_per_token_logps=pad("old_per_token_logps", old_per_token_logps, 0.0),
-        ref_per_token_logps=pad("ref_per_token_logps", ref_per_token_logps, 0.0),
-        completion_mask=present if mask is None else mask * present,
-        entropies=pad("entropies", entropies, 0.0),
+        per_token_logps=padded("per_token_logps", per_token_logps, lengths),
+        completion_mask=counted if mask is None else mask * counted,
+        **grids,
         **rest,
     )

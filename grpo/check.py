@@ -19,22 +19,11 @@ from grpo.batch import Batch
 from grpo.config import LossConfig
 from grpo.errors import GrpoInputError
 from grpo.loss import Breakdown, evaluate
+from grpo.metrics import SERIES_METRICS, TOKEN_MEANS
 from grpo.runs import Run, StepRef, load_step
 
 DEFAULT_RTOL = 1e-5
 DEFAULT_METRIC_ATOL = 1e-6
-# Metrics that are means over counted tokens: their token-weighted step view is meaningful.
-TOKEN_MEANS = (
-    "kl",
-    "entropy",
-    "clip_ratio/low_mean",
-    "clip_ratio/high_mean",
-    "clip_ratio/region_mean",
-    "cispo_clip_ratio",
-    "actor/pg_clipfrac",
-    "actor/ppo_kl",
-    "actor/pg_clipfrac_lower",
-)
 SCALING_FIELDS = ("gradient_accumulation_steps", "token_normalizer", "sequence_normalizer")
 
 
@@ -227,18 +216,6 @@ def _sci(value: float | None) -> str:
 
 
 # --- views of a run over its steps (the server's Runs view) -------------------------------------------
-SERIES_METRICS = (
-    "clip_ratio/low_mean",
-    "clip_ratio/high_mean",
-    "clip_ratio/region_mean",
-    "actor/pg_clipfrac",
-    "kl",
-    "entropy",
-    "completions/mean_length",
-    "lens/advantage/std",
-)
-
-
 def _row_rewards(info: dict[str, Any]) -> list[float]:
     rewards = info["tensors"].get("row_rewards", info["tensors"].get("rewards"))
     return [] if rewards is None else [float(r) for r in rewards.tolist() if math.isfinite(r)]

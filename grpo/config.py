@@ -104,6 +104,13 @@ class LossConfig:
     kl_bias_correction: bool = _f(
         False, "Multiply the KL by the differentiable ratio (TRL use_bias_correction_kl).", "kl"
     )
+    kl_gradient: str = _f(
+        "estimator",
+        "The KL term's gradient: the estimator's own, or k2's (logp - ref) under the estimator's value "
+        "(verl's straight-through '+' types: k1+, k3+, abs+).",
+        "kl",
+        choices=("estimator", "k2"),
+    )
 
     # --- aggregation -------------------------------------------------------------------------
     aggregation: str = _f(

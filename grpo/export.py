@@ -10,6 +10,7 @@ those sizes alone, so a server can refuse a batch whose file would be too large 
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from itertools import chain
 from typing import Any
 
@@ -17,16 +18,15 @@ import numpy as np
 import orjson
 
 from grpo.errors import GrpoInputError
+from grpo.fields import BATCH_FIELDS, fields_of, padded, present, ragged
 from grpo.requests import batch_from_request
 
-FORMATS: dict[str, str] = {
-    "json": "application/json",
-    "jsonl": "application/x-ndjson",
-    "safetensors": "application/octet-stream",
-    "npz": "application/octet-stream",
-}
-PER_TOKEN = ("per_token_logps", "old_per_token_logps", "ref_per_token_logps", "entropies")
-PER_ROW = {"rewards": "reward", "advantages": "advantage", "prompt_lengths": "prompt_length"}
+# The formats written and their MIME types, filled by ``grpo.io.register_format`` from its entries (the
+# one place a format is described): a format with a writer is exported here.
+FORMATS: dict[str, str] = {}
+# From the batch-field table: the mask is written apart (it also marks the padding).
+PER_TOKEN = tuple(name for name in fields_of("token") if name != "completion_mask")
+PER_ROW = {name: BATCH_FIELDS[name].row_key or name for name in fields_of("row")}
 # A float64 as JSON text at its longest ("-2.2250738585072014e-308", shortest round-trip form) and its comma.
 NUMBER_BYTES = 25
 # A display string in JSON: each character escaped at worst ("\u001f": 6 bytes), quotes and a comma.
@@ -43,34 +43,18 @@ def row_lengths(fields: dict[str, Any], lengths: list[int] | None = None) -> lis
 
 def padded_arrays(fields: dict[str, Any], lengths: list[int] | None = None) -> dict[str, np.ndarray]:
     """Ragged rows, or (B, T) arrays padded already -> (B, T) float64 arrays padded with 0, the mask 0
-    on the padding."""
+    on the padding; per-row fields 1-D (0-d when one number stands for every row), batch fields 0-d."""
     lengths = row_lengths(fields, lengths)
-    width = max(lengths, default=0)
-    present = np.arange(width)[None, :] < np.asarray(lengths, dtype=np.int64)[:, None]  # (B, T)
+    counted = present(lengths)
     mask = fields.get("completion_mask")
-    out = {"completion_mask": present.astype(np.float64) if mask is None else _grid(mask, present)}
+    out = {"completion_mask": counted.astype(np.float64) if mask is None else padded("completion_mask", mask, lengths)}
     for name in PER_TOKEN:
         if fields.get(name) is not None:
-            out[name] = _grid(fields[name], present)
-    for name in PER_ROW:
-        value = fields.get(name)
-        if isinstance(value, list):
-            out[name] = np.asarray(value, dtype=np.int64 if name == "prompt_lengths" else np.float64)
-        elif value is not None:
-            out[name] = np.asarray(value, dtype=np.int64)  # one prompt length for every row: 0-d
-    if fields.get("group_size") is not None:
-        out["group_size"] = np.asarray(fields["group_size"], dtype=np.int64)  # 0-d
+            out[name] = padded(name, fields[name], lengths)
+    for name in (*PER_ROW, *fields_of("batch")):
+        if fields.get(name) is not None:
+            out[name] = np.asarray(fields[name], dtype=np.int64 if BATCH_FIELDS[name].dtype == "int" else np.float64)
     return out
-
-
-def _grid(value: Any, present: np.ndarray) -> np.ndarray:
-    """A per-token field as a (B, T) float64 array padded with 0 (an array is padded already)."""
-    if isinstance(value, np.ndarray):
-        return np.asarray(value, dtype=np.float64)
-    grid = np.zeros(present.shape)
-    for i, row in enumerate(value):
-        grid[i, : len(row)] = row
-    return grid
 
 
 def file_bytes(fields: dict[str, Any], fmt: str, lengths: list[int] | None = None) -> int:
@@ -115,14 +99,10 @@ def _rows(fields: dict[str, Any], lengths: list[int] | None) -> dict[str, list[A
     the mask only where it masks a token (else it is the default, all 1)."""
     arrays = padded_arrays(fields, lengths)
     lengths = row_lengths(fields, lengths)
-    present = np.arange(arrays["completion_mask"].shape[1])[None, :] < np.asarray(lengths, dtype=np.int64)[:, None]
-    out = {}
-    for name in PER_TOKEN:
-        if name in arrays:
-            out[name] = [grid_row[:n] for grid_row, n in zip(arrays[name], lengths, strict=True)]
+    out = {name: ragged(arrays[name], lengths) for name in PER_TOKEN if name in arrays}
     mask = arrays["completion_mask"]
-    if not mask[present].all():
-        out["completion_mask"] = [row[:n] for row, n in zip(mask.astype(np.int8), lengths, strict=True)]
+    if not mask[present(lengths)].all():
+        out["completion_mask"] = ragged(mask.astype(np.int8), lengths)
     if fields.get("tokens") is not None:
         out["tokens"] = fields["tokens"]
     return out
@@ -131,15 +111,16 @@ def _rows(fields: dict[str, Any], lengths: list[int] | None) -> dict[str, list[A
 def to_json(fields: dict[str, Any], lengths: list[int] | None = None) -> bytes:
     """One JSON object: the /api/v1/loss fields, rows ragged."""
     rows = _rows(fields, lengths)
-    rest = {name: fields[name] for name in (*PER_ROW, "group_size") if fields.get(name) is not None}
+    rest = {name: fields[name] for name in (*PER_ROW, *fields_of("batch")) if fields.get(name) is not None}
     return orjson.dumps({**rows, **rest}, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def to_jsonl(fields: dict[str, Any], lengths: list[int] | None = None) -> bytes:
     """One line per row (its per-token lists, its reward or advantage); group_size on a line of its own."""
     lines = []
-    if fields.get("group_size") is not None:
-        lines.append(orjson.dumps({"group_size": fields["group_size"]}))
+    batch = {name: fields[name] for name in fields_of("batch") if fields.get(name) is not None}
+    if batch:
+        lines.append(orjson.dumps(batch))
     rows = _rows(fields, lengths)
     for i in range(len(row_lengths(fields, lengths))):
         line = {name: values[i] for name, values in rows.items()}
@@ -166,7 +147,7 @@ def check(fields: dict[str, Any], lengths: list[int] | None = None) -> None:
             raise GrpoInputError("tokens", f"{n} strings like per_token_logps[{i}]", row=i, got=f"{len(text)}")
 
 
-WRITERS = {"safetensors": to_safetensors, "npz": to_npz, "json": to_json, "jsonl": to_jsonl}
+WRITERS: dict[str, Callable[[dict[str, Any], list[int] | None], bytes]] = {}  # filled as FORMATS is
 
 
 def export_batch(fields: dict[str, Any], fmt: str, lengths: list[int] | None = None) -> bytes:

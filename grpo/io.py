@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import json
 import zipfile
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,20 +21,11 @@ import simdjson
 import torch
 from torch import Tensor
 
+from grpo import export
 from grpo.errors import GrpoInputError
+from grpo.fields import ALIASES, BATCH_FIELDS, fields_of
 from grpo.logits import token_logprobs
 
-# verl's and the article's names for the request's (TRL's) fields.
-ALIASES: dict[str, str] = {
-    "log_prob": "per_token_logps",
-    "pi_logprob": "per_token_logps",
-    "old_log_prob": "old_per_token_logps",
-    "pi_old_logprob": "old_per_token_logps",
-    "ref_log_prob": "ref_per_token_logps",
-    "pi_ref_logprob": "ref_per_token_logps",
-    "response_mask": "completion_mask",
-    "input_len": "prompt_lengths",
-}
 LOGITS_FIELDS = ("logits", "token_ids", "ref_logits", "old_logits", "prompt_length", "temperature")
 
 
@@ -53,26 +44,65 @@ def canonical(fields: dict[str, Any]) -> dict[str, Any]:
 MAX_UNPACKED_BYTES = 256 * 1024 * 1024
 
 
+Reader = Callable[[bytes, int], dict[str, Any]]
+"""(file bytes, max_unpacked_bytes) -> request fields (per-token values as ragged lists or 2-D arrays)."""
+Writer = Callable[[dict[str, Any], "list[int] | None"], bytes]
+"""(request fields, row lengths where the per-token fields are padded already) -> file bytes."""
+
+
 @dataclass(frozen=True)
 class UploadFormat:
-    """A file the upload reads: its name, a short label for menus, the name suffixes that select it
-    and what its first bytes sniff as (see ``sniff``)."""
+    """A batch file format, whole: everything the readers, writers, lanes, CLI, API and page need.
+
+    ``content`` is what its first bytes sniff as (formats may share one: JSON and JSONL), ``sniffer``
+    recognises that content and ``content_doc`` names it in errors. ``light``: reading it copies numbers
+    without a Python object per number, so the server reads it in a thread (no worker process). A format
+    with a ``writer`` is offered as an export and has an example file (GET /api/v1/examples/{name})."""
 
     name: str
     label: str
     suffixes: tuple[str, ...]
     content: str
+    reader: Reader | None = None
+    writer: Writer | None = None
+    mime: str = "application/octet-stream"
+    light: bool = False
+    sniffer: Callable[[bytes], bool] | None = None
+    content_doc: str = ""
 
 
-# load_file reads these; /api/v1/options lists them (the page's upload menu and accepted extensions).
-UPLOAD_FORMATS: tuple[UploadFormat, ...] = (
-    UploadFormat("json", "JSON", ("json",), "json"),
-    UploadFormat("jsonl", "JSONL", ("jsonl",), "json"),
-    UploadFormat("safetensors", "safetensors", ("safetensors",), "safetensors"),
-    UploadFormat("npz", "NPZ", ("npz",), "npz"),
-    UploadFormat("pt", ".pt", ("pt", "pth"), "pt"),
-)
-_BY_SUFFIX = {suffix: f for f in UPLOAD_FORMATS for suffix in f.suffixes}
+# load_file reads these; /api/v1/options lists them (the page's upload menu and accepted extensions);
+# grpo.export writes those with a writer. Filled by register_format, in menu order.
+UPLOAD_FORMATS: list[UploadFormat] = []
+_BY_SUFFIX: dict[str, UploadFormat] = {}
+
+
+def register_format(fmt: UploadFormat) -> UploadFormat:
+    """Add a file format (its name and suffixes must be new): the upload, the CLI, the exports, the
+    examples, the lanes and the page's menu then offer it."""
+    taken = [s for s in fmt.suffixes if s in _BY_SUFFIX] + [fmt.name] * any(f.name == fmt.name for f in UPLOAD_FORMATS)
+    if taken or fmt.reader is None:
+        raise ValueError(f"a new format with a reader; taken: {', '.join(taken) or 'nothing'}")
+    UPLOAD_FORMATS.append(fmt)
+    _BY_SUFFIX.update(dict.fromkeys(fmt.suffixes, fmt))
+    if fmt.writer is not None:
+        export.WRITERS[fmt.name] = fmt.writer
+        export.FORMATS[fmt.name] = fmt.mime
+    return fmt
+
+
+def file_name(stem: str, fmt: str) -> str:
+    """A file name for format ``fmt`` (its first suffix): ``grpo-lens-input.npz``."""
+    return f"{stem}.{next(f.suffixes[0] for f in UPLOAD_FORMATS if f.name == fmt)}"
+
+
+def format_named(filename: str) -> UploadFormat:
+    """The format a file's name selects (its suffix), or an error listing the formats read."""
+    suffix = filename.lower().rsplit(".", 1)[-1] if "." in filename else ""
+    if suffix not in _BY_SUFFIX:
+        names = [f".{f.suffixes[0]}" for f in UPLOAD_FORMATS]
+        raise GrpoInputError("file", f"a {', '.join(names[:-1])} or {names[-1]} file", got=repr(filename))
+    return _BY_SUFFIX[suffix]
 
 
 def load_file(filename: str, data: bytes, max_unpacked_bytes: int = MAX_UNPACKED_BYTES) -> dict[str, Any]:
@@ -83,46 +113,51 @@ def load_file(filename: str, data: bytes, max_unpacked_bytes: int = MAX_UNPACKED
     Zipped formats (NPZ, torch's .pt) are refused when they would unpack past
     ``max_unpacked_bytes``, before anything is decompressed.
     """
-    suffix = filename.lower().rsplit(".", 1)[-1] if "." in filename else ""
-    if suffix not in _BY_SUFFIX:
-        names = [f".{f.suffixes[0]}" for f in UPLOAD_FORMATS]
-        raise GrpoInputError("file", f"a {', '.join(names[:-1])} or {names[-1]} file", got=repr(filename))
-    fmt = _BY_SUFFIX[suffix]
+    fmt = format_named(filename)
     found = sniff(data)
     if found is not None and found != fmt.content:
-        raise GrpoInputError("file", f"{FORMATS[fmt.content]} (the name says .{suffix})", got=FORMATS[found])
-    if fmt.name in ("npz", "pt"):
-        reader = _read_npz if fmt.name == "npz" else _read_pt
-        return reader(data, max_unpacked_bytes)
-    readers = {"json": _read_json, "jsonl": _read_jsonl, "safetensors": _read_safetensors}
-    return readers[fmt.name](data)
+        suffix = filename.lower().rsplit(".", 1)[-1]
+        raise GrpoInputError("file", f"{_content_doc(fmt.content)} (the name says .{suffix})", got=_content_doc(found))
+    assert fmt.reader is not None  # register_format refuses a format without one
+    return fmt.reader(data, max_unpacked_bytes)
 
 
-FORMATS = {
-    "json": "JSON text",
-    "safetensors": "a safetensors file",
-    "npz": "an NPZ archive (a zip of .npy arrays)",
-    "pt": "a torch .pt file (a zip holding data.pkl)",
-}
+def _content_doc(content: str) -> str:
+    return next(f.content_doc for f in UPLOAD_FORMATS if f.content == content and f.content_doc)
 
 
 def sniff(data: bytes) -> str | None:
-    """The format of ``data`` from its first bytes: json, safetensors, npz, pt, or None when unknown."""
-    if data[:4] == b"PK\x03\x04":
-        try:
-            with zipfile.ZipFile(io.BytesIO(data)) as archive:
-                names = archive.namelist()
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError):
-            return None
-        if any(name == "data.pkl" or name.endswith("/data.pkl") for name in names):
-            return "pt"
-        return "npz" if names and all(name.endswith(".npy") for name in names) else None
-    if len(data) >= 9 and data[8:9] == b"{" and int.from_bytes(data[:8], "little") <= len(data) - 8:
-        return "safetensors"
-    start = data[:64].lstrip(b" \t\r\n\xef\xbb\xbf")
-    if start[:1] in (b"{", b"["):
-        return "json"
-    return None
+    """The content of ``data`` from its first bytes (json, safetensors, npz, pt, a plugin's), None when unknown."""
+    return next((f.content for f in UPLOAD_FORMATS if f.sniffer is not None and f.sniffer(data)), None)
+
+
+def _zip_members(data: bytes) -> list[str] | None:
+    """The member names of a zip file, None when ``data`` is no zip."""
+    if data[:4] != b"PK\x03\x04":
+        return None
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            return archive.namelist()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return None
+
+
+def _is_pt(data: bytes) -> bool:
+    names = _zip_members(data)
+    return names is not None and any(name == "data.pkl" or name.endswith("/data.pkl") for name in names)
+
+
+def _is_npz(data: bytes) -> bool:
+    names = _zip_members(data)
+    return bool(names) and not _is_pt(data) and all(name.endswith(".npy") for name in names or ())
+
+
+def _is_safetensors(data: bytes) -> bool:
+    return len(data) >= 9 and data[8:9] == b"{" and int.from_bytes(data[:8], "little") <= len(data) - 8
+
+
+def _is_json(data: bytes) -> bool:
+    return data[:64].lstrip(b" \t\r\n\xef\xbb\xbf")[:1] in (b"{", b"[")
 
 
 def parse_json(data: bytes | str) -> Any:
@@ -235,7 +270,7 @@ def _replace_surrogates(value: Any) -> Any:
     return value
 
 
-def _read_json(data: bytes) -> dict[str, Any]:
+def _read_json(data: bytes, max_bytes: int = MAX_UNPACKED_BYTES) -> dict[str, Any]:
     try:
         body = parse_json(data)
     except ValueError as exc:
@@ -245,12 +280,13 @@ def _read_json(data: bytes) -> dict[str, Any]:
     return canonical(body)
 
 
-ROW_KEYS = {"reward": "rewards", "advantage": "advantages", "prompt_length": "prompt_lengths"}
+ROW_KEYS = {f.row_key: name for name, f in BATCH_FIELDS.items() if f.row_key}
+BATCH_ONLY = fields_of("batch")  # a JSONL line holding only these (and config) sets them for the batch
 
 
-def _read_jsonl(data: bytes) -> dict[str, Any]:
+def _read_jsonl(data: bytes, max_bytes: int = MAX_UNPACKED_BYTES) -> dict[str, Any]:
     """One JSON object per line: a row's per-token lists and its reward or advantage; a line
-    holding only ``config`` or ``group_size`` sets that for the batch."""
+    holding only ``config`` or batch-wide fields (``group_size``) sets them for the batch."""
     columns: dict[str, list[Any]] = {}
     batch: dict[str, Any] = {}
     for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines()):
@@ -262,7 +298,7 @@ def _read_jsonl(data: bytes) -> dict[str, Any]:
             raise GrpoInputError("file", "one JSON object per line", row=number, got=str(exc)[:200]) from exc
         if not isinstance(row, dict):
             raise GrpoInputError("file", "one JSON object per line", row=number, got=type(row).__name__)
-        if set(row) <= {"config", "group_size"}:
+        if set(row) <= {"config", *BATCH_ONLY}:
             batch.update(row)
             continue
         for key, value in canonical(row).items():
@@ -274,7 +310,7 @@ def _read_jsonl(data: bytes) -> dict[str, Any]:
     return batch | columns
 
 
-def _read_safetensors(data: bytes) -> dict[str, Any]:
+def _read_safetensors(data: bytes, max_bytes: int = MAX_UNPACKED_BYTES) -> dict[str, Any]:
     from safetensors import SafetensorError
     from safetensors.torch import load
 
@@ -329,7 +365,7 @@ def _check_npy_headers(data: bytes) -> None:
                     )
 
 
-def _read_npz(data: bytes, max_bytes: int) -> dict[str, Any]:
+def _read_npz(data: bytes, max_bytes: int = MAX_UNPACKED_BYTES) -> dict[str, Any]:
     try:
         _check_unzipped_size(data, max_bytes)
         if zipfile.is_zipfile(io.BytesIO(data)):
@@ -357,7 +393,7 @@ def _read_npz(data: bytes, max_bytes: int) -> dict[str, Any]:
     return out
 
 
-def _read_pt(data: bytes, max_bytes: int) -> dict[str, Any]:
+def _read_pt(data: bytes, max_bytes: int = MAX_UNPACKED_BYTES) -> dict[str, Any]:
     _check_unzipped_size(data, max_bytes)
     try:
         loaded = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
@@ -439,3 +475,45 @@ def _from_logits(tensors: dict[str, Tensor]) -> dict[str, Any]:
     if out.old_logps is not None:
         request["old_per_token_logps"] = out.old_logps.double().numpy()
     return request
+
+
+# The built-in formats, one entry each (menu order). ``max_bytes`` bounds what a zip would unpack to.
+JSON_TEXT = "JSON text"
+for _fmt in (
+    UploadFormat(
+        "json", "JSON", ("json",), "json", _read_json, export.to_json, "application/json", False, _is_json, JSON_TEXT
+    ),
+    UploadFormat("jsonl", "JSONL", ("jsonl",), "json", _read_jsonl, export.to_jsonl, "application/x-ndjson"),
+    UploadFormat(
+        "safetensors",
+        "safetensors",
+        ("safetensors",),
+        "safetensors",
+        _read_safetensors,
+        export.to_safetensors,
+        light=True,
+        sniffer=_is_safetensors,
+        content_doc="a safetensors file",
+    ),
+    UploadFormat(
+        "npz",
+        "NPZ",
+        ("npz",),
+        "npz",
+        _read_npz,
+        export.to_npz,
+        light=True,
+        sniffer=_is_npz,
+        content_doc="an NPZ archive (a zip of .npy arrays)",
+    ),
+    UploadFormat(
+        "pt",
+        ".pt",
+        ("pt", "pth"),
+        "pt",
+        _read_pt,
+        sniffer=_is_pt,
+        content_doc="a torch .pt file (a zip holding data.pkl)",
+    ),
+):
+    register_format(_fmt)

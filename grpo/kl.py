@@ -1,9 +1,10 @@
 """KL estimators: per-token estimates of KL(pi || pi_ref) from sampled-token log-probs only.
 
 Every estimator takes ``x = ref_logp - logp`` (B, T), the log of pi_ref / pi at the sampled
-token, and returns the estimate (B, T). Schulman's k1, k2, k3 (http://joschu.net/blog/kl-approx.html).
-The clamps (verl's ±20 on x and ±10 on the estimate) and TRL's bias correction are applied
-around the estimator by ``kl_penalty``, so each appears once, as a named config field.
+token, and returns the estimate (B, T). Schulman's k1, k2, k3 (http://joschu.net/blog/kl-approx.html)
+and verl's ``abs``. The clamps (verl's ±20 on x and ±10 on the estimate), verl's straight-through
+"+" types (the estimate's value with k2's gradient) and TRL's bias correction are applied around
+the estimator by ``grpo.loss.kl_penalty``, so each appears once, as a named config field.
 """
 
 from __future__ import annotations
@@ -49,3 +50,14 @@ def k3(x: Tensor) -> Tensor:
     Paper: https://arxiv.org/abs/2402.03300
     """
     return torch.expm1(x) - x
+
+
+@KL_ESTIMATORS.register("abs", label="abs: |log ratio|")
+def abs_log_ratio(x: Tensor) -> Tensor:
+    """abs = |log pi - log pi_ref|: always >= 0, biased, with a gradient of ±1 per token (its sign
+    is the sign of logp - ref: it pulls every log-prob toward the reference at one rate).
+
+    verl ``abs`` (``abs+``: this value with k2's gradient, see ``LossConfig.kl_gradient``).
+    Paper: http://joschu.net/blog/kl-approx.html
+    """
+    return x.abs()

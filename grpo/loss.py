@@ -172,7 +172,8 @@ def importance_ratio(
 def kl_penalty(
     logp: Tensor, ref: Tensor, old: Tensor, mask: Tensor, config: LossConfig, touched: Touched | None = None
 ) -> Tensor:
-    """Per-token KL estimate (B, T): clamp x = ref - logp, estimate, clamp, bias-correct."""
+    """Per-token KL estimate (B, T): clamp x = ref - logp, estimate, clamp, k2's gradient if asked
+    (straight through), bias-correct."""
     touched = {} if touched is None else touched
     x = ref - logp
     if config.kl_log_ratio_clamp is not None:
@@ -180,6 +181,9 @@ def kl_penalty(
     kl = KL_ESTIMATORS.get(config.kl_estimator)(x)
     if config.kl_clamp is not None:
         kl, touched["kl_clamp"] = clamp_symmetric(kl, config.kl_clamp)
+    if config.kl_gradient == "k2":  # verl's "+": the value above, the gradient of ½(logp - ref)², unclamped
+        k2 = 0.5 * (logp - ref).square()
+        kl = k2 - k2.detach() + kl.detach()
     if config.kl_bias_correction:  # TRL / DeepSeek-V3.2: KL · differentiable ratio (before delta)
         kl = kl * importance_ratio(logp, old, mask, config)[0]
     return kl
@@ -203,7 +207,8 @@ def compute_advantages(batch: Batch, config: LossConfig, device: torch.device, d
         return _Advantages(batch.advantages.to(device, dtype), None, {}, (), G)
     rewards = batch.rewards.to(device, dtype)
     grouped = rewards.view(-1, G)  # (B,) -> (B/G, G)
-    values = ADVANTAGES.get(config.advantage)(grouped, config.advantage_epsilon).reshape(B)
+    lengths = batch.mask.sum(dim=-1).to(device, dtype).view(-1, G)  # counted tokens per row
+    values = ADVANTAGES.get(config.advantage)(grouped, config.advantage_epsilon, lengths).reshape(B)
     group_std = unbiased_std(grouped)  # (B/G, 1)
     zero = (
         torch.isclose(group_std, torch.zeros_like(group_std)).reshape(-1)

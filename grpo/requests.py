@@ -9,18 +9,7 @@ from torch import Tensor
 
 from grpo.batch import Batch, from_rows
 from grpo.errors import GrpoInputError
-
-BATCH_FIELDS = (
-    "per_token_logps",
-    "old_per_token_logps",
-    "ref_per_token_logps",
-    "completion_mask",
-    "prompt_lengths",
-    "advantages",
-    "rewards",
-    "group_size",
-    "entropies",
-)
+from grpo.fields import BATCH_FIELDS
 
 
 def row_lengths(request: dict[str, Any]) -> list[int]:

@@ -36,7 +36,7 @@ from torch import Tensor
 from grpo.batch import Batch
 from grpo.config import PRESETS, LossConfig
 from grpo.errors import GrpoInputError
-from grpo.requests import BATCH_FIELDS
+from grpo.fields import BATCH_FIELDS, fields_of
 
 FORMAT = 1
 SOURCES = ("trl", "verl", "lab", "upload")
@@ -45,7 +45,8 @@ SOURCES = ("trl", "verl", "lab", "upload")
 STEP_FILE = re.compile(r"([0-9]{6})-([0-9]{3})(?:-rank([0-9]{1,6}))?\.safetensors")
 # Tensors a step file may hold that are not Batch fields: shown, never used by the loss.
 DISPLAY_TENSORS = ("row_rewards", "row_groups")
-BATCH_TENSORS = tuple(name for name in BATCH_FIELDS if name != "group_size")  # group_size: a 0-d tensor, read as int
+# group_size (and any field for the whole batch): a 0-d tensor, read as a number
+BATCH_TENSORS = tuple(name for name in BATCH_FIELDS if name not in fields_of("batch"))
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit on the JSON header
 MAX_JSON_DEPTH = 32  # nesting of run.json and a step's config/meta: every reader and JSON writer copes
 # Tensor dtypes a step file may hold: what the loss computes with (float8, complex, unsigned wide ints: refused)

@@ -233,6 +233,16 @@ VERL_KL_TYPES: dict[str, dict[str, Any]] = {
     "k2": {"kl_estimator": "k2"},
     "mse+": {"kl_estimator": "k2"},
     "k2+": {"kl_estimator": "k2"},
+    "abs": {"kl_estimator": "abs"},
+}
+# verl's "+" types: the base type's value with k2's gradient (straight through; k2+ is k2 itself)
+VERL_KL_TYPES |= {
+    f"{name}+": {**settings, "kl_gradient": "k2"}
+    for name, settings in VERL_KL_TYPES.items()
+    if not name.endswith("+") and settings["kl_estimator"] != "k2"
+}
+VERL_KL_UNSUPPORTED = {
+    "full": "verl 0.9.1 itself raises NotImplementedError for 'full' (it would need every vocabulary logit)"
 }
 VERL_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 VERL_CAPTURED = {
@@ -242,6 +252,48 @@ VERL_CAPTURED = {
     "ppo_mini_batch_size": "global_batch_size: sequence_normalizer, set by the capture",
     "ppo_epochs": "in the captured old log-probs",
 }
+
+
+# verl 0.9.1's algorithm.adv_estimator -> the advantage (with the std, without it: norm_adv_by_std_in_grpo);
+# estimators that read the std switch have two entries, the rest one for both
+VERL_ADVANTAGES: dict[str, tuple[str, str]] = {
+    "grpo": ("group", "none"),
+    "grpo_vectorized": ("group", "none"),
+    "rloo": ("rloo", "rloo"),
+    "rloo_vectorized": ("rloo", "rloo"),
+    "grpo_passk": ("passk", "passk-no-std"),
+    "reinforce_plus_plus_baseline": ("reinforce-pp-baseline", "reinforce-pp-baseline"),
+    "opo": ("opo", "opo"),
+    "gpg": ("gpg", "gpg"),
+}
+VERL_ADVANTAGES_NEED = {
+    "gae": "a critic's value per token (GAE): out of scope, GRPO Lens has no critic",
+    "gdpo": "per-reward-function rewards (B, K), normalised one by one: a batch holds one reward per row",
+    "remax": "the greedy baseline's reward per row (reward_baselines): a batch does not hold it",
+    "reinforce_plus_plus": "token-level rewards and the discounted return per token (gamma): a batch holds "
+    "one reward per row",
+    "optimal_token_baseline": "sum_pi_squared (Σπ² over the vocabulary per token), from the logits",
+    "tir_optimal_token_baseline": "sum_pi_squared (Σπ² over the vocabulary per token) and the turn layout",
+}
+
+
+def _map_verl_algorithm(
+    alg: dict[str, Any], settings: dict[str, Any], mapped: dict[str, str], unsupported: dict[str, str]
+) -> None:
+    """verl's ``algorithm`` config: the advantage estimator and its std switch."""
+    name = str(alg.get("adv_estimator", "grpo"))
+    by_std = bool(alg.get("norm_adv_by_std_in_grpo", True))
+    if name in VERL_ADVANTAGES:
+        settings["advantage"] = VERL_ADVANTAGES[name][0 if by_std else 1]
+        mapped["adv_estimator"] = "advantage" + (
+            " (a group of one keeps its raw reward, as verl's rloo; rloo_vectorized gives it 0)"
+            if name == "rloo_vectorized"
+            else ""
+        )
+        mapped["norm_adv_by_std_in_grpo"] = "advantage (with or without the std)"
+    else:
+        need = VERL_ADVANTAGES_NEED.get(name, "an estimator verl 0.9.1 does not register")
+        unsupported["adv_estimator"] = f"{name!r} needs {need}; given advantages are reproduced as they are"
 
 
 def map_verl(actor_config: Any, algorithm: Any = None) -> TrainerMapping:
@@ -281,6 +333,7 @@ def map_verl(actor_config: Any, algorithm: Any = None) -> TrainerMapping:
         "length_epsilon": 1e-8,
         "beta": float(a.get("kl_loss_coef", 0.001)) if use_kl else 0.0,
         "kl_estimator": "k3",
+        "kl_gradient": "estimator",
         "sapo_temperature_pos": float(a.get("tau_pos", 1.0)),
         "sapo_temperature_neg": float(a.get("tau_neg", 1.05)),
         "advantage": "group",
@@ -303,7 +356,8 @@ def map_verl(actor_config: Any, algorithm: Any = None) -> TrainerMapping:
     }
     settings |= VERL_KL_TYPES.get(kl_type, {})  # with use_kl_loss off too: the estimator beta > 0 would use
     if use_kl and kl_type not in VERL_KL_TYPES:
-        unsupported["kl_loss_type"] = f"{kl_type!r} is not reproduced (k1, k2, k3/low_var_kl are)"
+        known = ", ".join(VERL_KL_TYPES)
+        unsupported["kl_loss_type"] = VERL_KL_UNSUPPORTED.get(kl_type, f"{kl_type!r} is not a verl KL type ({known})")
     elif use_kl:
         mapped["kl_loss_type"] = "kl_estimator and its clamps"
     elif "kl_loss_type" in a:
@@ -313,9 +367,7 @@ def map_verl(actor_config: Any, algorithm: Any = None) -> TrainerMapping:
     elif "entropy_coeff" in a:
         mapped["entropy_coeff"] = "nothing: 0 leaves the loss unchanged"
     if algorithm is not None:
-        alg = _fields(algorithm)
-        if not alg.get("norm_adv_by_std_in_grpo", True):
-            settings["advantage"] = "none"
+        _map_verl_algorithm(_fields(algorithm), settings, mapped, unsupported)
     captured = {k: v for k, v in VERL_CAPTURED.items() if k in a}
     return _finish(a, settings, mapped, unsupported, captured=captured)
 

@@ -562,9 +562,13 @@ def loop_evaluate(inputs: Inputs, config: Any, logp: Tensor | None = None) -> Lo
             x = ref[i, t] - lp[i, t]
             if c.kl_log_ratio_clamp is not None:
                 x = torch.clamp(x, -c.kl_log_ratio_clamp, c.kl_log_ratio_clamp)
-            kl = _known({"k1": -x, "k2": 0.5 * x * x, "k3": torch.exp(x) - x - 1}, "kl_estimator", c.kl_estimator)
+            estimates = {"k1": -x, "k2": 0.5 * x * x, "k3": torch.exp(x) - x - 1, "abs": torch.abs(x)}
+            kl = _known(estimates, "kl_estimator", c.kl_estimator)
             if c.kl_clamp is not None:
                 kl = torch.clamp(kl, -c.kl_clamp, c.kl_clamp)
+            if c.kl_gradient == "k2":  # verl's "+" types: this value, the gradient of ½(logp - ref)², unclamped
+                k2 = 0.5 * (lp[i, t] - ref[i, t]) ** 2
+                kl = k2 - k2.detach() + kl.detach()
             if c.kl_bias_correction:
                 kl = kl * r
             w_i = weight(i)

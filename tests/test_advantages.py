@@ -21,6 +21,20 @@ pytestmark = pytest.mark.numerical  # run again under ATEN_CPU_CAPABILITY=defaul
 #   batch: mean 1.75, deviations -0.75 -1.75 1.25 1.25, Σd² = 6.75, unbiased std √(6.75/3) = 1.5.
 REWARDS = torch.tensor([[1.0, 0.0], [3.0, 3.0]], dtype=torch.float64)
 EPS = 1e-4
+# Counted tokens per row (opo and reinforce-pp-baseline weigh by them; the others ignore them).
+LENGTHS = torch.tensor([[2.0, 1.0], [3.0, 1.0]], dtype=torch.float64)
+ALPHA32 = float(torch.tensor(4 / 3, dtype=torch.float32))
+
+
+def whitened_by_hand() -> list[list[float]]:
+    """reinforce-pp-baseline: R - group mean = [0.5, -0.5 | 0, 0], each row's value on its tokens (weights
+    2, 1, 3, 1: N = 7), then verl's masked_whiten: mean Σw·c / (N + 1e-8), unbiased variance
+    Σw·(c - mean)² / (N + 1e-8) · N / (N - 1), (c - mean) / √(var + 1e-8)."""
+    c, w, n = [0.5, -0.5, 0.0, 0.0], [2, 1, 3, 1], 7
+    mean = sum(wi * ci for wi, ci in zip(w, c, strict=True)) / (n + 1e-8)
+    var = sum(wi * (ci - mean) ** 2 for wi, ci in zip(w, c, strict=True)) / (n + 1e-8) * n / (n - 1)
+    a = [(ci - mean) / math.sqrt(var + 1e-8) for ci in c]
+    return [a[:2], a[2:]]
 
 
 @pytest.mark.parametrize(
@@ -29,14 +43,32 @@ EPS = 1e-4
         ("group", [[0.5 / (math.sqrt(0.5) + EPS), -0.5 / (math.sqrt(0.5) + EPS)], [0.0, 0.0]]),
         ("batch", [[0.5 / (1.5 + EPS), -0.5 / (1.5 + EPS)], [0.0, 0.0]]),  # group mean, batch std
         ("none", [[0.5, -0.5], [0.0, 0.0]]),  # Dr. GRPO: R - group mean, no std
+        ("rloo", [[1.0, -1.0], [0.0, 0.0]]),  # G/(G-1)·(R - mean) = 2·(±0.5): R minus the other's reward
+        # only the best of a group: best - second best (1 - 0 in group 0; a tie, 0, in group 1), / (std + eps)
+        ("passk", [[1 / (math.sqrt(0.5) + EPS), 0.0], [0.0, 0.0]]),
+        ("passk-no-std", [[1.0, 0.0], [0.0, 0.0]]),
+        ("opo", [[1 / 3, -2 / 3], [0.0, 0.0]]),  # baseline Σlen·R / Σlen = (2·1 + 1·0) / 3 = 2/3 in group 0
+        # α = 4 rows / 3 nonzero rewards, rounded to float32 as verl's int tensor division gives it; α·(R - mean)
+        ("gpg", [[ALPHA32 * 0.5, -ALPHA32 * 0.5], [0.0, 0.0]]),
+        ("reinforce-pp-baseline", whitened_by_hand()),
     ],
 )
 def test_estimators_by_hand(name: str, expected: list[list[float]]) -> None:
-    close(ADVANTAGES.get(name)(REWARDS, EPS), expected)
+    close(ADVANTAGES.get(name)(REWARDS, EPS, LENGTHS), expected)
 
 
 def test_every_estimator_has_a_hand_case() -> None:
-    assert set(ADVANTAGES.names()) == {"group", "batch", "none"}
+    assert set(ADVANTAGES.names()) == {
+        "group",
+        "batch",
+        "none",
+        "rloo",
+        "passk",
+        "passk-no-std",
+        "opo",
+        "gpg",
+        "reinforce-pp-baseline",
+    }
 
 
 def test_singleton_groups_keep_the_raw_reward() -> None:

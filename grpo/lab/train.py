@@ -25,25 +25,9 @@ from grpo.errors import GrpoInputError
 from grpo.lab.policy import VOCAB, Policy, Rollout, frozen_copy, init_policy, sample
 from grpo.lab.tasks import DEFAULT_TASK, Task, get_task
 from grpo.logits import token_logprobs
+from grpo.metrics import LAB_METRICS
 
-METRICS: tuple[str, ...] = (
-    "reward",
-    "reward_std",
-    "loss",
-    "policy_loss",
-    "kl_loss",
-    "kl",
-    "clip_ratio/low_mean",
-    "clip_ratio/high_mean",
-    "clip_ratio/region_mean",
-    "entropy",
-    "completions/mean_length",
-    "completions/min_length",
-    "completions/max_length",
-    "lens/advantage/std",
-    "frac_reward_zero_std",
-    "grad_norm",
-)
+METRICS: tuple[str, ...] = LAB_METRICS
 """What every step logs, under the trainers' names (TRL's where it has one)."""
 
 

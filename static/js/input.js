@@ -49,6 +49,12 @@ function buildFormats() {
   );
 }
 
+// The tensors a file may hold: the batch's fields (from /api/v1/options), then display text and logits.
+const uploadFields = () => [
+  ...state.ui.options.batch_fields.map((f) => [f.name, UPLOAD.shape(f), UPLOAD.dtype(f), UPLOAD.doc(f)]),
+  ...UPLOAD.moreFields,
+];
+
 // The upload tab lists the tensors a file may hold, links an example of each format, and says
 // what lower-precision inputs mean.
 function buildUploadHelp() {
@@ -56,7 +62,7 @@ function buildUploadHelp() {
     "table",
     { class: "metrics upload-fields" },
     el("thead", {}, el("tr", {}, ...UPLOAD.head.map((h) => el("th", { scope: "col", text: h })))),
-    el("tbody", {}, ...UPLOAD.fields.map((row) => el("tr", {}, ...row.map((text) => el("td", { text }))))),
+    el("tbody", {}, ...uploadFields().map((row) => el("tr", {}, ...row.map((text) => el("td", { text }))))),
   );
   const links = formats()
     .filter((f) => f.export)

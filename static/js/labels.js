@@ -190,15 +190,12 @@ export const EXPERIMENTS = {
 // article's names are accepted too).
 export const UPLOAD = {
   head: ["name", "shape", "dtype", ""],
-  fields: [
-    ["per_token_logps", "(B, T)", "float", "required: the current policy's log-probs"],
-    ["old_per_token_logps", "(B, T)", "float", "optional: the sampling policy's (default: = per_token_logps)"],
-    ["ref_per_token_logps", "(B, T)", "float", "optional: the reference's (default: no KL)"],
-    ["completion_mask", "(B, T)", "0/1", "optional: 0 on padding and tokens that do not count"],
-    ["rewards or advantages", "(B,)", "float", "exactly one of them"],
-    ["group_size", "() scalar", "int", "optional: consecutive rows per prompt"],
-    ["prompt_lengths", "() or (B,)", "int", "optional: leading positions to exclude"],
-    ["entropies", "(B, T)", "float", "optional: for the entropy metric"],
+  // The batch's fields come from /api/v1/options (grpo's batch-field table): a row each, then these.
+  shape: (f) => ({ token: "(B, T)", row: f.scalar_ok ? "() or (B,)" : "(B,)", batch: "() scalar" })[f.shape],
+  dtype: (f) => (f.dtype === "mask" ? "0/1" : f.dtype),
+  doc: (f) =>
+    `${f.required ? "required" : "optional"}: ${f.doc}${f.aliases.length ? ` (also ${f.aliases.join(", ")})` : ""}`,
+  moreFields: [
     ["tokens", "(B, T)", "strings", "optional, JSON/NPZ only: display text"],
     [
       "logits + token_ids",
