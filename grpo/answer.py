@@ -14,8 +14,9 @@ import torch
 from torch import Tensor
 
 from grpo.curves import objective_curves
-from grpo.explain import explain_items
+from grpo.explain import explain_parts, number, token_why
 from grpo.fields import ragged
+from grpo.glossary import metric_meaning_parts, metric_meanings
 from grpo.loss import Breakdown
 from grpo.objectives import REGIONS
 from grpo.pooling import pool_extreme, pool_factors
@@ -112,15 +113,31 @@ def breakdown_to_json(
     if tokens is not None:
         token_data["text"] = [tokens[i] for i in rows]
     row_data = {name: getattr(bd.rows, name) for name in ROW_FIELDS}
-    explained = explain_items(bd)
+    explained = explain_parts(bd)
+    why = token_why(bd)
+    token_data["why"] = [[why.names[c] for c in row] for row in ragged(why.codes.cpu().numpy(), lengths, rows)]
+    if bd.config.importance_sampling_level == "sequence":  # the token's own ratio beside its row's (GSPO)
+        token_data["token_ratio"] = _rows_of(bd.tokens.log_ratio.exp() * bd.tokens.mask, lengths, rows)
     return {
         "loss": float(bd.loss),
         "objective": float(bd.objective),
         "policy_loss": float(bd.policy_loss),
         "kl_loss": float(bd.kl_loss),
         "metrics": bd.metrics,
-        "explanation": [text for _, text in explained],
+        "explanation": [_text(parts) for _, parts in explained],
         "explanation_keys": [key for key, _ in explained],  # what each sentence is about (explain_items)
+        # the same sentences with each number apart, tagged with the quantity it shows
+        "explanation_parts": [parts for _, parts in explained],
+        # each token's why (tokens.why), what each code means under this config, and the counts
+        "why": {
+            "texts": why.texts,
+            "counts": why.counts(),
+            "no_gradient": sorted(why.no_gradient),
+        },
+        "metric_meanings": {k: v for k, v in metric_meanings(bd.config).items() if k in bd.metrics},
+        "metric_meaning_parts": {k: v for k, v in metric_meaning_parts(bd.config).items() if k in bd.metrics},
+        # the numbers as the page prints them: enough digits to tell a value from 1 (GSPO's 1 + 4e-4)
+        "config_text": {k: number(v) for k, v in bd.config.to_dict().items() if _is_number(v)},
         "advantages": bd.advantages.cpu().numpy(),
         "rows": {k: (v.cpu().numpy() if isinstance(v, Tensor) else v) for k, v in row_data.items()},
         "tokens": token_data,
@@ -136,6 +153,14 @@ def breakdown_to_json(
         "dtype": bd.dtype,
         "warnings": list(bd.warnings),
     }
+
+
+def _text(parts: list[Any]) -> str:
+    return "".join(p if isinstance(p, str) else p["text"] for p in parts)
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS

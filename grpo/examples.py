@@ -191,12 +191,13 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "negative-loss",
-            "A negative loss: the policy already improved",
+            "A negative loss: the good tokens already moved up",
             "After a few updates on this batch the right answers (rewards 1) became likelier than when "
             "they were sampled (ratios 1.04 to 1.11) and the wrong ones less likely (0.87 to 0.95), all "
             "inside the trust region. The surrogate A·ratio is then larger than A on every row, so the "
             "weighted surrogate is positive and exceeds beta·KL (k3, small): the loss is negative. "
-            "Nothing is wrong: a negative loss says the batch's good tokens already moved the right way.",
+            "Nothing is wrong: a negative loss says this batch's tokens already moved the way their advantages "
+            "want since sampling. It is not a measure of progress (the reward is): the sign follows the ratios.",
             {
                 "per_token_logps": [
                     _row(-0.40, -0.86, -0.25),

@@ -1,20 +1,133 @@
 """Plain-language reading of a Breakdown: why the loss has its sign and size, and a text table.
 
-Every number here comes from the Breakdown; the page shows these sentences as they are.
+Every number here comes from the Breakdown; the page shows these sentences as they are. Each number in a
+sentence is written with the quantity it shows (``explain_parts``), so the page can tag it and a test can
+hold it equal to the same quantity shown elsewhere. A token's "why" (``token_why``: which bound acted on
+it, from its objective's registry entry) is computed once here; every count and sentence reads it.
 """
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
 import torch
+from torch import Tensor
 
 from grpo.loss import Breakdown
 from grpo.objectives import OBJECTIVES, REGIONS
 
 NEAR_ZERO = 0.01  # a loss below this share of the total size of its per-token terms is "small next to them"
+MAX_DIGITS = 12  # a number never prints with more significant digits than this
 
 
-def _f(x: float) -> str:
-    return f"{x + 0.0:.4g}"  # + 0.0: no "-0"
+def number(x: float, digits: int = 4) -> str:
+    """``x`` with ``digits`` significant digits, or more where fewer would print a whole number it is
+    not (1 + 4e-4 is "1.0004", never "1"). No "-0"."""
+    x = float(x) + 0.0
+    if not math.isfinite(x):
+        return str(x)
+    text = f"{x:.{digits}g}"
+    while digits < MAX_DIGITS and "e" not in text and float(text) != x and float(text) == round(float(text)):
+        digits += 1
+        text = f"{x:.{digits}g}"
+    return text
+
+
+# A number inside a sentence, with the quantity it shows: START quantity SEP value SEP text END.
+START, SEP, END = "\x02", "\x1f", "\x03"
+_MARKED = re.compile(f"{START}([^{SEP}]*){SEP}([^{SEP}]*){SEP}([^{END}]*){END}")
+
+
+def mark(quantity: str, value: float, digits: int = 4) -> str:
+    """The number as a sentence prints it, marked with its quantity (the API's name for it)."""
+    return f"{START}{quantity}{SEP}{float(value)!r}{SEP}{number(value, digits)}{END}"
+
+
+def plain(text: str) -> str:
+    return _MARKED.sub(lambda m: m[3], text)
+
+
+def parts_of(text: str) -> list[str | dict[str, Any]]:
+    """A marked sentence as text pieces and numbers: {"quantity", "value", "text"}."""
+    out: list[str | dict[str, Any]] = []
+    last = 0
+    for m in _MARKED.finditer(text):
+        if m.start() > last:
+            out.append(text[last : m.start()])
+        out.append({"quantity": m[1], "value": float(m[2]), "text": m[3]})
+        last = m.end()
+    if last < len(text):
+        out.append(text[last:])
+    return out
+
+
+# --- one "why" per token ------------------------------------------------------------------------
+ZERO_ADVANTAGE = "zero_advantage"
+ZERO_ADVANTAGE_TEXT = (
+    "A = 0: the token's surrogate is 0 and it gets no policy gradient, yet it still counts in the aggregation's "
+    "divisor (weight {weight_note})"
+)
+REGION_TEXTS = {  # objectives without a why rule of their own: their regions, read as they are
+    "masked": "does not count (prompt, padding or masked out)",
+    "trust": "no bound acts on this objective's term: the token keeps its policy gradient",
+    "clip_low": "bounded below by the objective",
+    "clip_high": "bounded above by the objective",
+    "dual_clip": "bounded by the objective's cap",
+}
+
+
+def fill(template: str, values: Mapping[str, float | None]) -> str:
+    """A why template with the config's numbers: "{high}" -> "1.2"; a setting that is off -> "off"."""
+    return template.format_map({k: "off" if v is None else number(v) for k, v in values.items()})
+
+
+@dataclass(frozen=True)
+class TokenWhy:
+    """Each token's reading: a code into ``names`` and what it means under this config."""
+
+    names: tuple[str, ...]
+    codes: Tensor
+    """(B, T) int64 indices into names; 0 ("masked") where a position does not count."""
+    texts: dict[str, str]
+    """code name -> sentence, with the numbers of the config."""
+    no_gradient: frozenset[str]
+    """The codes whose tokens get no policy gradient."""
+
+    def counts(self) -> dict[str, int]:
+        """Counted tokens per code (masked excluded), every code listed."""
+        found = torch.bincount(self.codes.flatten(), minlength=len(self.names)).tolist()
+        return {name: int(n) for name, n in zip(self.names, found, strict=True) if name != "masked"}
+
+    def code_names(self) -> list[list[str]]:
+        return [[self.names[c] for c in row] for row in self.codes.tolist()]
+
+
+def token_why(bd: Breakdown) -> TokenWhy:
+    """Which bound acted on each token, from the objective's own rule (its registry entry's ``why``),
+    plus A = 0 (no policy gradient under any objective, since each scales by A)."""
+    config, t = bd.config, bd.tokens
+    rule = OBJECTIVES.entry(config.objective).why
+    a = bd.advantages[:, None].expand_as(t.ratio)  # (B,) -> (B, T)
+    region = t.region.long()
+    if rule is None:
+        names, codes = REGIONS, region
+        texts, no_gradient = dict(REGION_TEXTS), frozenset[str]()
+    else:
+        names, codes = rule.names, rule.codes(t.ratio, a, region, config)
+        texts = {name: fill(rule.texts[name], rule.values(config)) for name in rule.names}
+        no_gradient = rule.no_gradient
+    names = (*names, ZERO_ADVANTAGE)
+    zero = t.mask & (a == 0) & (codes == names.index("trust"))
+    codes = torch.where(zero, torch.full_like(codes, len(names) - 1), codes)
+    codes = torch.where(t.mask, codes, torch.zeros_like(codes))  # "masked" is the first name of every rule
+    weight = t.weight[zero]
+    note = "not shown: no token has A = 0" if not weight.numel() else f"{number(float(weight.max()))} per token here"
+    texts[ZERO_ADVANTAGE] = ZERO_ADVANTAGE_TEXT.format(weight_note=note)
+    return TokenWhy(names, codes, texts, no_gradient | {ZERO_ADVANTAGE})
 
 
 def _sign_sentence(bd: Breakdown) -> str:
@@ -26,37 +139,35 @@ def _sign_sentence(bd: Breakdown) -> str:
     loss, surrogate, kl = float(bd.loss), -float(bd.policy_loss), float(bd.kl_loss)
     policy_size = float(bd.tokens.policy_loss.abs().sum())
     size = policy_size + float(bd.tokens.kl_loss.abs().sum())
+    L, S, K = mark("loss", loss), mark("weighted_surrogate", surrogate), mark("kl_loss", kl)
     if abs(loss) <= 1e-5 * size:
         return (
-            f"The loss is about 0 ({loss:.3g}): its per-token terms, of total size {_f(size)}, cancel "
-            f"(weighted surrogate {_f(surrogate)}, beta·KL {_f(kl)})."
+            f"The loss is about 0 ({mark('loss', loss, 3)}): its per-token terms, of total size "
+            f"{mark('lens/why/term_size', size)}, cancel (weighted surrogate {S}, beta·KL {K})."
         )
     if loss < 0:
         below = " (itself negative: see the KL estimate below)" if kl < 0 else ""
-        return (
-            f"The loss is negative ({_f(loss)}) because the weighted surrogate {_f(surrogate)} "
-            f"exceeds beta·KL {_f(kl)}{below}.{_negative_drivers(bd)}"
+        return f"The loss is negative ({L}) because the weighted surrogate {S} exceeds beta·KL {K}{below}." + (
+            _negative_drivers(bd)
         )
     if policy_size == 0:
-        return f"The loss is positive ({_f(loss)}): every policy term is 0 (no advantage), so the loss is beta·KL."
+        return f"The loss is positive ({L}): every policy term is 0 (no advantage), so the loss is beta·KL."
     if abs(surrogate) <= 1e-5 * policy_size:
         return (
-            f"The loss is positive ({_f(loss)}): the policy terms cancel to about 0 ({surrogate:.3g}, from terms of "
-            f"total size {_f(policy_size)}), so what is left is beta·KL {_f(kl)}."
+            f"The loss is positive ({L}): the policy terms cancel to about 0 "
+            f"({mark('weighted_surrogate', surrogate, 3)}, from terms of total size "
+            f"{mark('lens/why/policy_term_size', policy_size)}), so what is left is beta·KL {K}."
         )
     if surrogate > 0:
-        return (
-            f"The loss is positive ({_f(loss)}) because beta·KL {_f(kl)} exceeds the weighted surrogate "
-            f"{_f(surrogate)}."
-        )
+        return f"The loss is positive ({L}) because beta·KL {K} exceeds the weighted surrogate {S}."
     if kl > -surrogate:
         return (
-            f"The loss is positive ({_f(loss)}), mostly from beta·KL {_f(kl)}; the weighted surrogate is negative too "
-            f"({_f(surrogate)}): the tokens with A < 0 weigh more than those with A > 0."
+            f"The loss is positive ({L}), mostly from beta·KL {K}; the weighted surrogate is negative too "
+            f"({S}): the tokens with A < 0 weigh more than those with A > 0."
         )
     return (
-        f"The loss is positive ({_f(loss)}) because the weighted surrogate is itself negative ({_f(surrogate)}): "
-        f"the tokens with A < 0 outweigh those with A > 0; beta·KL adds {_f(kl)}."
+        f"The loss is positive ({L}) because the weighted surrogate is itself negative ({S}): "
+        f"the tokens with A < 0 outweigh those with A > 0; beta·KL adds {K}."
     )
 
 
@@ -69,16 +180,28 @@ def _negative_drivers(bd: Breakdown) -> str:
     A > 0 tokens whose ratio rose above 1 (the policy already likes them more than when sampled)."""
     shares = bd.rows.loss
     order = [int(i) for i in torch.argsort(shares) if float(shares[i]) < 0][:2]
-    rows = " and ".join(f"row {i} ({_f(float(shares[i]))})" for i in order)
+    rows = " and ".join(f"row {i} ({mark(f'rows/loss/{i}', float(shares[i]))})" for i in order)
     text = f" The most negative loss shares: {rows}." if rows else ""
     a = bd.advantages[:, None].expand_as(bd.tokens.ratio)  # (B,) -> (B, T)
     rose = _counted(bd) & (a > 0) & (bd.tokens.ratio > 1)
     if int(rose.sum()):
         top = float(bd.tokens.ratio[rose].max())
+        clipped = rose & (bd.tokens.clipped_ratio < bd.tokens.ratio) & (bd.tokens.region > REGIONS.index("trust"))
+        free = rose & ~clipped
+        n_rose, top_q = mark("lens/why/rose", int(rose.sum()), 12), mark("lens/why/rose_ratio_max", top)
         text += (
-            f" {int(rose.sum())} token(s) with A > 0 have a ratio above 1 (up to {_f(top)}): the policy already "
-            "made them likelier than when sampled, so their surrogate A·ratio exceeds A."
+            f" {n_rose} token(s) with A > 0 have a ratio above 1 (up to {top_q}): the policy already "
+            "made them likelier than when sampled"
         )
+        if int(free.sum()):
+            text += (
+                f"; {mark('lens/why/rose_unclipped', int(free.sum()), 12)} unclipped, whose surrogate A·ratio exceeds A"
+            )
+        if int(clipped.sum()):
+            high = mark("config/1+epsilon_high", 1 + bd.config.epsilon_high)
+            n_clipped = mark("lens/why/rose_clipped", int(clipped.sum()), 12)
+            text += f"; {n_clipped} clipped at 1 + ε_high = {high}, whose surrogate is the clipped {high}·A"
+        text += "."
     return text
 
 
@@ -90,9 +213,14 @@ def _negative_kl_sentence(bd: Breakdown) -> str | None:
     negative = kl < 0
     if not int(negative.sum()):
         return None
+    n_negative, n = (
+        mark("lens/why/kl_negative", int(negative.sum()), 12),
+        mark("lens/num_tokens", int(counted.sum()), 12),
+    )
+    batch_kl = mark("metrics/kl", bd.metrics.get("kl", float(kl.mean())))
     text = (
-        f"The KL estimate is negative on {int(negative.sum())} of {int(counted.sum())} tokens (as low as "
-        f"{_f(float(kl.min()))}; the batch's kl is {_f(bd.metrics.get('kl', float(kl.mean())))}): an estimator "
+        f"The KL estimate is negative on {n_negative} of {n} tokens (as low as "
+        f"{mark('lens/why/kl_min', float(kl.min()))}; the batch's kl is {batch_kl}): an estimator "
         "like k1 = logp - ref goes below 0 wherever the policy gives a token less probability than the "
         "reference, so beta·KL lowers the loss there instead of penalising the drift."
     )
@@ -101,28 +229,101 @@ def _negative_kl_sentence(bd: Breakdown) -> str | None:
     beta = bd.config.beta
     if beta and torch.allclose(per_weight, torch.full_like(per_weight, beta), rtol=1e-5, atol=0.0):
         text += (
-            f" Its gradient is beta × the token's weight (beta = {_f(beta)}) on every token alike: it does not "
-            "grow with the gap, so it cannot pull a token far below the reference back harder than any other."
+            f" Its gradient is beta × the token's weight (beta = {mark('config/beta', beta)}) on every token alike: it "
+            "does not grow with the gap, so it cannot pull a token far below the reference back harder than any other."
         )
     return text
 
 
-def _clip_sentence(bd: Breakdown) -> str | None:
-    """Tokens on a flat part of the clipped surrogate, with the range of their own ratios."""
-    flat = _counted(bd) & (bd.tokens.region > REGIONS.index("trust"))
-    n_flat, n = int(flat.sum()), int(_counted(bd).sum())
-    if not n_flat or not OBJECTIVES.entry(bd.config.objective).flat:  # '' where no token goes flat
+WHY_LABELS = {  # how the summary names a group of tokens by their code
+    "clip_low": "clipped low",
+    "clip_high": "clipped high",
+    "dual_clip": "held by the dual clip",
+    "delta": "capped by delta",
+    ZERO_ADVANTAGE: "with A = 0",
+}
+
+
+def _clip_sentence(bd: Breakdown, why: TokenWhy) -> str | None:
+    """The tokens that get no policy gradient, by what silenced them (their why), with their ratios;
+    which of them the clip metrics count."""
+    counts = why.counts()
+    silent = {name: counts[name] for name in why.names if name in why.no_gradient and counts.get(name)}
+    clipped = {k: n for k, n in silent.items() if k != ZERO_ADVANTAGE}
+    if not clipped:
         return None
+    n = sum(counts.values())
+    flat = torch.zeros_like(why.codes, dtype=torch.bool)
+    for name in clipped:
+        flat |= why.codes == why.names.index(name)
     ratios = bd.tokens.ratio[flat]
     lo, hi = float(ratios.min()), float(ratios.max())
-    span = f"ratio {_f(lo)}" if lo == hi else f"ratios {_f(lo)} to {_f(hi)}"
-    return f"{n_flat} of {n} tokens sit in a flat clip region ({span}) and get no policy gradient."
+    span = (
+        f"ratio {mark('lens/why/flat_ratio_min', lo)}"
+        if lo == hi
+        else (f"ratios {mark('lens/why/flat_ratio_min', lo)} to {mark('lens/why/flat_ratio_max', hi)}")
+    )
+    parts = ", ".join(f"{mark(f'why/{k}', v, 12)} {WHY_LABELS.get(k, k)}" for k, v in silent.items())
+    total = sum(silent.values())
+    n_silent, n_all = mark("why/no_gradient", total, 12), mark("lens/num_tokens", n, 12)
+    text = f"{n_silent} of {n_all} tokens get no policy gradient: {parts} ({span} on the bounded ones)."
+    held = [k for k in clipped if k in ("dual_clip", "delta")]
+    if held:
+        text += (
+            " clip_ratio/region_mean and actor/pg_clipfrac count only the clipped ones "
+            f"({mark('metrics/clip_ratio/region_mean', bd.metrics.get('clip_ratio/region_mean', 0.0))}); "
+            + "; ".join(_held_note(bd, k) for k in held)
+            + "."
+        )
+    return text
+
+
+def _held_note(bd: Breakdown, code: str) -> str:
+    if code == "dual_clip":
+        lower = bd.metrics.get("actor/pg_clipfrac_lower", 0.0)
+        lower_q = mark("metrics/actor/pg_clipfrac_lower", lower)
+        return f"verl counts the dual-clip ones as actor/pg_clipfrac_lower ({lower_q})"
+    return "no trainer metric counts those capped by delta"
+
+
+def _unbounded_sentence(bd: Breakdown, why: TokenWhy) -> str | None:
+    """A < 0 tokens above 1 + ε_high with no cap set: the story the trust-region label would hide."""
+    if "unbounded" not in why.names:
+        return None
+    free = why.codes == why.names.index("unbounded")
+    k = int(free.sum())
+    if not k:
+        return None
+    top = float(bd.tokens.ratio[free].max())
+    return (
+        f"{mark('why/unbounded', k, 12)} token(s) with A < 0 have a ratio above 1 + ε_high = "
+        f"{mark('config/1+epsilon_high', 1 + bd.config.epsilon_high)} "
+        f"(up to {mark('lens/why/unbounded_ratio_max', top)}) and nothing bounds them: the pessimistic min keeps "
+        "A·ratio, so their loss and gradient grow with the ratio. "
+        "Setting dual_clip (verl clip_ratio_c) or delta bounds them."
+    )
+
+
+def _gspo_sentence(bd: Breakdown) -> str | None:
+    """At sequence level the ratio shown per token is its row's; the token ratios can differ widely."""
+    if bd.config.importance_sampling_level != "sequence":
+        return None
+    counted = bd.tokens.mask
+    if not bool(counted.any()):
+        return None
+    token_max = float(bd.tokens.log_ratio[counted].exp().max())
+    seq_max = bd.metrics.get("lens/ratio/max", 1.0)
+    return (
+        f"Sequence-level ratio (GSPO): each token uses its row's ratio exp(mean log-ratio), at most "
+        f"{mark('metrics/lens/ratio/max', seq_max)} here (lens/ratio/max), while the token ratios themselves reach "
+        f"{mark('lens/token_ratio/max', token_max)}."
+    )
 
 
 def _clamp_sentences(bd: Breakdown) -> list[str]:
     return [
-        f"{name} acted on {count} token(s): a clamp passes no gradient where it acts, so those tokens get none "
-        "through the clamped term."
+        f"{name} acted on {mark(f'clamp_counts/{name}', count, 12)} token(s): a clamp passes no gradient where it "
+        "acts, so those tokens get none through the clamped term."
         for name, count in bd.clamp_counts.items()
         if count
     ]
@@ -140,25 +341,60 @@ def _length_sentence(bd: Breakdown) -> str | None:
     long = max(rows, key=lambda i: (int(length[i]), -i))
     w_short = float(bd.tokens.weight[short][counted[short]][0])
     w_long = float(bd.tokens.weight[long][counted[long]][0])
+    n_short, n_long = (mark(f"rows/length/{i}", int(length[i]), 12) for i in (short, long))
+    q_short, q_long = mark(f"lens/why/row_weight/{short}", w_short), mark(f"lens/why/row_weight/{long}", w_long)
     head = (
-        f"Per token, the shortest row (row {short}, {int(length[short])} tokens) weighs {_f(w_short)} and the "
-        f"longest (row {long}, {int(length[long])} tokens) {_f(w_long)}"
+        f"Per token, the shortest row (row {short}, {n_short} tokens) weighs {q_short} and the "
+        f"longest (row {long}, {n_long} tokens) {q_long}"
     )
     if w_long > 0 and abs(w_short - w_long) <= 1e-6 * max(w_short, w_long):
         return f"{head}: every token counts the same, so this aggregation has no per-token length bias."
     if w_short > w_long:
         return (
-            f"{head}, {_f(w_short / w_long)}× less: right answers (A > 0) are pushed up hardest when short and "
-            "wrong ones (A < 0) pushed down least when long, so this aggregation favours short right answers and "
-            "lets wrong answers grow long."
+            f"{head}, {mark('lens/why/weight_ratio', w_short / w_long)}× less: right answers (A > 0) are pushed up "
+            "hardest when short and wrong ones (A < 0) pushed down least when long, so this aggregation favours "
+            "short right answers and lets wrong answers grow long."
         )
     return f"{head}: a token of a long row counts more, so long rows dominate the update."
 
 
+def _zero_std_sentence(bd: Breakdown) -> str:
+    """Zero-std groups: advantages 0, yet their tokens stay in the divisor and dilute the others."""
+    m = bd.metrics
+    text = (
+        f"{mark('lens/why/zero_std_groups', len(bd.zero_std_groups), 12)} group(s) have zero reward std "
+        f"(frac_reward_zero_std = {mark('metrics/frac_reward_zero_std', m.get('frac_reward_zero_std', 0.0))}): their "
+        "advantages are 0 and they teach nothing."
+    )
+    zero_rows = torch.isin(bd.rows.group, torch.tensor(bd.zero_std_groups, device=bd.rows.group.device))
+    counted = bd.tokens.mask
+    total = float(bd.tokens.weight[counted].sum())
+    silent = float(bd.tokens.weight[counted & zero_rows[:, None]].sum())
+    if total > 0 and silent > 0 and silent < total:
+        share = (total - silent) / total
+        n_zero = int((counted & zero_rows[:, None]).sum())
+        text += (
+            f" Their {mark('lens/why/zero_std_tokens', n_zero, 12)} token(s) still count in the aggregation's "
+            f"divisor: they hold {mark('lens/why/zero_std_weight_share', silent / total)} of the weight, so the other "
+            f"groups' policy gradient is {mark('lens/why/signal_weight_share', share)}× what it would be with them "
+            "filtered out (as DAPO's dynamic sampling does)."
+        )
+    return text
+
+
+def explain_parts(bd: Breakdown) -> list[tuple[str, list[str | dict[str, Any]]]]:
+    """``explain_items`` with each number apart: text pieces and {"quantity", "value", "text"}."""
+    return [(key, parts_of(text)) for key, text in _marked_items(bd)]
+
+
 def explain_items(bd: Breakdown) -> list[tuple[str, str]]:
     """The sentences of ``explain``, each with a key saying what it is about, so a reader (the page's
-    compare view) finds one by its key, never by its wording: "sign", "on_policy", "clip",
-    "negative_kl", "clamp", "zero_std", "kl_off", "kl_dominates", "length"."""
+    compare view) finds one by its key, never by its wording: "sign", "on_policy", "clip", "unbounded",
+    "gspo", "negative_kl", "clamp", "zero_std", "kl_off", "kl_dominates", "length"."""
+    return [(key, plain(text)) for key, text in _marked_items(bd)]
+
+
+def _marked_items(bd: Breakdown) -> list[tuple[str, str]]:
     policy, kl, surrogate = float(bd.policy_loss), float(bd.kl_loss), -float(bd.policy_loss)
     beta = bd.config.beta
     m = bd.metrics
@@ -166,33 +402,35 @@ def explain_items(bd: Breakdown) -> list[tuple[str, str]]:
     if m.get("lens/ratio/min") == 1.0 and m.get("lens/ratio/max") == 1.0:
         on_policy = (
             f"The ratio is 1 everywhere (on-policy), so the policy part is minus the weighted mean advantage, "
-            f"{_f(policy)}, and nothing can clip"
+            f"{mark('policy_loss', policy)}, and nothing can clip"
         )
         size = float(bd.tokens.policy_loss.abs().sum() + bd.tokens.kl_loss.abs().sum())
         grad_norm = m.get("lens/grad_norm_logps", 0.0)
         if abs(float(bd.loss)) <= NEAR_ZERO * size and grad_norm > 0:
             on_policy += (
-                f"; the loss is small next to its terms, yet the gradient norm is {_f(grad_norm)}: a near-zero "
-                "loss does not mean a zero gradient"
+                "; the loss is small next to its terms, yet the gradient norm is "
+                f"{mark('metrics/lens/grad_norm_logps', grad_norm)}: a near-zero loss does not mean a zero gradient"
             )
         out.append(("on_policy", on_policy + "."))
-    out += [(key, s) for key, s in (("clip", _clip_sentence(bd)), ("negative_kl", _negative_kl_sentence(bd))) if s]
+    why = token_why(bd)
+    candidates = (
+        ("clip", _clip_sentence(bd, why)),
+        ("unbounded", _unbounded_sentence(bd, why)),
+        ("gspo", _gspo_sentence(bd)),
+        ("negative_kl", _negative_kl_sentence(bd)),
+    )
+    out += [(key, s) for key, s in candidates if s]
     out += [("clamp", s) for s in _clamp_sentences(bd)]
     if bd.zero_std_groups:
-        out.append(
-            (
-                "zero_std",
-                f"{len(bd.zero_std_groups)} group(s) have zero reward std (frac_reward_zero_std = "
-                f"{_f(m.get('frac_reward_zero_std', 0.0))}): their advantages are 0 and they teach nothing.",
-            )
-        )
+        out.append(("zero_std", _zero_std_sentence(bd)))
     if beta == 0:
         out.append(("kl_off", "beta = 0: the KL term is off, so the loss is the policy term alone."))
     elif kl > 0 and kl > 10 * abs(surrogate) and kl > 1e-8:
         out.append(
             (
                 "kl_dominates",
-                f"beta·KL ({_f(kl)}) dominates the loss; the KL gradient pushes tokens back toward the reference.",
+                f"beta·KL ({mark('kl_loss', kl)}) dominates the loss; the KL gradient pushes tokens back toward the "
+                "reference.",
             )
         )
     length = _length_sentence(bd)

@@ -9,7 +9,14 @@ means; GRPO Lens's own quantities are under ``lens/``.
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+from grpo.advantages import ADVANTAGES, group_std_mean
+from grpo.config import LossConfig
+from grpo.explain import mark, parts_of, plain
 
 
 @dataclass(frozen=True)
@@ -20,11 +27,65 @@ class Term:
     verl: str
     openrlhf: str
     meaning: str
+    """The meaning with settings by name ("1 + ε_high"): the glossary, which follows no config."""
     healthy: str
+    template: str
+    """The meaning with {placeholders} for settings (SETTINGS): ``render`` fills in a config's numbers."""
+
+    def render(self, config: LossConfig) -> str:
+        """The meaning under ``config``: every setting it names followed by its value there."""
+        return plain(self.marked(config))
+
+    def marked(self, config: LossConfig) -> str:
+        """``render`` with each number marked with the setting it shows (grpo.explain.mark)."""
+        return self.template.format_map({k: show(config) for k, (_, show) in SETTINGS.items()})
 
 
-def _t(keys: tuple[str, ...], names: tuple[str, str, str], meaning: str, healthy: str) -> Term:
-    return Term(keys, *names, meaning, healthy)
+def _reward_std(config: LossConfig) -> str:
+    spread = ADVANTAGES.entry(config.advantage).reward_std or group_std_mean
+    doc = (inspect.getdoc(spread) or "").splitlines()[0]  # "TRL's reward_std under ...: <what>. (n, G) -> ()"
+    what = doc.split(": ", 1)[-1].split(".")[0]  # "the mean of the per-group stds"
+    return f"{what} (advantage = {config.advantage})"
+
+
+def _optional(name: str, label: str) -> Callable[[LossConfig], str]:
+    def show(config: LossConfig) -> str:
+        value = getattr(config, name)
+        return f"{label} ({name}, off here)" if value is None else f"{label} ({name}) = {mark(f'config/{name}', value)}"
+
+    return show
+
+
+# Each placeholder a meaning may hold: (as the glossary writes it, as a config's metrics table writes it).
+SETTINGS: dict[str, tuple[str, Callable[[LossConfig], str]]] = {
+    "high": ("1 + ε_high", lambda c: f"1 + ε_high = {mark('config/1+epsilon_high', 1 + c.epsilon_high)}"),
+    "low": ("1 - ε_low", lambda c: f"1 - ε_low = {mark('config/1-epsilon_low', 1 - c.epsilon_low)}"),
+    "eps_high": ("ε_high", lambda c: f"ε_high = {mark('config/epsilon_high', c.epsilon_high)}"),
+    "c": ("c (dual_clip)", _optional("dual_clip", "c")),
+    "delta": ("delta", _optional("delta", "delta")),
+    "beta": ("beta", lambda c: f"beta = {mark('config/beta', c.beta)}"),
+    "aggregation": ("aggregation", lambda c: f"aggregation ({c.aggregation})"),
+    "reward_std": (
+        "the mean of the per-group stds, or the std over the whole batch under scale_rewards='batch' "
+        "(advantage = batch)",
+        _reward_std,
+    ),
+}
+
+
+def _t(keys: tuple[str, ...], names: tuple[str, str, str], template: str, healthy: str) -> Term:
+    meaning = template.format_map({k: symbolic for k, (symbolic, _) in SETTINGS.items()})
+    return Term(keys, *names, meaning, healthy, template)
+
+
+def metric_meanings(config: LossConfig) -> dict[str, str]:
+    """Each metric key's meaning under ``config`` (the metrics table shows these, one per key)."""
+    return {key: term.render(config) for term in GLOSSARY for key in term.keys}
+
+
+def metric_meaning_parts(config: LossConfig) -> dict[str, list[str | dict[str, Any]]]:
+    """``metric_meanings`` with each number apart, tagged with the setting it shows (grpo.explain.parts_of)."""
+    return {key: parts_of(term.marked(config)) for term in GLOSSARY for key in term.keys}
 
 
 GLOSSARY: tuple[Term, ...] = (
@@ -38,8 +99,10 @@ GLOSSARY: tuple[Term, ...] = (
     _t(
         ("clip_ratio/region_mean", "actor/pg_clipfrac"),
         ("clip_ratio/region_mean", "actor/pg_clipfrac", "clip_ratio"),
-        "Fraction of tokens on a flat part of the clipped surrogate (A > 0 with r > 1 + ε_high, or A < 0 with "
-        "r < 1 - ε_low): they get no policy gradient.",
+        "Fraction of counted tokens clipped at a bound of the clipped surrogate (A > 0 with r > {high}, or A < 0 "
+        "with r < {low}; verl: Σ [clip(r)·A < r·A] / N): these get no policy gradient. Tokens held by the dual "
+        "clip {c} or capped by {delta} get none either but are not counted here (actor/pg_clipfrac_lower counts "
+        "the dual-clip ones). TRL at sequence level: the mean over rows of each row's flag.",
         "Exactly 0 on-policy (one update per batch). A few percent with several updates per batch; a sustained "
         "10-20% or more means updates are too large.",
     ),
@@ -47,22 +110,23 @@ GLOSSARY: tuple[Term, ...] = (
         ("clip_ratio/low_mean", "clip_ratio/low_min"),
         ("clip_ratio/low_mean, clip_ratio/low_min", "—", "—"),
         "Share of ALL counted tokens (not of the A < 0 ones) that have A < 0 and a ratio below "
-        "1 - ε_low, i.e. clipped on the low side: Σ [A < 0 and r < 1 - ε_low] / N (low_mean). low_min (TRL): the same "
+        "{low}, i.e. clipped on the low side: Σ [A < 0 and r < 1 - ε_low] / N (low_mean). low_min (TRL): the same "
         "indicator averaged within each sequence, then the smallest of those per-sequence fractions.",
         "Small; compare with high_mean to see which side clipping acts on. Not verl's pg_clipfrac_lower.",
     ),
     _t(
         ("clip_ratio/high_mean", "clip_ratio/high_max"),
         ("clip_ratio/high_mean, clip_ratio/high_max", "—", "—"),
-        "Share of ALL counted tokens that have A > 0 and a ratio above 1 + ε_high, i.e. clipped on the "
-        "high side: Σ [A > 0 and r > 1 + ε_high] / N (high_mean; DAPO's clip-higher raises ε_high to let these grow). "
+        "Share of ALL counted tokens that have A > 0 and a ratio above {high}, i.e. clipped on the "
+        "high side: Σ [A > 0 and r > 1 + ε_high] / N (high_mean; DAPO's clip-higher raises {eps_high} to let these "
+        "grow). "
         "high_max (TRL): the largest per-sequence fraction of such tokens.",
         "Small. If it dominates, raising ε_high (clip-higher) lets good tokens move further.",
     ),
     _t(
         ("actor/pg_clipfrac_lower",),
         ("— (delta plays this role)", "actor/pg_clipfrac_lower", "—"),
-        "Fraction of tokens with A < 0 whose ratio passed the dual-clip bound c (verl clip_ratio_c = 3): "
+        "Fraction of tokens with A < 0 whose ratio passed the dual-clip bound {c}, verl's clip_ratio_c: "
         "the dual-clip fraction, not a low-side clip fraction.",
         "About 0. Non-zero means some bad tokens became far more likely than when sampled.",
     ),
@@ -79,7 +143,7 @@ GLOSSARY: tuple[Term, ...] = (
         "aggregation: kl = Σ kl_t / N (k3 unless chosen otherwise; TRL multiplies it by the ratio when "
         "use_bias_correction_kl is on). verl's actor/kl_loss is the same estimate aggregated like the loss "
         "(e.g. a mean of per-row means), so the two differ when rows differ in length; the KL part of the loss "
-        "is beta × actor/kl_loss.",
+        "is {beta} × actor/kl_loss.",
         "Starts at 0 and grows slowly. Sudden spikes mean the policy is leaving the reference; a few tokens "
         "with π ≪ π_ref can dominate (k3 grows exponentially).",
     ),
@@ -90,24 +154,18 @@ GLOSSARY: tuple[Term, ...] = (
         "0 on-policy; small (|value| below about 0.01) when updates are well-sized.",
     ),
     _t(
-        ("actor/pg_clipfrac",),
-        ("clip_ratio/region_mean", "actor/pg_clipfrac", "clip_ratio"),
-        "verl's clip fraction: the share of counted tokens where the clipped candidate was the one used, "
-        "Σ [clip(r)·A < r·A] / N, i.e. tokens on a flat part of the surrogate.",
-        "As clip_ratio/region_mean: 0 on-policy, a few percent at most.",
-    ),
-    _t(
         ("actor/kl_loss",),
         ("— (TRL logs kl)", "actor/kl_loss", "—"),
-        "The KL estimate aggregated with the loss's own aggregation (seq-mean-token-mean: Σ_i (Σ_t kl_it / |o_i|) / "
-        "B); the loss's KL part is beta × actor/kl_loss. kl is instead the plain token mean Σ kl_t / N.",
+        "The KL estimate aggregated with the loss's own {aggregation} (seq-mean-token-mean, for one: "
+        "Σ_i (Σ_t kl_it / |o_i|) / B); the loss's KL part is {beta} × actor/kl_loss. kl is instead the plain token "
+        "mean Σ kl_t / N.",
         "Behaves like kl; equal to it when every row has the same length or the aggregation is token-mean.",
     ),
     _t(
         ("actor/pg_loss", "actor/kl_coef"),
         ("— (TRL logs the total loss)", "actor/pg_loss, actor/kl_loss, actor/kl_coef", "policy_loss, kl"),
         "verl's parts of the loss: the aggregated policy loss, the aggregated KL before its coefficient, and the "
-        "coefficient beta (kl_loss_coef); loss = pg_loss + kl_coef · kl_loss.",
+        "coefficient {beta} (kl_loss_coef); loss = pg_loss + kl_coef · kl_loss.",
         "pg_loss near 0 on-policy; kl_loss behaves like kl.",
     ),
     _t(
@@ -122,8 +180,9 @@ GLOSSARY: tuple[Term, ...] = (
     _t(
         (),
         ("KL estimator: k1 / k2 / k3", "kl_loss_type: kl / mse / low_var_kl", "kl_estimator"),
-        "With x = ref − logp per token: k1 = −x = logp − ref (unbiased, negative wherever π < π_ref, gradient "
-        "1 per token); k2 = x² / 2 (never negative, gradient −x); k3 = eˣ − x − 1 (never negative, unbiased, "
+        "With x = ref − logp per token: k1 = −x = logp − ref (unbiased for samples from the current policy, "
+        "negative wherever π < π_ref, gradient 1 per token); k2 = x² / 2 (never negative, gradient −x); "
+        "k3 = eˣ − x − 1 (never negative, unbiased for samples from the current policy, "
         "gradient 1 − eˣ, grows exponentially when π ≪ π_ref). Schulman's approximations of KL(π_θ ‖ π_ref).",
         "k3 is TRL's and verl's default (verl clamps it to ±10); k1 can make beta·KL negative.",
     ),
@@ -150,7 +209,7 @@ GLOSSARY: tuple[Term, ...] = (
     _t(
         ("reward_std",),
         ("reward_std", "critic/score/std", "—"),
-        "Standard deviation of the rewards (TRL: the mean of the per-group stds).",
+        "The spread of the rewards as TRL logs it: {reward_std}.",
         "Non-zero: the groups contain a signal to learn from.",
     ),
     _t(

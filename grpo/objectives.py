@@ -16,7 +16,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from grpo.registry import Reduction, Registry
+from grpo.registry import Reduction, Registry, Why
 
 # Region codes of a token: which branch of the objective is active.
 REGIONS: tuple[str, ...] = ("masked", "trust", "clip_low", "clip_high", "dual_clip")
@@ -120,6 +120,64 @@ def clip_warnings(config: ObjectiveSettings, longest_row: int) -> list[str]:
     return []
 
 
+CLIP_WHY_NAMES = ("masked", "trust", "clip_low", "clip_high", "dual_clip", "delta", "unbounded")
+
+
+def clip_why_codes(ratio: Tensor, advantages: Tensor, region: Tensor, config: ObjectiveSettings) -> Tensor:
+    """Which bound acted on each token of the clipped surrogate, as indices into CLIP_WHY_NAMES.
+
+    The region's dual_clip code covers both caps on A < 0 tokens: the dual clip where its bound c was
+    passed, else TRL's delta. A trust-region token with A < 0 above 1 + ε_high keeps A·ratio (the
+    pessimistic candidate): with neither cap set nothing bounds it, so it is ``unbounded``.
+    """
+    code = region.long()  # masked, trust, clip_low, clip_high, dual_clip: the first five names, in order
+    if config.delta is not None and config.dual_clip is not None:  # both caps: the dual clip where it acted
+        capped = torch.maximum(
+            ratio.clamp(max=config.delta), ratio.clamp(1 - config.epsilon_low, 1 + config.epsilon_high)
+        )
+        by_delta = (code == DUAL_CLIP) & (capped <= config.dual_clip)
+        code = torch.where(by_delta, torch.full_like(code, 5), code)
+    elif config.delta is not None:
+        code = torch.where(code == DUAL_CLIP, torch.full_like(code, 5), code)
+    if config.delta is None and config.dual_clip is None:
+        free = (code == TRUST) & (advantages < 0) & (ratio > 1 + config.epsilon_high)
+        code = torch.where(free, torch.full_like(code, 6), code)
+    return code
+
+
+def clip_why_values(config: ObjectiveSettings) -> dict[str, float | None]:
+    return {
+        "low": 1 - config.epsilon_low,
+        "high": 1 + config.epsilon_high,
+        "c": config.dual_clip,
+        "delta": config.delta,
+    }
+
+
+CLIP_WHY = Why(
+    names=CLIP_WHY_NAMES,
+    codes=clip_why_codes,
+    texts={
+        "masked": "does not count (prompt, padding or masked out)",
+        "trust": "unclipped: the surrogate is A·ratio, the ratio used as is (inside [1 − ε_low, 1 + ε_high] = "
+        "[{low}, {high}], or moved against its advantage), so the token gets a policy gradient",
+        "clip_low": "clipped low: A < 0 and ratio below 1 − ε_low = {low}, so the surrogate is the clipped "
+        "{low}·A, flat in the ratio: no policy gradient",
+        "clip_high": "clipped high: A > 0 and ratio above 1 + ε_high = {high}, so the surrogate is the clipped "
+        "{high}·A, flat in the ratio: no policy gradient",
+        "dual_clip": "dual clip: A < 0 and ratio past the bound dual_clip = {c}, so the surrogate is held at "
+        "{c}·A, flat in the ratio: no policy gradient",
+        "delta": "delta: A < 0 and ratio above delta = {delta}, TRL's cap on the ratio, so the surrogate is "
+        "{delta}·A, flat in the ratio: no policy gradient",
+        "unbounded": "unbounded: A < 0 and ratio above 1 + ε_high = {high}; the pessimistic min keeps A·ratio, "
+        "no clip bound acts, and the token's loss and gradient grow with its ratio (dual_clip = {c}, "
+        "delta = {delta}: setting either bounds it)",
+    },
+    values=clip_why_values,
+    no_gradient=frozenset({"clip_low", "clip_high", "dual_clip", "delta"}),
+)
+
+
 @OBJECTIVES.register(
     "clip",
     label="PPO clip",
@@ -127,6 +185,7 @@ def clip_warnings(config: ObjectiveSettings, longest_row: int) -> list[str]:
     flat="clipped: the chosen candidate is flat in the ratio, so the token gets no policy gradient",
     metrics=CLIP_FAMILY_METRICS,
     warnings=clip_warnings,
+    why=CLIP_WHY,
 )
 def clip(ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings) -> ObjectiveTerms:
     """PPO/GRPO clipped surrogate min(r·A, clip(r, 1-ε_low, 1+ε_high)·A), with dual clip and delta.
@@ -195,12 +254,34 @@ def cispo_warnings(config: ObjectiveSettings, longest_row: int) -> list[str]:
     return []
 
 
+def cispo_why_values(config: ObjectiveSettings) -> dict[str, float | None]:
+    absolute = config.cispo_bounds == "absolute"
+    return {
+        "floor": None if absolute else 1 - config.epsilon_low,
+        "cap": config.epsilon_high if absolute else 1 + config.epsilon_high,
+    }
+
+
+CISPO_WHY = Why(
+    names=("masked", "trust", "capped_low", "capped_high"),
+    codes=lambda ratio, advantages, region, config: region.long().clamp(max=3),
+    texts={
+        "masked": "does not count (prompt, padding or masked out)",
+        "trust": "weight = ratio, inside its bounds [{floor}, {cap}]: the token's term is ratio·A·logp",
+        "capped_low": "weight held at the floor {floor} (ratio below it); CISPO keeps the token's gradient",
+        "capped_high": "weight capped at {cap} (ratio above it); CISPO keeps the token's gradient",
+    },
+    values=cispo_why_values,
+)
+
+
 @OBJECTIVES.register(
     "cispo",
     label="CISPO",
     axis=WEIGHT_ON_A_LOGP,
     metrics={"cispo_clip_ratio": "trl", "actor/pg_clipfrac": "tokens"},
     warnings=cispo_warnings,
+    why=CISPO_WHY,
 )
 def cispo(ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings) -> ObjectiveTerms:
     """CISPO: a detached, clipped ratio times A times logp, so clipped tokens keep their gradient.

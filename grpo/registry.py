@@ -26,6 +26,24 @@ Reduction = Literal["trl", "tokens"]
 rows when the flags are per row, as at sequence level; else over the counted tokens). ``tokens``:
 verl's masked mean over the counted tokens, always."""
 
+
+@dataclass(frozen=True)
+class Why:
+    """An objective's reading of each token: one code per token and one sentence per code.
+
+    ``codes(ratio, advantages, region, config)`` maps the (B, T) token ratio, the (B, T) advantages
+    and the (B, T) int region codes to (B, T) int indices into ``names``. ``texts`` are templates
+    whose ``{placeholders}`` are filled from ``values(config)``: the numbers of the config on screen,
+    never a literal. ``no_gradient``: the codes whose tokens get no policy gradient.
+    """
+
+    names: tuple[str, ...]
+    codes: Callable[[Tensor, Tensor, Tensor, Any], Tensor]
+    texts: Mapping[str, str]
+    values: Callable[[Any], Mapping[str, float | None]]
+    no_gradient: frozenset[str] = frozenset()
+
+
 Warnings = Callable[[Any, int], list[str]]
 """warnings(config, longest_row) -> sentences: what this variant's settings get wrong for a batch
 whose longest counted row has ``longest_row`` tokens."""
@@ -53,6 +71,8 @@ class Entry(Generic[F]):
     reward_std: Callable[[Tensor], Tensor] | None = None
     """Advantages only: the reward spread TRL logs as reward_std under this normalisation, from
     the rewards grouped (n_groups, G)."""
+    why: Why | None = None
+    """Objectives only: what each token's code means (None: the region names, read as they are)."""
 
     @property
     def doc(self) -> str:
@@ -108,13 +128,16 @@ class Registry(Generic[F]):
         metrics: Mapping[str, Reduction] | None = None,
         warnings: Warnings = no_warnings,
         reward_std: Callable[[Tensor], Tensor] | None = None,
+        why: Why | None = None,
     ) -> Callable[[F], F]:
         """Decorator: register ``fn`` under ``name`` with what the rest of the code needs to know."""
 
         def decorate(fn: F) -> F:
             if name in self._entries:
                 raise KeyError(f"{self.kind} {name!r} is already registered")
-            self._entries[name] = Entry(name, fn, label or name, axis, flat, dict(metrics or {}), warnings, reward_std)
+            self._entries[name] = Entry(
+                name, fn, label or name, axis, flat, dict(metrics or {}), warnings, reward_std, why
+            )
             return fn
 
         return decorate

@@ -329,7 +329,8 @@ def test_token_strings_are_shown_as_text_never_as_html(page: Page) -> None:
     assert page.page.input_value("[aria-label='row 0 token 0 text']") == evil
     # Hover labels carry the string escaped for Plotly, so it is drawn as written.
     page.current_chart("heat-ratio")
-    custom = page.page.evaluate("document.getElementById('heat-ratio').data[0].customdata[0][0][10]")
+    # the token's text is item 7 of a cell's hover data (charts.hoverData)
+    custom = page.page.evaluate("document.getElementById('heat-ratio').data[0].customdata[0][0][7]")
     assert custom == '&lt;img src=x onerror="window.__pwned=1"&gt;'
     page.page.hover("#heat-ratio .nsewdrag", position={"x": 20, "y": 20})
     assert page.page.evaluate("window.__pwned === undefined")

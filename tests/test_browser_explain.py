@@ -137,10 +137,12 @@ def test_7_clipped_cells_are_marked_and_hover_names_a_bound_only_where_it_acted(
     clipped = [(j, k) for k, row in enumerate(regions) for j, g in enumerate(row) if g not in ("trust", "masked")]
     labels = chart["data"][0]["y"]
     assert sorted(zip(marks["x"], marks["y"], strict=True)) == sorted((j, labels[k]) for j, k in clipped)
+    why = data["tokens"]["why"]
     for k, row in enumerate(chart["data"][0]["customdata"]):
         for j, cell in enumerate(row):
-            named = "bound 1" in cell[11]
-            assert named == (regions[k][j] in ("clip_low", "clip_high")), (k, j, cell[11])
+            named = "clipped" in cell[9] and "flat in the ratio" in cell[9]
+            assert named == (why[k][j] in ("clip_low", "clip_high")), (k, j, cell[9])
+            assert regions[k][j] in ("clip_low", "clip_high") or not named
     page.check_clean()
 
 

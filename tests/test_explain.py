@@ -14,9 +14,10 @@ import torch
 from reference import HAND, close, evaluate64
 
 import grpo
+import grpo.explain
 from grpo.__main__ import main
 from grpo.examples import ARTICLE_EXAMPLE, SCENARIOS
-from grpo.explain import explain, explain_items, summary_table
+from grpo.explain import explain, explain_items, summary_table, token_why
 from grpo.loss import Breakdown
 from grpo.requests import batch_from_request
 
@@ -26,7 +27,7 @@ def test_positive_loss_from_a_negative_surrogate(hand_batch: grpo.Batch) -> None
     bd = evaluate64(hand_batch, "article")
     first = explain(bd)[0]
     assert first.startswith("The loss is positive (0.4594)") and "-0.4583" in first
-    assert any(s.startswith("2 of 5 tokens sit in a flat clip region") for s in explain(bd))
+    assert any(s.startswith("2 of 5 tokens get no policy gradient") for s in explain(bd))
 
 
 def test_negative_loss_sentence() -> None:
@@ -178,12 +179,43 @@ def _on_policy(bd: Breakdown, m: re.Match[str]) -> None:
         _num(m[3], grad_norm)
 
 
+WHY_LABELS = {v: k for k, v in grpo.explain.WHY_LABELS.items()}
+
+
 def _flat(bd: Breakdown, m: re.Match[str]) -> None:
-    flat = _counted(bd) & (bd.tokens.region > 1)  # regions after "masked", "trust"
-    assert int(m[1]) == int(flat.sum()) and int(m[2]) == int(_counted(bd).sum())
-    _num(m[3], float(bd.tokens.ratio[flat].min()))
-    _num(m[4] or m[3], float(bd.tokens.ratio[flat].max()))
-    assert float(bd.tokens.grad_policy[flat].abs().max()) == 0  # "get no policy gradient"
+    why = token_why(bd)
+    silent = torch.zeros_like(_counted(bd))
+    for name in why.no_gradient:
+        silent |= why.codes == why.names.index(name)
+    assert int(m[1]) == int(silent.sum()) and int(m[2]) == int(_counted(bd).sum())
+    assert float(bd.tokens.grad_policy[silent].abs().max()) == 0  # "get no policy gradient"
+    parts = {WHY_LABELS[label]: int(n) for n, label in (part.split(" ", 1) for part in m[3].split(", "))}
+    assert parts == {k: n for k, n in why.counts().items() if k in why.no_gradient and n}
+    bounded = silent & (why.codes != why.names.index("zero_advantage"))
+    flat = _counted(bd) & (bd.tokens.region > 1)  # regions after "masked", "trust": the same tokens
+    assert torch.equal(bounded, flat)
+    _num(m[4], float(bd.tokens.ratio[flat].min()))
+    _num(m[5] or m[4], float(bd.tokens.ratio[flat].max()))
+    if m[6]:  # dual clip or delta held some: the clip metrics count the clipped ones only
+        _num(re.search(rf"count only the clipped ones \({N}\)", m[6])[1], bd.metrics["clip_ratio/region_mean"])  # type: ignore[index]
+
+
+def _unbounded(bd: Breakdown, m: re.Match[str]) -> None:
+    why = token_why(bd)
+    free = why.codes == why.names.index("unbounded")
+    a = bd.advantages[:, None].expand_as(bd.tokens.ratio)
+    assert bool((a[free] < 0).all()) and bd.config.dual_clip is None and bd.config.delta is None
+    assert int(m[1]) == int(free.sum()) > 0
+    _num(m[2], 1 + bd.config.epsilon_high)
+    _num(m[3], float(bd.tokens.ratio[free].max()))
+    assert bool((bd.tokens.ratio[free] > 1 + bd.config.epsilon_high).all())
+    assert bool((bd.tokens.grad_policy[free] != 0).all())  # unbounded: the gradient is there, and grows
+
+
+def _gspo(bd: Breakdown, m: re.Match[str]) -> None:
+    assert bd.config.importance_sampling_level == "sequence"
+    _num(m[1], bd.metrics["lens/ratio/max"])
+    _num(m[2], float(bd.tokens.log_ratio[_counted(bd)].exp().max()))
 
 
 def _negative_kl(bd: Breakdown, m: re.Match[str]) -> None:
@@ -204,6 +236,12 @@ def _clamp(bd: Breakdown, m: re.Match[str]) -> None:
 def _zero_std(bd: Breakdown, m: re.Match[str]) -> None:
     assert int(m[1]) == len(bd.zero_std_groups) > 0
     _num(m[2], bd.metrics["frac_reward_zero_std"])
+    share = re.search(rf"they hold {N} of the weight, so the other groups' policy gradient is {N}×", m[0])
+    if share:  # the weight the zero-std rows' tokens still hold in the aggregation
+        zero = torch.isin(bd.rows.group, torch.tensor(bd.zero_std_groups))[:, None] & _counted(bd)
+        held = float(bd.tokens.weight[zero].sum() / bd.tokens.weight[_counted(bd)].sum())
+        _num(share[1], held)
+        _num(share[2], 1 - held)
     for g in bd.zero_std_groups:
         assert float(bd.advantages[bd.rows.group == g].abs().max()) == 0  # "their advantages are 0"
 
@@ -255,8 +293,17 @@ SENTENCES: list[tuple[str, Callable[[Breakdown, re.Match[str]], None]]] = [
         _on_policy,
     ),
     (
-        rf"(\d+) of (\d+) tokens sit in a flat clip region \(ratios? {N}(?: to {N})?\) and get no policy gradient\.",
+        rf"(\d+) of (\d+) tokens get no policy gradient: (.*?) \(ratios? {N}(?: to {N})? on the bounded ones\)\.(.*)",
         _flat,
+    ),
+    (
+        rf"(\d+) token\(s\) with A < 0 have a ratio above 1 \+ ε_high = {N} \(up to {N}\) and nothing bounds them: .*",
+        _unbounded,
+    ),
+    (
+        rf"Sequence-level ratio \(GSPO\): each token uses its row's ratio exp\(mean log-ratio\), at most {N} here "
+        rf"\(lens/ratio/max\), while the token ratios themselves reach {N}\.",
+        _gspo,
     ),
     (
         rf"The KL estimate is negative on (\d+) of (\d+) tokens \(as low as {N}; the batch's kl is {N}\): .*?"
@@ -280,6 +327,8 @@ KEYS = {
     _sign: "sign",
     _on_policy: "on_policy",
     _flat: "clip",
+    _unbounded: "unbounded",
+    _gspo: "gspo",
     _negative_kl: "negative_kl",
     _clamp: "clamp",
     _zero_std: "zero_std",
@@ -378,6 +427,9 @@ CONFIG_VARIANTS: dict[str, dict[str, object]] = {
     "verl-grpo": {"preset": "verl-grpo"},
     "k1": {"kl_estimator": "k1", "beta": 0.05},
     "k2-beta0": {"kl_estimator": "k2", "beta": 0.0},
+    "dual-clip": {"dual_clip": 3.0},
+    "delta": {"delta": 2.0},
+    "trl-gspo": {"preset": "trl-gspo"},
 }
 
 
@@ -404,7 +456,7 @@ def test_the_listed_batches_show_what_they_are_for() -> None:
     assert "A > 0 have a ratio above 1" in sentences("negative-loss")
     k1 = sentences("k1-negative")
     assert "The KL estimate is negative on" in k1 and "on every token alike" in k1
-    assert "4 of 4 tokens sit in a flat clip region" in sentences("all-clipped")
+    assert "4 of 4 tokens get no policy gradient: 2 clipped low, 2 clipped high" in sentences("all-clipped")
     # the ratio-1.2e6 token has A < 0: no clip bounds it (only a dual clip would), the surrogate goes hugely negative
     assert "the weighted surrogate is itself negative (-2.126e+05)" in sentences("huge-ratio")
     assert "zero reward std" in sentences("zero-std")

@@ -1,7 +1,7 @@
 // Chart functions: the API's JSON in, Plotly {data, layout} out. No numbers are computed here.
 
 import { REGION_COLORS, fmt, plotlyText } from "./format.js";
-import { HEATMAP_TITLES, LABELS, POOLED, REGION_HOVER } from "./labels.js";
+import { HEATMAP_TITLES, HOVER, LABELS, POOLED } from "./labels.js";
 
 const FONT = { family: "system-ui, sans-serif", size: 12 };
 const base = (title, extra = {}) => ({
@@ -33,29 +33,48 @@ function grid(data, values) {
   );
 }
 
-const HOVER_FIELDS = ["ratio", "clipped_ratio", "surrogate", "kl", "weight", "loss", "grad", "grad_policy", "grad_kl"];
+const HOVER_FIELDS = ["surrogate", "kl", "weight", "loss", "grad", "grad_policy", "grad_kl"];
+const HOVER_WIDTH = 72; // characters per line of the why in a hover (Plotly does not wrap)
 
-// Per cell: the numbers (formatted by Plotly's hovertemplate, not here), the region, the token,
-// and what the clip did: a bound is named only where it acted (the clipped ratio elsewhere is
-// the clamp's value, which the objective did not use).
+// Long server sentences broken into lines for a hover.
+function wrap(text) {
+  const lines = [""];
+  for (const word of text.split(" ")) {
+    if (lines[lines.length - 1].length + word.length > HOVER_WIDTH) lines.push("");
+    lines[lines.length - 1] += (lines[lines.length - 1] ? " " : "") + word;
+  }
+  return lines.join("<br>");
+}
+
+// Per cell: the numbers as format.js prints them (Plotly's own "%{x:.4g}" would print 1 + 4e-4 as
+// "1"), the token, and its why: the server's code and sentence (data.why.texts, with the config's
+// numbers). Under GSPO the ratio shown is the row's; the token's own is added beside it.
 export function hoverData(data) {
   const t = data.tokens;
   const columns = HOVER_FIELDS.map((f) => t[f]);
+  const texts = Object.fromEntries(
+    Object.entries(data.why.texts).map(([code, text]) => [code, wrap(plotlyText(text))]),
+  );
   return t.ratio.map((row, k) =>
     row.map((_, j) => {
-      const region = t.region[k][j];
-      const clip = REGION_HOVER[region] + (region.startsWith("clip") ? ` (${fmt(t.clipped_ratio[k][j])})` : "");
-      return [...columns.map((c) => c[k][j]), region, plotlyText(t.text ? t.text[k][j] : ""), clip];
+      const code = t.why[k][j];
+      const ratio = HOVER.ratio(fmt(t.ratio[k][j]), t.token_ratio ? fmt(t.token_ratio[k][j]) : null);
+      return [
+        ...columns.map((c) => fmt(c[k][j])),
+        plotlyText(t.text ? t.text[k][j] : ""),
+        ratio,
+        HOVER.why(code, texts[code]),
+      ];
     }),
   );
 }
 
-const HOVER =
-  "%{y}, position %{x}<br>token: <b>%{customdata[10]}</b> · region: %{customdata[9]}<br>" +
-  "ratio %{customdata[0]:.4g} · %{customdata[11]}<br>" +
-  "surrogate %{customdata[2]:.4g} · KL %{customdata[3]:.4g}<br>" +
-  "weight %{customdata[4]:.4g} · loss share %{customdata[5]:.4g}<br>" +
-  "∂loss/∂logp %{customdata[6]:.4g} (policy %{customdata[7]:.4g}, KL %{customdata[8]:.4g})<extra></extra>";
+const HOVER_TEMPLATE =
+  "%{y}, position %{x}<br>token: <b>%{customdata[7]}</b> · %{customdata[8]}<br>" +
+  "%{customdata[9]}<br>" +
+  "surrogate %{customdata[0]} · KL %{customdata[1]}<br>" +
+  "weight %{customdata[2]} · loss share %{customdata[3]}<br>" +
+  `${HOVER.grad} %{customdata[4]} (policy %{customdata[5]}, KL %{customdata[6]})<extra></extra>`;
 
 // Signed quantities on a diverging scale centred at 0 (the KL too: k1 goes negative).
 export const HEATMAPS = [
@@ -170,7 +189,7 @@ export function heatmap(data, spec, hover) {
     z,
     y: rowLabels(data),
     customdata,
-    hovertemplate: HOVER,
+    hovertemplate: HOVER_TEMPLATE,
     hoverongaps: false,
     name: spec.field,
     colorbar: { thickness: 10 },
@@ -274,7 +293,7 @@ export function gradientTokens(data, ks) {
         height: 340,
         legend: { orientation: "h", y: -0.35 },
         xaxis: tokenAxis(numeric),
-        yaxis: { autorange: "reversed", title: { text: "∂loss/∂logp (flipped)" }, zeroline: true, zerolinewidth: 2 },
+        yaxis: { autorange: "reversed", title: { text: LABELS.gradAxis }, zeroline: true, zerolinewidth: 2 },
       },
     ),
   };
@@ -480,7 +499,15 @@ export function compareGrads(results, names, text) {
   const data = results.map((r, k) => {
     const axis = k === 0 ? "" : String(k + 1);
     const top = 1 - k * (height + gap);
-    layout[`yaxis${axis}`] = { domain: [top - height, top], anchor: "x", exponentformat: "e" };
+    // One sign convention with the Gradients view: the axis flipped, up = descent raises the log-prob.
+    layout[`yaxis${axis}`] = {
+      domain: [top - height, top],
+      anchor: "x",
+      exponentformat: "e",
+      autorange: "reversed",
+      zeroline: true,
+      title: { text: LABELS.gradAxisShort, font: { size: 10 } },
+    };
     layout.annotations.push({
       text: names[k],
       xref: "paper",

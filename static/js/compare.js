@@ -3,7 +3,7 @@
 import { postJSON } from "./api.js";
 import * as charts from "./charts.js";
 import { $, clear, el, plot, purge } from "./dom.js";
-import { fmt } from "./format.js";
+import { fmt, tagged } from "./format.js";
 import { COMPARE, COMPARE_ROWS } from "./labels.js";
 import * as redraw from "./redraw.js";
 import { currentRequest, fromUpload, state, writeURL } from "./state.js";
@@ -77,7 +77,10 @@ export function setup() {
 const names = (data) => data.results.map((r) => r.config.preset);
 
 async function runCompare() {
-  if (!state.compare.length || fromUpload()) return;
+  if (!state.compare.length || fromUpload()) {
+    redraw.settle("compare");
+    return;
+  }
   const { preset, ...edits } = state.config;
   const constants = state.compare_constants;
   const configs = state.compare.map((name) => ({ ...(state.compare_edits ? edits : {}), ...constants, preset: name }));
@@ -86,6 +89,7 @@ async function runCompare() {
     if (!data) return;
     renderCompare(data);
   } catch (err) {
+    redraw.settle("compare");
     clear($("#compare-table")).append(el("tr", {}, el("td", { class: "error", text: err.message })));
   }
 }
@@ -103,12 +107,19 @@ async function renderCompare(data) {
     el(
       "tbody",
       {},
-      ...COMPARE_ROWS.map(([label, get]) =>
+      ...COMPARE_ROWS.map(([label, get, quantity]) =>
         el(
           "tr",
           {},
           el("td", { text: label }),
-          ...data.results.map((r) => el("td", { class: "num", text: fmt(get(r), 5) })),
+          ...data.results.map((r) =>
+            el("td", {
+              class: "num",
+              text: fmt(get(r), 5),
+              ...(quantity ? tagged(quantity, get(r)) : {}),
+              "data-preset": r.config.preset,
+            }),
+          ),
         ),
       ),
     ),

@@ -61,8 +61,12 @@ function buildControl(field, onChange) {
       const on = el("input", { type: "checkbox", "aria-label": `${field.name} on`, title: "on / off" });
       on.addEventListener("change", () => {
         input.disabled = !on.checked;
+        // Turned on: the value a preset gives it (verl's dual clip: the verl presets' c), one fact with them.
+        const preset = state.ui.options.presets
+          .map((p) => p.config[field.name])
+          .find((v) => v !== null && v !== undefined);
         if (on.checked && input.value === "")
-          input.value = String(field.gt !== undefined ? Math.max(field.gt * 2, 1) : 1);
+          input.value = String(preset ?? (field.gt !== undefined ? Math.max(field.gt * 2, 1) : 1));
         changed(on.checked ? read() : null);
       });
       widget = el("span", { class: "nullable" }, on, input);

@@ -1,5 +1,9 @@
 // Formatting: the only place numbers are turned into text. Labels live in labels.js.
 
+const MAX_DIGITS = 12; // a number never prints with more significant digits than this
+
+// `digits` significant digits, or more where fewer would print a whole number the value is not:
+// 1 + 4e-4 prints "1.0004", never "1" (grpo.explain.number, the server's sentences, does the same).
 export function fmt(x, digits = 4) {
   if (x === null || x === undefined) return "–";
   if (typeof x !== "number") return String(x);
@@ -7,11 +11,23 @@ export function fmt(x, digits = 4) {
   if (x === 0) return "0";
   const a = Math.abs(x);
   if (a >= 1e5 || a < 1e-3) return x.toExponential(digits - 1);
-  return Number(x.toPrecision(digits)).toString();
+  let d = digits;
+  let text = Number(x.toPrecision(d)).toString();
+  while (d < MAX_DIGITS && Number(text) !== x && Number.isInteger(Number(text))) {
+    d += 1;
+    text = Number(x.toPrecision(d)).toString();
+  }
+  return text;
 }
 
 export function pct(x) {
   return x === null || x === undefined ? "–" : `${(100 * x).toFixed(1)}%`;
+}
+
+// The attributes of an element that prints a number: the quantity it shows (the API's path to it,
+// e.g. "metrics/kl", "rows/loss/2") and the exact value, so a test can hold every view to one value.
+export function tagged(quantity, value) {
+  return { "data-quantity": quantity, "data-value": value === null || value === undefined ? "" : String(value) };
 }
 
 // Plotly reads a few HTML-like tags in labels; escape token text so it is shown as written.

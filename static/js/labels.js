@@ -24,7 +24,10 @@ export const LABELS = {
   clippedCell: "clipped (flat: no policy gradient)",
   rowCounted: (i, n) => `r${i} (${n})`,
   rowCountedAxis: "row (counted tokens)",
-  compareGradsTitle: "∂loss/∂logp per token, per preset (each panel its own scale)",
+  compareGradsTitle:
+    "∂loss/∂logp per token, per preset (each panel its own scale; axes flipped: up = gradient descent raises the log-prob)",
+  gradAxis: "∂loss/∂logp, flipped: up = descent raises the log-prob",
+  gradAxisShort: "∂loss/∂logp ↑ raises logp",
   compareWeightsTitle: "Weight of one token of each row, per preset (each panel its own scale)",
 };
 
@@ -39,7 +42,7 @@ export const HEATMAP_TITLES = {
   surrogate: "Surrogate: each token's objective term (white at 0)",
   kl: "KL estimate to the reference (white at 0; blue = negative, which only k1 can be)",
   loss: "Weighted loss share (sums to the loss; white at 0)",
-  grad: "Gradient ∂loss/∂logp (white at 0; blue: descent raises the log-prob)",
+  grad: "Gradient ∂loss/∂logp (white at 0; blue, negative: descent raises the log-prob)",
 };
 
 // A pooled heatmap (app/responses.py pools grids with more cells than pixels) says so.
@@ -52,13 +55,13 @@ export const POOLED = {
     `%{y}, %{customdata[0]}<br>${field} %{z:.4g}: the farthest from the centre of %{customdata[1]} counted tokens<extra></extra>`,
 };
 
-// Hover text on what the clip did to a token, by region.
-export const REGION_HOVER = {
-  trust: "ratio used as is (no clip bound acted)",
-  clip_low: "clipped at the low bound 1 − ε_low",
-  clip_high: "clipped at the high bound 1 + ε_high",
-  dual_clip: "dual clip: the objective is capped at c·A",
-  masked: "does not count",
+// The heatmaps' hover: the token's why (the server's sentence for its code, with the config's numbers)
+// and its numbers, each formatted by format.js. Under GSPO the token's own ratio is shown beside its row's.
+export const HOVER = {
+  ratio: (ratio, tokenRatio) =>
+    tokenRatio === null ? `ratio ${ratio}` : `sequence ratio ${ratio} (GSPO; this token's own ratio ${tokenRatio})`,
+  why: (code, text) => `why: <b>${code}</b>, ${text}`,
+  grad: "∂loss/∂logp (negative: descent raises the log-prob)",
 };
 
 // Summary cards: [API field, label].
@@ -127,6 +130,7 @@ export const STATUS = {
 export const SUMMARY = {
   noClamp: "No clamp touched any token.",
   clamps: (list) => `Clamps that touched tokens: ${list}.`,
+  clampsHead: "Clamps that touched tokens: ",
   touched: (n) => `touched ${n} token${n === 1 ? "" : "s"}`,
   largeBatch: (positions, row) =>
     `This batch has ${positions} positions, more than the per-token limit: the heatmaps show every row, the other per-token charts the tokens of row ${row} (pick another row below or in the rows table).`,
@@ -162,16 +166,16 @@ export const STALE = {
   note: "The last request failed: everything below still shows the batch and settings from before it.",
 };
 
-// The compare table: [label, (result) -> value].
+// The compare table: [label, (result) -> value, the quantity a number shows (as the summary tags it)].
 export const COMPARE_ROWS = [
-  ["loss", (r) => r.loss],
-  [LABELS.policy_loss, (r) => r.policy_loss],
-  ["KL part", (r) => r.kl_loss],
-  ["clip_ratio/region_mean", (r) => r.metrics["clip_ratio/region_mean"]],
-  ["kl", (r) => r.metrics.kl],
-  ["lens/grad_norm_logps", (r) => r.metrics["lens/grad_norm_logps"]],
-  ["aggregation", (r) => r.config.aggregation],
-  ["objective", (r) => r.config.objective],
+  ["loss", (r) => r.loss, "loss"],
+  [LABELS.policy_loss, (r) => r.policy_loss, "policy_loss"],
+  ["KL part", (r) => r.kl_loss, "kl_loss"],
+  ["clip_ratio/region_mean", (r) => r.metrics["clip_ratio/region_mean"], "metrics/clip_ratio/region_mean"],
+  ["kl", (r) => r.metrics.kl, "metrics/kl"],
+  ["lens/grad_norm_logps", (r) => r.metrics["lens/grad_norm_logps"], "metrics/lens/grad_norm_logps"],
+  ["aggregation", (r) => r.config.aggregation, null],
+  ["objective", (r) => r.config.objective, null],
 ];
 
 export const GLOSSARY_HEAD = ["TRL", "verl", "OpenRLHF", "what it means", "healthy"];

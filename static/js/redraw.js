@@ -8,7 +8,7 @@ const QUIET_MS = 800; // idle drawing starts this long after the last new data
 const MARGIN = "150px 0px"; // a view this close to the viewport counts as on screen
 
 const views = new Map(); // element id -> { id, node, source, draw, seq (asked), shown (drawn), visible }
-const sources = new Map(); // name -> { seq, data, stale, refresh }
+const sources = new Map(); // name -> { seq, data, stale, pending, refresh }
 let quietTimer = null;
 let idleHandle = null;
 let generation = 0; // bumped by new data: an idle round from before it stops
@@ -26,7 +26,8 @@ const observer = new IntersectionObserver(
 );
 
 function source(name) {
-  if (!sources.has(name)) sources.set(name, { seq: 0, data: null, stale: false, refresh: null });
+  // stale: to fetch again; pending: fetched, the answer not yet published
+  if (!sources.has(name)) sources.set(name, { seq: 0, data: null, stale: false, pending: false, refresh: null });
   return sources.get(name);
 }
 
@@ -50,13 +51,35 @@ export function setRefresh(name, refresh) {
 export function invalidate(name) {
   const s = source(name);
   s.stale = true;
+  s.pending = true;
+  markAll(name);
   if ([...views.values()].some((v) => v.source === name && v.visible)) refreshSource(s);
+}
+
+// A fetch that ends without new data (nothing to compare, an error): the views keep what they show,
+// and no longer wait for an answer.
+export function settle(name) {
+  source(name).pending = false;
+  markAll(name);
 }
 
 function refreshSource(s) {
   if (!s.refresh || !s.stale) return;
   s.stale = false;
   s.refresh();
+}
+
+// A view that shows older data than its source's latest (or whose source awaits a new answer) is
+// greyed and says so (data-stale), so a chart never passes for the answer a table beside it shows.
+function mark(view) {
+  const s = source(view.source);
+  const stale = s.data !== null && (s.pending || view.shown !== s.seq);
+  view.node.classList.toggle("stale-view", stale);
+  view.node.dataset.stale = String(stale);
+}
+
+function markAll(name) {
+  for (const v of views.values()) if (v.source === name) mark(v);
 }
 
 function bringUpToDate(view) {
@@ -67,6 +90,7 @@ function bringUpToDate(view) {
   view.seq = seq;
   return Promise.resolve(view.draw(s.data)).then(() => {
     if (view.seq === seq) view.shown = seq;
+    mark(view);
   });
 }
 
@@ -82,8 +106,11 @@ export async function publish(name, data) {
   const s = source(name);
   s.seq += 1;
   s.data = data;
+  s.pending = false;
   const near = [...views.values()].filter((v) => v.source === name && v.visible);
   const shown = near.filter(onScreen);
+  // drawn right now (not greyed for the moment it takes); the others greyed until drawn
+  for (const v of views.values()) if (v.source === name && !shown.includes(v)) mark(v);
   setTimeout(() => near.forEach(bringUpToDate), 0);
   await Promise.all(shown.map(bringUpToDate));
   scheduleIdle();
@@ -97,7 +124,7 @@ export const currentSeq = (name) => source(name).seq;
 export function isCurrent(id) {
   const view = views.get(id);
   const s = view && sources.get(view.source);
-  return Boolean(s && !s.stale && s.data !== null && view.shown === s.seq);
+  return Boolean(s && !s.stale && !s.pending && s.data !== null && view.shown === s.seq);
 }
 
 // A new request is on its way: stop idle drawing until its data is published.

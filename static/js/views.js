@@ -2,46 +2,68 @@
 
 import * as charts from "./charts.js";
 import { $, clear, el, plot } from "./dom.js";
-import { fmt, pct } from "./format.js";
+import { fmt, pct, tagged } from "./format.js";
 import { LABELS, ROWS, SUMMARY, SUMMARY_CARDS } from "./labels.js";
 import * as redraw from "./redraw.js";
-import { glossary, state } from "./state.js";
+import { state } from "./state.js";
 
 const ALL_TOKENS_LIMIT = 400; // tokens: per-token bar charts show every row up to this
 
 let hooks = { pickRow: () => {} };
 
+// A sentence from the server with each of its numbers in a span that says which quantity it shows.
+export function sentence(parts, tag = "li", attrs = {}) {
+  return el(
+    tag,
+    attrs,
+    ...parts.map((p) =>
+      typeof p === "string" ? p : el("span", { class: "num-inline", text: p.text, ...tagged(p.quantity, p.value) }),
+    ),
+  );
+}
+
 export function renderSummary(data) {
-  const card = (label, value) =>
+  const card = (key, label) =>
     el(
       "div",
       { class: "card" },
       el("div", { class: "label", text: label }),
-      el("div", { class: "value", text: fmt(value, 5) }),
+      el("div", { class: "value", text: fmt(data[key], 5), ...tagged(key, data[key]) }),
     );
-  clear($("#summary-cards")).append(...SUMMARY_CARDS.map(([key, label]) => card(label, data[key])));
-  clear($("#explanation")).append(...data.explanation.map((s) => el("li", { text: s })));
+  clear($("#summary-cards")).append(...SUMMARY_CARDS.map(([key, label]) => card(key, label)));
+  clear($("#explanation")).append(...data.explanation_parts.map((parts) => sentence(parts)));
   clear($("#warnings")).append(...data.warnings.map((s) => el("li", { text: s })));
-  const meanings = glossary();
-  const explained = new Set(); // a term covering several keys is explained on its first row
+  // Each metric's meaning under this config (the server's, with the config's numbers); a meaning
+  // shared by several keys is written on its first row.
+  const explained = new Set();
   clear($("#metrics-table tbody")).append(
     ...Object.entries(data.metrics).map(([name, value]) => {
-      const term = meanings.get(name);
-      const text = term && !explained.has(term) ? term.meaning : "";
-      if (term) explained.add(term);
+      const meaning = data.metric_meanings[name] || "";
+      const text = explained.has(meaning) ? "" : meaning;
+      explained.add(meaning);
       return el(
         "tr",
-        { title: term?.meaning },
+        { title: meaning || undefined },
         el("td", { text: name }),
-        el("td", { class: "num", text: fmt(value, 5) }),
-        el("td", { class: "muted", text }),
+        el("td", { class: "num", text: fmt(value, 5), ...tagged(`metrics/${name}`, value) }),
+        text ? sentence(data.metric_meaning_parts[name], "td", { class: "muted" }) : el("td", { class: "muted" }),
       );
     }),
   );
   const touched = Object.entries(data.clamp_counts).filter(([, n]) => n > 0);
-  $("#clamp-counts").textContent = touched.length
-    ? SUMMARY.clamps(touched.map(([k, n]) => `${k} ${n}`).join(", "))
-    : SUMMARY.noClamp;
+  const counts = $("#clamp-counts");
+  if (!touched.length) counts.textContent = SUMMARY.noClamp;
+  else {
+    clear(counts).append(
+      SUMMARY.clampsHead,
+      ...touched.flatMap(([k, n], i) => [
+        i ? ", " : "",
+        `${k} `,
+        el("span", { class: "num-inline", text: String(n), ...tagged(`clamp_counts/${k}`, n) }),
+      ]),
+      ".",
+    );
+  }
 }
 
 // Positions in data.token_rows whose tokens the per-token charts show: every row of a small
@@ -170,7 +192,8 @@ export function renderRowsTable(data) {
 function rowNode(data, i, position) {
   const cells = ROW_COLUMNS.map((key) => {
     const v = data.rows[key] ? data.rows[key][i] : null;
-    return el("td", { class: "num", text: key === "clip_fraction" ? pct(v) : fmt(v) });
+    const text = key === "clip_fraction" ? pct(v) : fmt(v);
+    return el("td", { class: "num", text, ...tagged(`rows/${key}/${i}`, v) });
   });
   const pick = () => hooks.pickRow(i);
   return el(
@@ -184,7 +207,7 @@ function rowNode(data, i, position) {
         if (e.key === "Enter") pick();
       },
     },
-    el("td", { text: String(i) }),
+    el("td", { text: String(i), ...tagged(`rows/index/${i}`, i) }),
     ...cells,
   );
 }

@@ -1,0 +1,262 @@
+"""One story per number on the page (issue 20, items 1, 2, 3 and 5 in Chromium): each token's why in its
+hover, counts that agree, descriptions with the config's numbers, one gradient sign, and every number the
+page prints tagged with the quantity it shows and equal to that quantity wherever else it is printed.
+
+The same checks at the data level, for every scenario under every preset, are in tests/test_consistency.py;
+here a sample of scenarios and presets that covers every view.
+"""
+
+# ruff: noqa: F811  (the fixtures imported from test_browser are the test functions' parameters)
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any
+
+import pytest
+from test_browser import ARTIFACTS, Page, browser, page, server  # noqa: F401  (fixtures)
+
+# Where the page prints numbers of a loss answer (the compare table: the compare answer's).
+NUMBER_VIEWS = (
+    "#summary-cards",
+    "#explanation",
+    "#metrics-table tbody",
+    "#clamp-counts",
+    "#rows-table",
+    "#compare-table",
+)
+
+# Every text node in those views with a digit outside an element tagged with its quantity: names that hold
+# digits (k1, clip_ratio/..., row 2) and the constants 0 and 1 of the formulas (A > 0, ratio above 1) are no
+# quantities; anything else is an untagged number.
+UNTAGGED = """(selectors) => {
+  const out = [];
+  for (const sel of selectors) {
+    const root = document.querySelector(sel);
+    if (!root) continue;
+    const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+    for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+      if (n.parentElement.closest('[data-quantity]')) continue;
+      const text = n.textContent
+        .replace(/\\brows? \\d+/g, '')
+        .replace(/[A-Za-z_./-]*[A-Za-z_][A-Za-z_./-]*\\d+[A-Za-z_./\\d-]*/g, '')
+        .replace(/\\b[01]\\b/g, '');
+      if (/\\d/.test(text)) out.push([sel, n.textContent]);
+    }
+  }
+  return out;
+}"""
+
+TAGGED = """() => [...document.querySelectorAll('[data-quantity]')].map(e => ({
+  quantity: e.dataset.quantity, value: e.dataset.value, text: e.textContent, preset: e.dataset.preset || null,
+  view: (e.closest('[id]') || {}).id }))"""
+
+
+# The answer's per-row and per-token arrays are float32 numbers in JSON (its shortest form), a sentence's
+# value the float64 of the same float32: they agree to float32's precision.
+FLOAT32 = 1e-6
+
+
+def _open_with_compare(page: Page, query: str) -> None:
+    page.open(query)
+    page.current_chart("compare-rows")
+    page.wait_for("window.grpoLens.isCurrent('compare-grads') || !document.getElementById('compare-grads').data")
+
+
+def _answer_value(answer: dict[str, Any], quantity: str) -> float | None:
+    head, _, rest = quantity.partition("/")
+    if head in ("loss", "policy_loss", "kl_loss", "objective") and not rest:
+        return float(answer[head])
+    if head == "metrics":
+        return float(answer["metrics"][rest])
+    if head == "rows":
+        field, _, i = rest.rpartition("/")
+        return float(i) if field == "index" else answer["rows"][field][int(i)]
+    if head == "clamp_counts":
+        return float(answer["clamp_counts"][rest])
+    if head == "config":
+        config = answer["config"]
+        sides = {"1+epsilon_high": 1 + config["epsilon_high"], "1-epsilon_low": 1 - config["epsilon_low"]}
+        return float(sides[rest] if rest in sides else config[rest])
+    return None
+
+
+# A sample covering every view: sentences of each kind (unbounded, dual clip, delta, GSPO, zero std,
+# negative KL, clamps, length weights), the rows and metrics tables, and Compare with the same preset.
+SAMPLE = [
+    "?scenario=article&compare=article,verl-grpo",
+    "?scenario=article&preset=article&dual_clip=3&compare=article&compare_edits=1",
+    "?scenario=off-policy-clipping&preset=trl-gspo&compare=trl-gspo,trl-grpo",
+    "?scenario=kl-blowup&preset=verl-grpo&compare=verl-grpo",
+    "?scenario=k1-negative&compare=article",
+    "?scenario=length-bias&preset=trl-dr_grpo&compare=trl-dr_grpo,article",
+]
+
+
+@pytest.mark.parametrize("query", SAMPLE)
+def test_every_number_on_the_page_is_tagged_and_agrees_with_its_quantity(page: Page, query: str) -> None:
+    _open_with_compare(page, query)
+    page.page.evaluate("document.getElementById('rows-table').scrollIntoView()")
+    answer = page.last()
+    untagged = page.page.evaluate(UNTAGGED, list(NUMBER_VIEWS))
+    assert untagged == [], untagged
+    tagged = page.page.evaluate(TAGGED)
+    assert {t["view"] for t in tagged} >= {"summary-cards", "explanation", "metrics-table", "rows-table"}
+    preset = answer["config"]["preset"]
+    values: dict[str, set[float]] = defaultdict(set)
+    for t in tagged:
+        assert t["value"] != "" or t["text"] == "–", t
+        if t["preset"] not in (None, preset) or t["value"] == "":
+            continue  # another preset's column of the compare table
+        value = float(t["value"])
+        values[t["quantity"]].add(value)
+        expected = _answer_value(answer, t["quantity"])
+        if expected is not None:
+            assert value == pytest.approx(expected, rel=FLOAT32, abs=1e-12), t
+        # the text printed is the value, to the digits shown
+        printed = t["text"].rstrip("%")
+        if re.fullmatch(r"-?[\d.]+(e[-+]?\d+)?", printed):
+            if t["text"].endswith("%"):  # one decimal of a percentage
+                assert float(printed) / 100 == pytest.approx(value, abs=5e-4), t
+            else:
+                assert float(printed) == pytest.approx(value, rel=5e-4, abs=1e-12), t
+    # one quantity, one value: the summary, the metrics table, the sentences and compare agree
+    spread = {q: v for q, v in values.items() if max(v) - min(v) > FLOAT32 * max(abs(x) for x in v)}
+    assert spread == {}
+    # the hovers: each number as format.js prints it, equal to the answer's
+    page.current_chart("heat-grad")
+    cells = page.page.evaluate("document.getElementById('heat-grad').data[0].customdata")
+    for k, row in enumerate(answer["tokens"]["grad"]):
+        for j, g in enumerate(row):
+            if answer["tokens"]["mask"][k][j]:
+                assert float(cells[k][j][4]) == pytest.approx(g, rel=5e-4, abs=1e-12)
+    page.check_clean()
+
+
+def test_the_why_of_each_token_counts_once_and_names_what_would_bound_it(page: Page) -> None:
+    """Before: with dual_clip on, the summary said '3 of 6 tokens sit in a flat clip region' while
+    clip_ratio/region_mean said 0.333, described as 'no policy gradient'; the ratio-52 token with A < 0
+    was 'region: trust'."""
+    page.open("?scenario=article&preset=article")
+    answer = page.last()
+    assert answer["why"]["counts"]["unbounded"] == 2
+    text = page.page.inner_text("#explanation")
+    assert "2 token(s) with A < 0 have a ratio above 1 + ε_high = 1.2 (up to 52.49) and nothing bounds them" in text
+    page.current_chart("heat-ratio")
+    cells = page.page.evaluate("document.getElementById('heat-ratio').data[0].customdata")
+    why = answer["tokens"]["why"]
+    k, j = next((k, j) for k, row in enumerate(why) for j, c in enumerate(row) if c == "unbounded")
+    assert "unbounded" in cells[k][j][9] and "dual_clip = off" in cells[k][j][9]
+
+    before = page.drawn()
+    page.page.evaluate("document.querySelector('[aria-label=\"dual_clip on\"]').click()")
+    page.wait_drawn(before)
+    answer = page.last()
+    c = answer["config"]["dual_clip"]
+    counts = answer["why"]["counts"]
+    n = answer["metrics"]["lens/num_tokens"]
+    sentence = page.page.locator("#explanation li", has_text="get no policy gradient")
+    silent = sentence.locator("[data-quantity='why/no_gradient']").get_attribute("data-value")
+    assert float(silent or "nan") == counts["clip_high"] + counts["clip_low"] + counts["dual_clip"] == 3
+    region = sentence.locator("[data-quantity='metrics/clip_ratio/region_mean']").get_attribute("data-value")
+    assert float(region or "nan") == pytest.approx((counts["clip_high"] + counts["clip_low"]) / n)
+    assert "count only the clipped ones" in sentence.inner_text()
+    page.current_chart("heat-ratio")
+    cells = page.page.evaluate("document.getElementById('heat-ratio').data[0].customdata")
+    why = page.last()["tokens"]["why"]
+    k, j = next((k, j) for k, row in enumerate(why) for j, code in enumerate(row) if code == "dual_clip")
+    assert f"dual_clip = {c:g}" in cells[k][j][9] and f"held at {c:g}·A" in cells[k][j][9]
+    # the hover, looked at: the dual-clip token's cell
+    page.page.evaluate("document.getElementById('heat-ratio').scrollIntoView({block: 'center'})")
+    box = page.page.locator("#heat-ratio .nsewdrag").first.bounding_box()
+    assert box is not None
+    width = len(answer["tokens"]["ratio"][0])
+    rows = len(answer["tokens"]["ratio"])
+    page.page.mouse.move(box["x"] + box["width"] * (j + 0.5) / width, box["y"] + box["height"] * (k + 0.5) / rows)
+    page.wait_for("document.querySelector('#heat-ratio .hoverlayer .hovertext') !== null")
+    ARTIFACTS.mkdir(exist_ok=True)
+    chart = page.page.locator("#heat-ratio").bounding_box()
+    assert chart is not None
+    page.page.screenshot(
+        path=str(ARTIFACTS / "why-hover.png"),
+        clip={"x": chart["x"], "y": chart["y"] - 80, "width": chart["width"], "height": chart["height"] + 80},
+    )
+    hover = page.page.text_content("#heat-ratio .hoverlayer") or ""
+    assert "dual clip" in hover and "no policy gradient" in hover
+    page.check_clean()
+
+
+def test_descriptions_take_their_numbers_from_the_config_on_screen(page: Page) -> None:
+    """Before: actor/pg_clipfrac_lower read '(verl clip_ratio_c = 3)' whatever the dual clip was; the
+    dual-clip checkbox filled 2; the GSPO hover printed 1 + 4e-4 as '1'; reward_std was 'the std of the
+    rewards' while the number was the mean of per-group stds."""
+
+    def meaning(name: str) -> str:
+        return str(
+            page.page.evaluate(
+                "(name) => [...document.querySelectorAll('#metrics-table tbody tr')]"
+                ".find(r => r.cells[0].innerText === name).title",
+                name,
+            )
+        )
+
+    page.open("?scenario=article&preset=verl-grpo")
+    assert "c (dual_clip) = 3," in meaning("actor/pg_clipfrac_lower")
+    page.open("?scenario=article&preset=verl-grpo&dual_clip=4.5&epsilon_high=0.28")
+    assert "c (dual_clip) = 4.5," in meaning("actor/pg_clipfrac_lower")
+    assert "1 + ε_high = 1.28" in meaning("clip_ratio/region_mean")
+    page.open("?scenario=article&preset=article")
+    assert "dual_clip, off here" in meaning("actor/pg_clipfrac_lower")
+    page.open("?scenario=on-policy&preset=trl-grpo")
+    assert "the mean of the per-group stds (advantage = group)" in meaning("reward_std")
+    page.open("?scenario=on-policy&preset=trl-grpo&advantage=batch")
+    assert "the std over the whole batch (advantage = batch)" in meaning("reward_std")
+    # GSPO: ε_high = 4e-4 prints as 1.0004; the row's ratio and the token's own are both in the hover
+    page.open("?scenario=article&preset=trl-gspo")
+    answer = page.last()
+    assert answer["config"]["epsilon_high"] == pytest.approx(4e-4)
+    page.current_chart("heat-ratio")
+    cells = page.page.evaluate("document.getElementById('heat-ratio').data[0].customdata")
+    texts = [c[9] for row in cells for c in row if c[9]]
+    assert any("1 + ε_high = 1.0004" in t for t in texts), texts
+    assert any("sequence ratio" in c[8] and "this token's own ratio 52.49" in c[8] for row in cells for c in row)
+    assert "reach 52.49" in page.page.inner_text("#explanation")
+    page.check_clean()
+
+
+def test_every_gradient_chart_has_one_sign_and_says_it_on_its_axis(page: Page) -> None:
+    """Before: the Gradients view flipped its axis (up = raise the log-prob), Compare's did not."""
+    _open_with_compare(page, "?scenario=article&compare=article,trl-dapo")
+    page.current_chart("grad-tokens")
+    grad = page.page.evaluate("document.getElementById('grad-tokens').layout")
+    page.current_chart("compare-grads")
+    compare = page.page.evaluate("document.getElementById('compare-grads').layout")
+    axes = [grad["yaxis"]] + [compare[k] for k in sorted(compare) if re.fullmatch(r"yaxis\d*", k)]
+    assert len(axes) == 3
+    for axis in axes:  # Plotly turns autorange "reversed" into a descending range
+        assert axis["range"][0] > axis["range"][1] and "raises" in axis["title"]["text"], axis
+    page.check_clean()
+
+
+def test_compare_charts_never_show_other_presets_than_the_table(page: Page) -> None:
+    """Before: the gradient chart showed the previous presets for ~2 s after the table switched. Now a
+    chart whose answer is on its way is greyed (data-stale), and is drawn from the table's answer."""
+    _open_with_compare(page, "?scenario=article&compare=article,trl-dapo")
+    page.current_chart("compare-grads")
+    held: list[Any] = []
+    page.page.route("**/api/v1/compare", lambda route: held.append(route))
+    page.page.evaluate("document.querySelector('#compare-presets input[value=\"verl-grpo\"]').click()")
+    page.wait_for("document.getElementById('compare-grads').dataset.stale === 'true'")
+    assert page.page.evaluate("getComputedStyle(document.getElementById('compare-grads')).opacity") == "0.35"
+    assert not page.page.evaluate("window.grpoLens.isCurrent('compare-grads')")
+    page.wait_for("true")  # let the route handler run
+    while not held:
+        page.page.wait_for_timeout(50)
+    held[0].continue_()
+    page.page.unroute("**/api/v1/compare")
+    page.wait_for("window.grpoLens.isCurrent('compare-grads')")
+    heads = page.page.evaluate("[...document.querySelectorAll('#compare-table thead th')].map(t => t.innerText)")[1:]
+    names = page.page.evaluate("document.getElementById('compare-grads').data.map(t => t.name)")
+    assert heads == names == ["article", "trl-dapo", "verl-grpo"]
+    assert page.page.evaluate("document.getElementById('compare-grads').dataset.stale") == "false"
+    page.check_clean()
