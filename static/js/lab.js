@@ -97,7 +97,8 @@ async function restore() {
   if (canned) showWatch(canned);
   lab.comparison = canned ? canned.name : null;
   lab.focus = canned && !canned.overlay ? canned.metrics : [];
-  const loaded = await Promise.all(ids.map((id) => reopen(id).catch((err) => ({ id, err }))));
+  const live = new Map((await getJSON("/api/v1/lab/queue")).runs.map((r) => [r.id, r])); // this process's runs
+  const loaded = await Promise.all(ids.map((id) => reopen(id, live.get(id)).catch((err) => ({ id, err }))));
   for (const item of loaded) {
     if (item.err) {
       $("#lab-error").textContent = `lab run ${item.id}: ${item.err.message}`;
@@ -109,15 +110,10 @@ async function restore() {
   document.body.dataset.labRestored = String(lab.runs.length);
 }
 
-async function reopen(id) {
-  const path = encodeURIComponent(id);
-  try {
-    const status = await getJSON(`/api/v1/lab/runs/${path}/status`);
-    return { id, body: status.lab, status: status.status, live: true };
-  } catch (err) {
-    if (err.status !== 404) throw err;
-  }
-  const saved = await getJSON(`/api/v1/runs/${path}`); // the run's page: every step's logged metrics
+// A linked run: from this process's live list (its stream replays every step), else its saved steps.
+async function reopen(id, known) {
+  if (known) return { id, body: known.lab, status: known.status, live: true };
+  const saved = await getJSON(`/api/v1/runs/${encodeURIComponent(id)}`); // the run's page: each step's log
   const metrics = [...lab.info.metrics, "reward", "loss"];
   const steps = saved.steps.map((s) => ({
     step: s.step,
