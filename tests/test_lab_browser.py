@@ -164,7 +164,8 @@ def test_a_comparison_overlays_runs_named_by_what_differs(page: Any) -> None:
     assert page.evaluate("location.hash") == f"#lab={'%2C'.join(ids)}&comparison=kl-leash"
     page.reload()
     wait_for(page, "document.body.dataset.labRestored === '2'", 120_000)
-    page.locator("#lab-chart-kl").scroll_into_view_if_needed()
+    page.evaluate("window.scrollTo(0, 0)")  # away and back: the charts come into view
+    page.evaluate("document.getElementById('lab-chart-kl').scrollIntoView()")
     wait_for(page, f"{kl}.data.length === 2 && {kl}.data.every((t) => t.x.length >= 5)", 120_000)
     assert page.evaluate(f"{kl}.data.map((t) => t.name)") == ["beta=0", "beta=0.04"]
     assert "kl grows" in page.text_content("#lab-watch-text")

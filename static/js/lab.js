@@ -45,6 +45,12 @@ const observer = new IntersectionObserver(
   { rootMargin: MARGIN },
 );
 
+const NEAR = 150; // px: MARGIN's distance
+function nearScreen(node) {
+  const r = node.getBoundingClientRect();
+  return r.height > 0 && r.bottom > -NEAR && r.top < innerHeight + NEAR;
+}
+
 const chartId = (metric) => `lab-chart-${metric.replace(/[^a-z0-9]+/gi, "-")}`;
 
 export async function setup(hooks) {
@@ -348,7 +354,12 @@ function flush() {
       steps.map((d) => d.loss),
     );
   }
-  for (const node of lab.visible) drawQueued(node.id);
+  // The observer's set, and a chart's own place: a page reopened mid-way (a reload keeps the scroll
+  // position) lays out its sections after the charts are observed, and may report none intersecting.
+  for (const id of [...lab.queued.keys()]) {
+    const node = document.getElementById(id);
+    if (node && (lab.visible.has(node) || nearScreen(node))) drawQueued(id);
+  }
   renderRunList();
   document.body.dataset.labPoints = String(Number(document.body.dataset.labPoints || 0) + batch.length);
 }
