@@ -61,7 +61,8 @@ COMPARISONS: dict[str, Comparison] = {
             "its own length, so a long wrong answer is penalised less per token than a short one: mean length "
             f"climbs. Dr. GRPO's {_DR_GRPO.aggregation} divides every answer's token sum by one constant "
             f"(max_completion_length = {_DR_GRPO.max_completion_length}, the task's longest answer): a long wrong "
-            f"answer's tokens weigh what a short one's do, and length climbs far more slowly. Both keep {_ARTICLE.advantage} advantages "
+            "answer's tokens weigh what a short one's do, and length climbs far more slowly. Both keep "
+            f"{_ARTICLE.advantage} advantages "
             f"(the trl-dr_grpo preset too: advantage = {_DR_PRESET.advantage}, max_completion_length = "
             f"{_DR_PRESET.max_completion_length}, TRL's default).",
             ("completions/mean_length", "completions/max_length", "reward"),
