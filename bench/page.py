@@ -265,7 +265,7 @@ def wait_value(page: Any, expression: str, arg: Any, timeout: float = 120.0) -> 
 def measure_reload(page: Any, url: str, ids: list[str], captured: str, steps: int, repeats: int) -> None:
     lab_times, run_times = [], []
     for _ in range(repeats):
-        page.goto(f"{url}/")  # a navigation, not a hash change
+        page.goto("about:blank")  # a new document each time, not a hash change
         page.goto(f"{url}/#lab={','.join(ids)}")
         page.evaluate("window.scrollTo(0, document.getElementById('view-lab').offsetTop)")
         lab_times.append(wait_value(page, LAB_DRAWN, steps))
