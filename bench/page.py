@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -290,7 +291,10 @@ def bench_reload(browser: Any, steps: int, repeats: int) -> None:
         try:
             ids = lab_runs(url, steps)
             # the captured run's page computed once and kept (as after its first visit): both sides warm
-            urllib.request.urlopen(f"{url}/api/v1/runs/{captured}", timeout=600).read()
+            try:
+                urllib.request.urlopen(f"{url}/api/v1/runs/{captured}", timeout=600).read()
+            except urllib.error.HTTPError as exc:
+                raise RuntimeError(f"the captured run's page: {exc.code} {exc.read()[:500]!r}") from exc
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             measure_reload(page, url, ids, captured, steps, repeats)
         finally:
