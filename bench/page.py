@@ -241,7 +241,9 @@ def lab_runs(url: str, steps: int) -> list[str]:
 
 
 def captured_run(runs_dir: Path, steps: int) -> str:
-    """A ``trl`` run of ``steps`` steps, one micro-batch each, written as a capture writes them."""
+    """A ``trl`` run of ``steps`` steps, one micro-batch each, written as a capture writes them (by this
+    checkout's grpo, the one the server runs: not an installed copy of another)."""
+    sys.path.insert(0, str(ROOT))
     from grpo.config import LossConfig
     from grpo.lab.train import LabConfig, train
     from grpo.runs import RunWriter
