@@ -52,18 +52,19 @@ import grpo
 from app.errors import ApiError, LimitError, as_api_error, config_error, error_item, error_json
 from app.ingest import check_padded, validated
 from app.lanes import Lanes
+from app.runview import run_overview
 from app.schemas import ConfigRequest
 from app.settings import Settings
 from app.work import Reply
 from grpo.answer import breakdown_to_json, dumps
-from grpo.check import DEFAULT_METRIC_ATOL, DEFAULT_RTOL, check_run, replay, replay_config, run_overview, step_batch
+from grpo.check import DEFAULT_METRIC_ATOL, DEFAULT_RTOL, replay, replay_config, step_batch
 from grpo.errors import GrpoInputError
 from grpo.requests import batch_from_request, row_lengths
 from grpo.runs import FORMAT as RUN_FORMAT
 from grpo.runs import STEP_FILE, Run, StepRef, load_run, package_versions, read_header
 
 SUMMARY_FILE = ".lens-summary.json"
-FORMAT = 1  # of the summary: a change in the page's or the entry's shape bumps it
+FORMAT = 2  # of the summary: a change in the page's or the entry's shape bumps it
 VERSION = package_versions().get("grpo-lens", "unknown")
 MAX_INFO_BYTES = 1024 * 1024  # run.json is a run's description: a real one is a few KB
 MAX_HEADER_BYTES = 2 * MAX_INFO_BYTES  # the summary's header holds an entry drawn from run.json
@@ -391,7 +392,7 @@ def summarise(path: str, found: Scan, settings: Settings) -> Any:
         read_info(run_dir)
         run = load_run(run_dir)
         check_costs(run.steps, settings)  # 413s are not kept: they follow the settings, not the files
-        body = dumps(run_overview(run, check_run(run, DEFAULT_RTOL, DEFAULT_METRIC_ATOL)))
+        body = dumps(run_overview(run, DEFAULT_RTOL, DEFAULT_METRIC_ATOL))
     except GrpoInputError as exc:  # a bad step file or run.json: kept, it is what these files are
         error = as_api_error(exc, "run page")
         body = error_json(error.items)

@@ -9,8 +9,13 @@ same page and run (issue 11).
   plus drawing the same view. Target <= 2x. Printed beside it, as a reference: the same navigation
   to a static page of this server (its 404 page: no script, no data) until its DOM is ready, the
   part of a navigation no page can avoid (leaving the old document, the round trip, parsing).
+- reload after a lab comparison -> both runs' charts drawn (issue 20): two lab runs of N steps started
+  through the API, then the page opened on their link (#lab=a,b), from navigation start to the lab's
+  reward-and-loss chart holding both runs' N steps. Beside it: a captured run with the same N steps (a
+  ``trl`` run written by RunWriter), from navigation start to its Runs view drawn (the listing loaded
+  and the run picked at once). Target <= 1.2x.
 
-    .venv/bin/python bench/page.py [--repeats 7]
+    .venv/bin/python bench/page.py [--repeats 7] [--only reload] [--steps 30]
 
 Absolute figures are printed beside the ratios; on a loaded machine compare the ratios.
 """
@@ -25,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -41,7 +47,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server() -> tuple[subprocess.Popen[bytes], str]:
+def start_server(env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     cmd = [
         sys.executable,
@@ -55,7 +61,7 @@ def start_server() -> tuple[subprocess.Popen[bytes], str]:
         "--log-level",
         "warning",
     ]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=os.environ.copy())
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     for _ in range(1200):  # 120 s: importing torch on a loaded 2-core machine takes tens of seconds
         try:
@@ -207,10 +213,112 @@ def report(name: str, what: str, m: dict[str, float], target: float) -> None:
     )
 
 
+# --- reload after a lab comparison -------------------------------------------------------------------
+LAB_DRAWN = """(n) => { const lab = window.grpoLab; if (!lab || document.body.dataset.labRestored !== '2') return 0;
+    const node = document.getElementById('lab-overlay'); // reward and loss of both runs
+    if (!node || !node.data || node.data.length !== 4 || !node.data.every((t) => t.x.length === n)) return 0;
+    return performance.now(); }"""
+# dataset.open is set once the run's charts are drawn (before its first step loads into the views)
+RUN_DRAWN = """(name) => document.getElementById('runs').dataset.open === name ? performance.now() : 0"""
+
+
+def lab_runs(url: str, steps: int) -> list[str]:
+    """A comparison's two runs (beta 0 and 0.04), started through the API and waited for."""
+    ids = []
+    for beta in (0.0, 0.04):
+        body = {"task": "count", "steps": steps, "seed": 0, "config": {"preset": "article", "beta": beta}}
+        req = urllib.request.Request(
+            f"{url}/api/v1/lab/runs", json.dumps(body).encode(), {"content-type": "application/json"}
+        )
+        ids.append(json.loads(urllib.request.urlopen(req, timeout=60).read())["id"])
+    for run_id in ids:
+        for _ in range(6000):  # 10 min: a hang guard
+            status = json.loads(urllib.request.urlopen(f"{url}/api/v1/lab/runs/{run_id}/status", timeout=60).read())
+            if status["status"] in ("done", "error", "cancelled", "interrupted"):
+                break
+            time.sleep(0.1)
+    return ids
+
+
+def captured_run(runs_dir: Path, steps: int) -> str:
+    """A ``trl`` run of ``steps`` steps, one micro-batch each, written as a capture writes them (by this
+    checkout's grpo, the one the server runs: not an installed copy of another)."""
+    sys.path.insert(0, str(ROOT))
+    from grpo.config import LossConfig
+    from grpo.lab.train import LabConfig, train
+    from grpo.runs import RunWriter
+
+    config = LabConfig(task="count", steps=steps, seed=0, loss=LossConfig.from_preset("article"))
+    writer = RunWriter(runs_dir / "captured", "trl", config.loss)
+    train(config, writer)
+    writer.update(status="done")
+    writer.close()
+    return "captured"
+
+
+def wait_value(page: Any, expression: str, arg: Any, timeout: float = 120.0) -> float:
+    deadline = time.monotonic() + timeout
+    while not (value := page.evaluate(expression, arg)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(expression)
+        time.sleep(0.005)
+    return float(value)
+
+
+def measure_reload(page: Any, url: str, ids: list[str], captured: str, steps: int, repeats: int) -> None:
+    lab_times, run_times = [], []
+    for _ in range(repeats):
+        page.goto("about:blank")  # a new document each time, not a hash change
+        page.goto(f"{url}/#lab={','.join(ids)}")
+        page.evaluate("window.scrollTo(0, document.getElementById('view-lab').offsetTop)")
+        lab_times.append(wait_value(page, LAB_DRAWN, steps))
+        page.goto(f"{url}/")
+        wait_value(page, f"() => document.querySelector('#run-select option[value={captured}]') ? 1 : 0", None)
+        page.select_option("#run-select", captured)
+        run_times.append(wait_value(page, RUN_DRAWN, captured))
+    lab, run = statistics.median(lab_times), statistics.median(run_times)
+    verdict = "ok" if lab <= 1.2 * run else "OVER"
+    print(
+        f"{'lab comparison':16s} {'reload -> both runs drawn':34s} {lab:7.0f} ms | captured run, {steps} steps, "
+        f"navigation -> Runs view drawn {run:6.0f} ms | {lab / run:4.2f}x (target <= 1.2x) {verdict}"
+    )
+
+
+def bench_reload(browser: Any, steps: int, repeats: int) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as runs_dir:
+        captured = captured_run(Path(runs_dir), steps)
+        proc, url = start_server({"GRPO_LENS_RUNS_DIR": runs_dir})
+        try:
+            ids = lab_runs(url, steps)
+            # the captured run's page computed once and kept (as after its first visit): both sides warm
+            try:
+                urllib.request.urlopen(f"{url}/api/v1/runs/{captured}", timeout=600).read()
+            except urllib.error.HTTPError as exc:
+                raise RuntimeError(f"the captured run's page: {exc.code} {exc.read()[:500]!r}") from exc
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            measure_reload(page, url, ids, captured, steps, repeats)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--only", choices=["reload"], default=None)
+    parser.add_argument("--steps", type=int, default=30, help="steps of the lab and captured runs (reload figure)")
     args = parser.parse_args()
+    if args.only == "reload":
+        with sync_playwright() as p:
+            browser = p.chromium.launch(
+                executable_path=CHROMIUM,
+                args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"],
+            )
+            bench_reload(browser, args.steps, args.repeats)
+            browser.close()
+        return
     proc, url = start_server()
     try:
         with sync_playwright() as p:
@@ -232,6 +340,7 @@ def main() -> None:
             first = measure_first_view(page, url + "/", batch, max(1, args.repeats // 3))
             report("64 x 1024 batch", "apply JSON -> first view drawn", first, 2)
             report("64 x 1024 batch", "control -> visible redrawn", measure_control(page, args.repeats), 1.5)
+            bench_reload(browser, args.steps, args.repeats)
             browser.close()
     finally:
         proc.terminate()

@@ -10,6 +10,7 @@ token-weighted mean beside it, labelled. ``python -m grpo check-run RUN_DIR`` pr
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -19,7 +20,7 @@ from grpo.batch import Batch
 from grpo.config import LossConfig
 from grpo.errors import GrpoInputError
 from grpo.loss import Breakdown, evaluate
-from grpo.metrics import SERIES_METRICS, TOKEN_MEANS
+from grpo.metrics import TOKEN_MEANS
 from grpo.runs import Run, StepRef, load_step
 
 DEFAULT_RTOL = 1e-5
@@ -141,8 +142,14 @@ def step_views(bds: list[Breakdown]) -> tuple[dict[str, float], dict[str, float]
     return mean, weighted
 
 
-def check_run(run: Run, rtol: float = DEFAULT_RTOL, metric_atol: float = DEFAULT_METRIC_ATOL) -> RunCheck:
-    """Recompute every micro-batch of ``run`` and compare it with the trainer's numbers."""
+MicroSeen = Callable[[StepRef, Breakdown, dict[str, Any]], None]
+
+
+def check_run(
+    run: Run, rtol: float = DEFAULT_RTOL, metric_atol: float = DEFAULT_METRIC_ATOL, seen: MicroSeen | None = None
+) -> RunCheck:
+    """Recompute every micro-batch of ``run`` and compare it with the trainer's numbers; ``seen`` gets each
+    micro-batch's breakdown and info as it is computed (a view built beside the check evaluates nothing twice)."""
     result = RunCheck(run.name, rtol, metric_atol)
     logged_all = run.info.get("logged") or {}
     for step in run.step_numbers():
@@ -150,6 +157,8 @@ def check_run(run: Run, rtol: float = DEFAULT_RTOL, metric_atol: float = DEFAULT
         checks = []
         for ref in run.micro_batches(step):
             bd, info = evaluate_ref(ref)
+            if seen is not None:
+                seen(ref, bd, info)
             bds.append(bd)
             checks.append(check_micro(ref, bd, info, rtol, metric_atol))
         result.micro.extend(checks)
@@ -213,51 +222,6 @@ def _num(value: float | None) -> str:
 
 def _sci(value: float | None) -> str:
     return "-" if value is None else f"{value:.2e}"
-
-
-# --- views of a run over its steps (the server's Runs view) -------------------------------------------
-def _row_rewards(info: dict[str, Any]) -> list[float]:
-    rewards = info["tensors"].get("row_rewards", info["tensors"].get("rewards"))
-    return [] if rewards is None else [float(r) for r in rewards.tolist() if math.isfinite(r)]
-
-
-def run_overview(run: Run, check: RunCheck | None = None) -> dict[str, Any]:
-    """Per step: the trainer's loss and logged metrics beside GRPO Lens's, mismatches flagged, and the
-    series the Runs view charts (clip fractions, KL, reward, advantage spread, lengths)."""
-    check = check or check_run(run)
-    by_step: dict[int, list[MicroCheck]] = {}
-    for m in check.micro:
-        by_step.setdefault(m.step, []).append(m)
-    steps = []
-    for s in check.steps:
-        rewards = [r for ref in run.micro_batches(s.step) for r in _row_rewards(load_step(ref.path)[2])]
-        micro = by_step[s.step]
-        errors = [m.rel_error for m in micro if m.rel_error is not None]
-        steps.append(
-            {
-                "step": s.step,
-                "micro_batches": s.micro_batches,
-                "trainer_loss": s.trainer_loss,
-                "lens_loss": s.lens_loss,
-                "max_rel_error": max(errors) if errors else None,
-                "ok": s.ok and all(m.ok for m in micro),
-                "mismatches": [
-                    {
-                        "micro": m.micro,
-                        "rank": m.rank,
-                        "rel_error": m.rel_error,
-                        "metrics": sorted(k for k, v in m.metrics.items() if not v.ok),
-                    }
-                    for m in micro
-                    if not m.ok
-                ],
-                "logged": s.logged,
-                "lens_mean": {k: s.lens_mean[k] for k in SERIES_METRICS if k in s.lens_mean},
-                "lens_token_weighted": s.lens_token_weighted,
-                "reward": sum(rewards) / len(rewards) if rewards else None,
-            }
-        )
-    return {**run.summary(), "info": run.info, "ok": check.ok, "rtol": check.rtol, "steps": steps}
 
 
 def batch_advantages(batch: Batch, config: LossConfig) -> Tensor:

@@ -45,6 +45,7 @@ METRICS: dict[str, Metric] = {
         Metric("lens/advantage/std", series=True, lab=True),
         Metric("frac_reward_zero_std", lab=True),
         Metric("grad_norm", lab=True),
+        Metric("lens/grad_norm_logps", series=True),
     )
 }
 TOKEN_MEANS = tuple(name for name, m in METRICS.items() if m.token_mean)

@@ -88,3 +88,55 @@ def test_a_captured_run_steps_through_every_view(browser: Any, runs_server: str)
         page.check_clean()
     finally:
         page.context.close()
+
+
+def test_a_step_says_its_rollout_and_the_picker_offers_what_it_holds(browser: Any, runs_server: str) -> None:  # noqa: F811
+    """The capture recorded each step's rollout (num_iterations 2: step 2 trains on step 1's completions);
+    the label prints the loss the chart draws; the picker offers the step's 2 micro-batches; a failed load
+    says so and greys the view; charts keep one unit per axis, gaps where the trainer logged nothing."""
+    page = Page(browser, runs_server)
+    try:
+        page.open()
+        page.wait_for("document.getElementById('runs').dataset.count === '2'")
+        page.page.select_option("#run-select", "trl-grpo-run")
+        page.wait_for("document.getElementById('runs').dataset.step === '1'", timeout=120)
+        story = page.page.text_content("#run-step-story") or ""
+        assert story.startswith("rollout 1, iteration 1 of 2: completions sampled for this step")
+        options = page.page.evaluate("[...document.querySelectorAll('#run-micro option')].map((o) => o.value)")
+        assert options == ["", "0", "1"]
+        chart = page.page.evaluate("document.getElementById('run-loss').data[1].y[0]")
+        assert float(page.page.get_attribute("#run-step-label", "data-lens-loss") or "nan") == chart
+        page.page.evaluate(
+            "(() => { const s = document.getElementById('run-step'); s.value = '2';"
+            " s.dispatchEvent(new Event('input')); })()"
+        )
+        page.wait_for("document.getElementById('runs').dataset.step === '2'")
+        story = page.page.text_content("#run-step-story") or ""
+        assert story.startswith("rollout 1, iteration 2 of 2: the same completions as step 1 after 1 update")
+        # Units apart: reward and lengths on charts of their own; a logged series is null where not logged.
+        units = page.page.evaluate(
+            "[...document.querySelectorAll('#run-charts .run-chart')].map((n) => n.layout.yaxis.title.text)"
+        )
+        assert "reward" in units and "tokens" in units and len(units) == len(set(units))
+        assert page.page.evaluate("document.getElementById('run-loss').layout.yaxis.automargin") is True
+        notes = page.page.text_content("#run-notes") or ""
+        assert "grad_norm ≠ lens/grad_norm_logps" in notes
+
+        # A micro-batch the step does not hold (forced into the picker): the 404 is said, the view greyed.
+        page.page.evaluate(
+            "(() => { const s = document.getElementById('run-micro');"
+            " s.append(new Option('3', '3')); s.value = '3'; s.dispatchEvent(new Event('change')); })()"
+        )
+        page.wait_for("document.getElementById('runs').classList.contains('stale')")
+        assert (page.page.text_content("#run-step-label") or "").startswith("failed: ")
+        page.errors = [e for e in page.errors if "404" not in e]  # the browser logs the refused fetch itself
+        page.page.select_option("#run-micro", "1")
+        page.wait_for("!document.getElementById('runs').classList.contains('stale')")
+        assert (page.page.text_content("#run-step-label") or "").startswith("step 2, micro-batch 1")
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.page.evaluate("document.getElementById('runs').scrollIntoView()")
+        time.sleep(0.5)
+        page.page.screenshot(path=str(ARTIFACTS / "runs-story.png"), full_page=False)
+        page.check_clean()
+    finally:
+        page.context.close()

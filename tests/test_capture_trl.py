@@ -106,3 +106,17 @@ def test_check_run_cli_and_eval_of_a_step_file(runs: dict[str, Path]) -> None:
     tampered.write_step(1, 0, tensors, {**info["meta"], "loss": info["meta"]["loss"] * 1.001}, config=config)
     failed = cli("check-run", str(run_dir.parent / "tampered"))
     assert failed.returncode == 1 and "MISMATCH" in failed.stdout
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_each_step_file_names_its_rollout_and_pass(runs: dict[str, Path], loss_type: str) -> None:
+    """Gradient accumulation 2 (steps_per_generation 2: one generation batch per optimiser step) and
+    num_iterations 2: TRL generates at micro-steps 0 and 4, and trains each batch twice, so steps 1 and 2
+    train on rollout 1 (passes 1 and 2), steps 3 and 4 on rollout 2."""
+    run = load_run(runs[loss_type])
+    seen = []
+    for ref in run.steps:
+        r = load_step(ref.path)[2]["meta"]["rollout"]
+        assert (r["iterations"], r["steps_per_generation"]) == (2, 2)
+        seen.append((ref.step, r["rollout"], r["iteration"]))
+    assert seen == [(s, (s + 1) // 2, 2 - s % 2) for s in range(1, 5) for _ in range(2)]

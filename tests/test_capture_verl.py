@@ -134,6 +134,8 @@ def test_verl_actor_loss_is_captured_and_checks(case: str, tmp_path: Path) -> No
         info = load_step(ref.path)[2]
         assert info["meta"]["loss"] == pytest.approx(loss, rel=1e-6, abs=1e-9)  # what ppo_loss returned
         assert "actor/pg_clipfrac" in info["meta"]["metrics"]
+        # the passes over each rollout (the actor's ppo_epochs); which rollout, the loss functions do not see
+        assert info["meta"]["rollout"] == {"iterations": config.ppo_epochs}
     check = check_run(run)
     assert check.ok, [
         (m.step, m.micro, m.rel_error, {k: v.diff for k, v in m.metrics.items() if not v.ok}) for m in check.micro

@@ -155,17 +155,18 @@ def test_default_task_learns() -> None:
     assert mean(rewards[-20:]) > mean(rewards[:20]) + 0.25
 
 
-def test_length_task_grpo_grows_lengths_dr_grpo_does_not() -> None:
+def test_length_task_grpo_grows_lengths_dr_grpo_far_less() -> None:
     """The canned comparison's claim: on the length task most answers stay wrong, and under GRPO's
     per-sequence mean a long wrong answer is penalised less per token, so lengths grow; under
-    Dr. GRPO (token sum over a constant, no std scaling) they do not, so GRPO ends longer.
+    Dr. GRPO's aggregation (token sum over a constant; the one setting the two runs differ in: both keep
+    group advantages) they grow far less, so GRPO ends longer.
     Two seeds, averaged: one run's length is noisy, the trend is not."""
     grpo_run, dr_run = COMPARISONS["length-bias"].runs
     assert (grpo_run.task, dr_run.task, grpo_run.steps) == ("length", "length", 100)
 
     def lengths(config: LabConfig) -> tuple[float, float]:
         """(mean length over the first 20 steps, over the last 30 of 100), averaged over seeds 0 and 1.
-        (Measured here: GRPO 6.7 -> 10.3, Dr. GRPO 6.2 -> 6.0.)"""
+        (Measured here: GRPO 6.7 -> 10.3, Dr. GRPO's aggregation 6.4 -> 8.1.)"""
         first, last = [], []
         for seed in (0, 1):
             length = [m["completions/mean_length"] for m in train(dataclasses.replace(config, seed=seed))]
@@ -176,8 +177,8 @@ def test_length_task_grpo_grows_lengths_dr_grpo_does_not() -> None:
     grpo_first, grpo_last = lengths(grpo_run)
     dr_first, dr_last = lengths(dr_run)
     assert grpo_last > grpo_first + 1.5
-    assert dr_last < dr_first + 0.5
-    assert grpo_last > dr_last + 2.0
+    assert dr_last - dr_first < (grpo_last - grpo_first) - 1.0
+    assert grpo_last > dr_last + 1.5
 
 
 def test_tasks_are_documented() -> None:

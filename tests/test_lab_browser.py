@@ -14,6 +14,11 @@ from typing import Any
 import pytest
 from test_lab_server import lab_server
 
+import grpo
+from grpo.lab import LabConfig
+from grpo.lab.train import train
+from grpo.runs import RunWriter
+
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
@@ -50,8 +55,13 @@ def points(page: Any, chart: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with lab_server(tmp_path_factory.mktemp("runs")) as (base, _):
+def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="module")
+def url(runs_dir: Path) -> Iterator[str]:
+    with lab_server(runs_dir) as (base, _):
         yield base
 
 
@@ -145,7 +155,41 @@ def test_a_comparison_overlays_runs_named_by_what_differs(page: Any) -> None:
     assert names == ["beta=0", "beta=0.04"]
     wait_for(page, f"{kl}.data.every((t) => t.x.length >= 5)", 240_000)
     shoot(page, "#view-lab", "lab-comparison.png")
+    # The form shows what ran (the last run: the article's preset with beta 0.04), not its defaults.
+    assert page.input_value("#lab-overrides") == '{"beta":0.04}'
+    assert page.input_value("#lab-preset") == "article" and page.input_value("#lab-steps") == "150"
+
+    # Reloaded, the page draws both runs again (the link holds them), named as before, with the watch text.
+    ids = page.evaluate("window.grpoLab.runs.map((r) => r.id)")
+    assert page.evaluate("location.hash") == f"#lab={'%2C'.join(ids)}&comparison=kl-leash"
+    page.reload()
+    wait_for(page, "document.body.dataset.labRestored === '2'", 120_000)
+    page.evaluate("window.scrollTo(0, 0)")  # away and back: the charts come into view
+    page.evaluate("document.getElementById('lab-chart-kl').scrollIntoView()")
+    wait_for(page, f"{kl}.data.length === 2 && {kl}.data.every((t) => t.x.length >= 5)", 120_000)
+    assert page.evaluate(f"{kl}.data.map((t) => t.name)") == ["beta=0", "beta=0.04"]
+    assert "kl grows" in page.text_content("#lab-watch-text")
+    assert page.input_value("#lab-overrides") == '{"beta":0.04}'
+    shoot(page, "#view-lab", "lab-reloaded.png")
     page.click("#lab-clear")
     expect(page.locator("#lab-runs li")).to_have_count(0)
     assert page.locator("#lab-charts *").count() == 0  # no run, no chart: the line is back
     expect(page.locator("#lab-empty")).to_be_visible()
+
+
+def test_a_saved_lab_run_opens_from_its_link(page: Any, url: str, runs_dir: Path) -> None:
+    """A lab run this server process never ran (written before a restart): its link draws its charts from
+    the saved run, every step, and the form shows what it ran."""
+    config = LabConfig(task="count", steps=6, seed=3, num_iterations=2, loss=grpo.LossConfig.from_preset("article"))
+    fields = config.to_dict()
+    body = {k: v for k, v in fields.items() if k != "loss"} | {"config": fields["loss"]}
+    writer = RunWriter(runs_dir / "saved-lab", "lab", config.loss, info={"lab": body, "status": "done"})
+    train(config, writer)
+    writer.close()
+    page.goto(f"{url}/#lab=saved-lab")
+    wait_for(page, "document.body.dataset.labRestored === '1'", 120_000)
+    page.evaluate("window.scrollTo(0, document.getElementById('view-lab').offsetTop)")
+    wait_for(page, "document.getElementById('lab-chart-reward').data[0].x.length === 6", 120_000)
+    assert points(page, "lab-overlay") == 12  # reward and loss at each of the 6 steps
+    assert page.input_value("#lab-steps") == "6" and page.input_value("#lab-iterations") == "2"
+    assert page.input_value("#lab-seed") == "3" and page.input_value("#lab-task") == "count"

@@ -6,6 +6,7 @@ import torch
 from reference import HAND
 
 import grpo
+from app import runview
 from grpo import check
 from grpo.lab import METRICS as LAB
 from grpo.loss import objective_metrics
@@ -13,8 +14,9 @@ from grpo.metrics import METRICS, SERIES_METRICS, TOKEN_MEANS
 
 
 def test_the_derived_lists_are_the_ones_the_views_used() -> None:
-    """The lists as they were written by hand before the table (check.py twice, lab/train.py)."""
-    assert check.TOKEN_MEANS is TOKEN_MEANS and check.SERIES_METRICS is SERIES_METRICS
+    """The lists as they were written by hand before the table (check.py twice, lab/train.py), and the Runs
+    view's own addition: the gradient norm GRPO Lens computes, drawn apart from the trainer's grad_norm."""
+    assert check.TOKEN_MEANS is TOKEN_MEANS and runview.SERIES_METRICS is SERIES_METRICS
     assert set(TOKEN_MEANS) == {
         "kl",
         "entropy",
@@ -35,6 +37,7 @@ def test_the_derived_lists_are_the_ones_the_views_used() -> None:
         "entropy",
         "completions/mean_length",
         "lens/advantage/std",
+        "lens/grad_norm_logps",
     }
     assert LAB[:6] == ("reward", "reward_std", "loss", "policy_loss", "kl_loss", "kl") and LAB[-1] == "grad_norm"
 

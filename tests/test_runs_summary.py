@@ -25,7 +25,7 @@ from safetensors.torch import save
 from test_api_runs import write_run
 from test_runs import step_tensors
 
-from app import summaries
+from app import runview, summaries
 from app.lanes import Lanes
 from app.main import create_app
 from app.settings import Settings
@@ -54,13 +54,13 @@ def http(tmp_path: Path) -> Iterator[TestClient]:
 def counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The runs whose every micro-batch was recomputed (check_run), one entry per computation."""
     calls: list[str] = []
-    real = summaries.check_run
+    real = runview.check_run
 
-    def check_run(run: Any, *args: Any) -> Any:
+    def check_run(run: Any, *args: Any, **kwargs: Any) -> Any:
         calls.append(run.name)
-        return real(run, *args)
+        return real(run, *args, **kwargs)
 
-    monkeypatch.setattr(summaries, "check_run", check_run)
+    monkeypatch.setattr(runview, "check_run", check_run)
     return calls
 
 
@@ -174,21 +174,21 @@ def test_concurrent_first_reads_share_one_computation(
     run = settle(write_run(tmp_path, "r"))
     settings = Settings(runs_dir=str(tmp_path), process_workers=0)
     looked: list[Path] = []
-    real_lookup, real_check = summaries.lookup, summaries.check_run
+    real_lookup, real_check = summaries.lookup, runview.check_run
 
     def lookup(path: Path) -> Any:
         found = real_lookup(path)
         looked.append(path)
         return found
 
-    def check_run(*args: Any) -> Any:
+    def check_run(*args: Any, **kwargs: Any) -> Any:
         deadline = time.monotonic() + 60
         while len(looked) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
-        return real_check(*args)
+        return real_check(*args, **kwargs)
 
     monkeypatch.setattr(summaries, "lookup", lookup)
-    monkeypatch.setattr(summaries, "check_run", check_run)
+    monkeypatch.setattr(runview, "check_run", check_run)
 
     async def both() -> list[Any]:
         lanes = Lanes(settings)

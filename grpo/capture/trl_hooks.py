@@ -7,6 +7,9 @@ instance only (the class is untouched and the wrappers are removed on exit):
 - ``_calculate_rewards`` and ``_generate_and_score_completions``: each row's reward and group id ride
   along in the generation batch (TRL shuffles rows before splitting micro-batches, so groups mix);
 - ``log``: the metrics the trainer logged for each optimiser step go into run.json under ``logged``.
+Each step file's meta names the rollout (generation batch) it trained on and the pass over it
+(``rollout``: TRL's ``steps_per_generation`` and ``num_iterations``), so the Runs view can say
+"iteration 2 of 2 of rollout 1" from what the trainer did, not from numbers that happen to match.
 """
 
 from __future__ import annotations
@@ -154,9 +157,30 @@ class _TrlHooks:
                 tensors[name] = inputs[key]
         config, scaling = self._step_config(inputs)
         ga = scaling["gradient_accumulation_steps"]
-        meta = {"loss": float(loss.detach()), "metrics": {k: _number(v) for k, v in logged.items()}, "scaling": scaling}
+        meta = {
+            "loss": float(loss.detach()),
+            "metrics": {k: _number(v) for k, v in logged.items()},
+            "scaling": scaling,
+            "rollout": rollout(trainer),
+        }
         step = int(trainer.state.global_step) + 1  # the optimiser step this loss call belongs to
         self.writer.write_step(step, int(trainer._step) % ga, tensors, meta, config=config)
+
+
+def rollout(trainer: Any) -> dict[str, int]:
+    """Which generation batch this loss call trains on, and which pass over it (1-based), as
+    ``_prepare_inputs`` chooses: a new generation every ``steps_per_generation * num_iterations``
+    micro-steps (``trainer._step``: this call's, from 0; TRL counts it up after the call), each pass
+    over the batch taking ``steps_per_generation`` of them."""
+    per_generation, iterations = int(trainer.args.steps_per_generation), int(trainer.num_iterations)
+    micro_step = int(trainer._step)
+    return {
+        "rollout": micro_step // (per_generation * iterations) + 1,
+        "iteration": micro_step % (per_generation * iterations) // per_generation + 1,
+        "iterations": iterations,
+        "micro_step": micro_step,
+        "steps_per_generation": per_generation,
+    }
 
 
 def _number(value: Any) -> Any:

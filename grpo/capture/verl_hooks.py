@@ -128,6 +128,10 @@ class VerlCapture:
         if "entropy_loss" in record:
             loss -= float(actor.entropy_coeff) * record["entropy_loss"]
         meta = {"loss": loss, "metrics": metrics, "scaling": record["scaling"]}
+        epochs = getattr(actor, "ppo_epochs", None)
+        if isinstance(epochs, int):
+            # the passes over each rollout; which rollout and pass this call is, the loss functions do not see
+            meta["rollout"] = {"iterations": epochs}
         self.writer.write_step(self.step, self.micro, tensors, meta, config=record["config"])
         self.micro += 1
         if self.micro_batches_per_step and self.micro >= self.micro_batches_per_step:

@@ -1,13 +1,15 @@
 """Canned comparisons for a workshop: sets of lab runs that differ in one choice, and what to watch.
 
-Each comparison is data: its runs (LabConfigs that differ in the setting under study), the charts
-that show the lesson, and a short text saying what to look for. The page launches the runs and
-overlays them; the tests hold the length comparison's claim.
+Each comparison is data: its runs (LabConfigs that differ in the setting under study, and in nothing
+else: ``changes()`` lists what differs, and a test holds it to one setting), the charts that show
+the lesson, and a short text saying what to look for. The page launches the runs and overlays them;
+the tests hold the length comparison's claim.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from grpo.config import LossConfig
 from grpo.lab.tasks import TASKS
@@ -26,26 +28,48 @@ class Comparison:
     overlay: bool = False
     """Draw ``metrics`` on one chart (two y-axes) instead of one chart each."""
 
+    def changes(self) -> dict[str, list[Any]]:
+        """Each setting whose value differs between the runs (loop knobs by name, loss fields under
+        ``config.``), with every run's value in order."""
+        flat = [_flat(run) for run in self.runs]
+        keys = sorted({k for f in flat for k in f})
+        return {k: [f.get(k) for f in flat] for k in keys if len({repr(f.get(k)) for f in flat}) > 1}
+
+
+def _flat(run: LabConfig) -> dict[str, Any]:
+    fields = run.to_dict()
+    loss = fields.pop("loss")
+    return fields | {f"config.{k}": v for k, v in loss.items() if k != "preset"}
+
 
 _ARTICLE = LossConfig.from_preset("article")
-_DR_GRPO = LossConfig.from_preset(
-    "article",
-    aggregation="seq-mean-token-sum-norm",
-    advantage="none",
-    max_completion_length=TASKS["length"].max_completion_length,
-)
+# Dr. GRPO's aggregation, and only it: the token sum over a constant, the task's longest completion (TRL's
+# trl-dr_grpo preset takes max_completion_length from GRPOConfig; Dr. GRPO's paper also drops the std
+# scaling, which the preset, like this comparison, keeps: one change, one cause).
+# Both runs carry the constant (only Dr. GRPO's aggregation reads it), so the aggregation is all that differs.
+_GRPO_LENGTH = _ARTICLE.replace(max_completion_length=TASKS["length"].max_completion_length)
+_DR_GRPO = _GRPO_LENGTH.replace(aggregation=LossConfig.from_preset("trl-dr_grpo").aggregation)
+_DR_PRESET = LossConfig.from_preset("trl-dr_grpo")
 
 COMPARISONS: dict[str, Comparison] = {
     c.name: c
     for c in [
         Comparison(
             "length-bias",
-            "GRPO vs Dr. GRPO on the length task",
-            "Most answers stay wrong. GRPO divides each answer's loss by its own length, so a long wrong "
-            "answer is penalised less per token than a short one: mean length climbs. Dr. GRPO divides by a "
-            "constant and drops the std scaling: every token weighs the same and lengths do not climb.",
+            f"GRPO vs Dr. GRPO's aggregation ({_ARTICLE.aggregation} vs {_DR_GRPO.aggregation}) on the length task",
+            "One setting changes: the aggregation. Most answers stay wrong. GRPO divides each answer's loss by "
+            "its own length, so a long wrong answer is penalised less per token than a short one: mean length "
+            f"climbs. Dr. GRPO's {_DR_GRPO.aggregation} divides every answer's token sum by one constant "
+            f"(max_completion_length = {_DR_GRPO.max_completion_length}, the task's longest answer): a long wrong "
+            "answer's tokens weigh what a short one's do, and length climbs far more slowly. Both keep "
+            f"{_ARTICLE.advantage} advantages "
+            f"(the trl-dr_grpo preset too: advantage = {_DR_PRESET.advantage}, max_completion_length = "
+            f"{_DR_PRESET.max_completion_length}, TRL's default).",
             ("completions/mean_length", "completions/max_length", "reward"),
-            (LabConfig(task="length", loss=_ARTICLE, steps=100), LabConfig(task="length", loss=_DR_GRPO, steps=100)),
+            (
+                LabConfig(task="length", loss=_GRPO_LENGTH, steps=100),
+                LabConfig(task="length", loss=_DR_GRPO, steps=100),
+            ),
         ),
         Comparison(
             "kl-leash",

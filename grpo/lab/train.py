@@ -166,6 +166,12 @@ class Trainer:
             "loss": metrics["loss"],
             "metrics": metrics,
             "task": self.config.task,
+            # the rollout this step trained on and the pass over it (1-based), as the loop chose them
+            "rollout": {
+                "rollout": (self.step_count - 1) // self.config.num_iterations + 1,
+                "iteration": int(metrics["iteration"]),
+                "iterations": self.config.num_iterations,
+            },
             "prompts": [" ".join(VOCAB[t] for t in row[:P]) for row in rows],
             "tokens": [[VOCAB[t] for t in row[P:]] for row in rows],
         }

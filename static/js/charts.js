@@ -587,8 +587,10 @@ export function experimentChart(exp) {
 const stepsLayout = (title, extra = {}) =>
   base(title, {
     height: 280,
-    xaxis: { title: { text: "optimiser step" }, dtick: 1 },
-    legend: { orientation: "h", y: -0.3 },
+    // automargin: the tick labels push the axis title out instead of printing over it
+    xaxis: { title: { text: "optimiser step", standoff: 8 }, automargin: true },
+    yaxis: { automargin: true },
+    legend: { orientation: "h", y: -0.35 },
     ...extra,
   });
 
@@ -619,55 +621,32 @@ export function lossChart(data) {
         marker: { color: "#dc2626", size: 14, symbol: "x" },
       },
     ],
-    layout: stepsLayout("Loss per step: trainer vs recomputed", { yaxis: { title: { text: "loss" } } }),
+    layout: stepsLayout("Loss per step: trainer vs recomputed", {
+      yaxis: { title: { text: "loss", standoff: 10 }, automargin: true },
+    }),
   };
 }
 
-const RUN_METRICS = [
-  ["clip_ratio/region_mean", "#dc2626"],
-  ["clip_ratio/low_mean", "#f97316"],
-  ["clip_ratio/high_mean", "#eab308"],
-  ["actor/pg_clipfrac", "#db2777"],
-  ["kl", "#7c3aed"],
-];
-
-export function metricsChart(data) {
+// One of the run's charts as the server built it (app/runview.py): one unit on the y-axis; a logged series
+// is null at the steps the trainer did not log, drawn as a gap (never joined across it).
+export function runSeriesChart(data, chart) {
   const x = data.steps.map((s) => s.step);
-  const traces = [];
-  for (const [name, color] of RUN_METRICS) {
-    if (!data.steps.some((s) => name in s.lens_mean)) continue;
-    traces.push({
-      x,
-      y: data.steps.map((s) => s.lens_mean[name] ?? null),
-      name: `${name} (GRPO Lens, mean over micro-batches)`,
-      mode: "lines+markers",
-      line: { color },
-    });
-    if (data.steps.some((s) => name in s.logged)) {
-      traces.push({
-        x,
-        y: data.steps.map((s) => s.logged[name] ?? null),
-        name: `${name} (trainer logged)`,
-        mode: "markers",
-        marker: { color, symbol: "circle-open", size: 11 },
-      });
-    }
-  }
-  const extra = [
-    ["reward", (s) => s.reward, "#16a34a"],
-    ["advantage std", (s) => s.lens_mean["lens/advantage/std"], "#0891b2"],
-    ["mean length", (s) => s.lens_mean["completions/mean_length"], "#64748b"],
-  ];
-  for (const [name, get, color] of extra) {
-    if (data.steps.some((s) => get(s) != null))
-      traces.push({ x, y: data.steps.map(get), name, yaxis: "y2", mode: "lines", line: { color, width: 1.5 } });
-  }
+  const colours = ["#dc2626", "#f97316", "#eab308", "#db2777", "#7c3aed", "#16a34a", "#0891b2", "#64748b"];
+  const traces = chart.series.map((series, i) => ({
+    x,
+    y: series.values,
+    name: series.name,
+    connectgaps: false,
+    mode: series.source === "logged" ? "markers" : "lines+markers",
+    marker: series.source === "logged" ? { symbol: "circle-open", size: 11 } : { size: 5 },
+    line: { color: colours[Math.floor(i / 2) % colours.length] },
+    meta: series.source,
+  }));
   return {
     data: traces,
-    layout: stepsLayout("Metrics per step (filled: recomputed; rings: logged by the trainer)", {
-      height: 340,
-      yaxis: { title: { text: "fraction / KL" } },
-      yaxis2: { title: { text: "reward · advantage std · length" }, overlaying: "y", side: "right" },
+    layout: stepsLayout(`${chart.title} (filled: GRPO Lens; rings: logged by the trainer; gaps: not logged)`, {
+      height: 300,
+      yaxis: { title: { text: chart.unit, standoff: 10 }, automargin: true },
     }),
   };
 }

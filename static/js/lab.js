@@ -4,7 +4,10 @@
 // is scrolled to (every chart extended on every frame held a loaded machine's main thread for seconds
 // per frame: the page froze while a comparison trained). Runs overlay in distinct colours, the legend
 // names what differs between them, and a click on a point opens that step's batch in the breakdown
-// views. The numbers all come from the server; this module only draws them.
+// views. The runs on the page are in the link (#lab=ids&comparison=name): reopening it draws them again,
+// from the live stream while this server process knows the run, else from the run's saved steps (a lab
+// run is a run: /api/v1/runs/{id}). The form shows what the last started run ran. The numbers all come
+// from the server; this module only draws them.
 
 import { events, getJSON, remove, sendJSON } from "./api.js";
 import { labMetric, labOverlay, labTrace } from "./charts.js";
@@ -24,6 +27,7 @@ const lab = {
   frame: 0,
   focus: [], // the current comparison's metrics (drawn first)
   charts: null, // a promise of the charts, built with the first run (null while there is none)
+  comparison: null, // the canned comparison whose runs are on the page (null: runs from the form)
   hooks: null,
 };
 
@@ -40,6 +44,12 @@ const observer = new IntersectionObserver(
   },
   { rootMargin: MARGIN },
 );
+
+const NEAR = 150; // px: MARGIN's distance
+function nearScreen(node) {
+  const r = node.getBoundingClientRect();
+  return r.height > 0 && r.bottom > -NEAR && r.top < innerHeight + NEAR;
+}
 
 const chartId = (metric) => `lab-chart-${metric.replace(/[^a-z0-9]+/gi, "-")}`;
 
@@ -66,7 +76,80 @@ export async function setup(hooks) {
   $("#lab-start").addEventListener("click", startFromForm);
   $("#lab-clear").addEventListener("click", clearRuns);
   $("#lab-empty-metrics").textContent = String(lab.info.metrics.length);
+  await restore();
   document.body.dataset.lab = "ready";
+}
+
+// --- the link: the runs on the page ---------------------------------------------------------------
+function linked() {
+  const params = new URLSearchParams(location.hash.slice(1));
+  return { ids: (params.get("lab") || "").split(",").filter(Boolean), comparison: params.get("comparison") };
+}
+
+function writeLink() {
+  const params = new URLSearchParams();
+  if (lab.runs.length) params.set("lab", lab.runs.map((r) => r.id).join(","));
+  if (lab.runs.length && lab.comparison) params.set("comparison", lab.comparison);
+  const hash = params.toString();
+  history.replaceState(null, "", `${location.pathname}${location.search}${hash ? `#${hash}` : ""}`);
+}
+
+// The linked runs, drawn again: each one's steps from its live stream (this process knows it), else
+// from its saved run. One that is gone is said under the form.
+async function restore() {
+  const { ids, comparison } = linked();
+  if (!ids.length) return;
+  const canned = lab.info.comparisons.find((c) => c.name === comparison);
+  if (canned) showWatch(canned);
+  lab.comparison = canned ? canned.name : null;
+  lab.focus = canned && !canned.overlay ? canned.metrics : [];
+  const live = new Map((await getJSON("/api/v1/lab/queue")).runs.map((r) => [r.id, r])); // this process's runs
+  const loaded = await Promise.all(ids.map((id) => reopen(id, live.get(id)).catch((err) => ({ id, err }))));
+  for (const item of loaded) {
+    if (item.err) {
+      $("#lab-error").textContent = `lab run ${item.id}: ${item.err.message}`;
+      continue;
+    }
+    await attach(item);
+  }
+  if (lab.runs.length) showForm(lab.runs.at(-1).body);
+  document.body.dataset.labRestored = String(lab.runs.length);
+}
+
+// A linked run: from this process's live list (its stream replays every step), else its saved steps.
+async function reopen(id, known) {
+  if (known) return { id, body: known.lab, status: known.status, live: true };
+  const saved = await getJSON(`/api/v1/runs/${encodeURIComponent(id)}`); // the run's page: each step's log
+  const metrics = [...lab.info.metrics, "reward", "loss"];
+  const steps = saved.steps.map((s) => ({
+    step: s.step,
+    ...Object.fromEntries(metrics.map((m) => [m, s.logged[m] ?? null])),
+  }));
+  return { id, body: saved.info.lab, status: saved.info.status || "done", live: false, steps };
+}
+
+function showWatch(comparison) {
+  $("#lab-watch-title").textContent = comparison.title;
+  $("#lab-watch-text").textContent = comparison.watch;
+  $("#lab-watch").hidden = false;
+}
+
+// The form says what ran: the run's task, preset, seed, steps, iterations, and the loss settings it set
+// apart from its preset (the preset's own values come from /api/v1/options).
+function showForm(body) {
+  const preset = body.config.preset || "article";
+  const base = lab.hooks.presets().find((p) => p.name === preset)?.config || {};
+  const overrides = Object.fromEntries(
+    Object.entries(body.config).filter(
+      ([k, v]) => !["preset", "device", "dtype"].includes(k) && JSON.stringify(v) !== JSON.stringify(base[k]),
+    ),
+  );
+  $("#lab-task").value = body.task;
+  $("#lab-preset").value = preset;
+  $("#lab-seed").value = String(body.seed);
+  $("#lab-steps").value = String(body.steps);
+  $("#lab-iterations").value = String(body.num_iterations);
+  $("#lab-overrides").value = Object.keys(overrides).length ? JSON.stringify(overrides) : "";
 }
 
 // The charts exist only while there are runs. Before the first one, an empty box per metric would be a
@@ -135,14 +218,14 @@ async function startFromForm() {
     $("#lab-error").textContent = `overrides: ${err.message}`;
     return;
   }
+  lab.comparison = null;
   await startRun(body);
 }
 
 async function startComparison(comparison) {
-  $("#lab-watch-title").textContent = comparison.title;
-  $("#lab-watch-text").textContent = comparison.watch;
-  $("#lab-watch").hidden = false;
+  showWatch(comparison);
   clearRuns();
+  lab.comparison = comparison.name;
   lab.focus = comparison.overlay ? [] : comparison.metrics;
   for (const body of comparison.runs) await startRun(body);
 }
@@ -155,14 +238,15 @@ async function startRun(body) {
     $("#lab-error").textContent = err.message;
     return;
   }
-  const run = {
-    id: data.id,
-    body: data.lab,
-    colour: COLOURS[lab.runs.length % COLOURS.length],
-    status: data.status,
-    steps: 0,
-  };
+  showForm(data.lab);
+  await attach({ id: data.id, body: data.lab, status: data.status, live: true });
+}
+
+// A run on the page: its traces, then its steps: from the live stream, or (`steps`) all at once.
+async function attach({ id, body, status, live, steps }) {
+  const run = { id, body, colour: COLOURS[lab.runs.length % COLOURS.length], status, steps: 0 };
   lab.runs.push(run);
+  writeLink();
   renderRunList();
   try {
     await charts();
@@ -175,6 +259,11 @@ async function startRun(body) {
   if (!lab.runs.includes(run)) return; // cleared while the charts were built (its DELETE is sent)
   addTraces(run);
   renameTraces();
+  if (!live) {
+    for (const step of steps) lab.pending.push([run, step]);
+    flush();
+    return;
+  }
   // The stream opens once the run has its traces: no step arrives before there is a line to extend.
   const kinds = ["queued", "started", "step", "done", "error", "cancelled", "interrupted"];
   run.source = events(
@@ -197,6 +286,7 @@ function clearRuns() {
   }
   lab.runs = [];
   lab.pending = [];
+  writeLink();
   renderRunList();
   removeCharts();
 }
@@ -264,7 +354,12 @@ function flush() {
       steps.map((d) => d.loss),
     );
   }
-  for (const node of lab.visible) drawQueued(node.id);
+  // The observer's set, and a chart's own place: a page reopened mid-way (a reload keeps the scroll
+  // position) lays out its sections after the charts are observed, and may report none intersecting.
+  for (const id of [...lab.queued.keys()]) {
+    const node = document.getElementById(id);
+    if (node && (lab.visible.has(node) || nearScreen(node))) drawQueued(id);
+  }
   renderRunList();
   document.body.dataset.labPoints = String(Number(document.body.dataset.labPoints || 0) + batch.length);
 }

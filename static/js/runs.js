@@ -1,10 +1,12 @@
 // The Runs view: captured and lab runs from /api/v1/runs. A run's steps as charts (the trainer's
-// logged loss and metrics beside GRPO Lens's recomputation, mismatches flagged), a step slider
-// that loads the step into every other view (through the page's own input path), and a replay of
-// the same batches under another preset. Every number comes from the server.
+// logged loss and metrics beside GRPO Lens's recomputation, mismatches flagged, one unit per axis,
+// gaps where the trainer logged nothing), each step's story (its rollout and pass, zero-std groups'
+// dilution), a step slider and a micro-batch picker that load the step into every other view
+// (through the page's own input path), and a replay of the same batches under another preset. Every
+// number and sentence comes from the server (app/runview.py); a failed load says so and greys the view.
 
 import { getJSON, postJSON } from "./api.js";
-import { lossChart, metricsChart, replayChart } from "./charts.js";
+import { lossChart, replayChart, runSeriesChart } from "./charts.js";
 import { $, clear, el, plot } from "./dom.js";
 import { fmt } from "./format.js";
 
@@ -13,11 +15,26 @@ let current = null; // the open run's /api/v1/runs/{run} response
 
 export function setup(h) {
   hooks = h;
-  $("#run-select").addEventListener("change", (e) => openRun(e.target.value));
-  $("#run-step").addEventListener("input", (e) => showStep(Number(e.target.value)));
-  $("#run-micro").addEventListener("change", () => showStep(Number($("#run-step").value)));
-  $("#run-replay").addEventListener("click", replay);
+  $("#run-select").addEventListener("change", (e) => openRun(e.target.value).catch(failed));
+  $("#run-step").addEventListener("input", (e) => pickStep(Number(e.target.value)).catch(failed));
+  $("#run-micro").addEventListener("change", () => showStep(Number($("#run-step").value)).catch(failed));
+  $("#run-replay").addEventListener("click", () => replay().catch(failed));
   return refresh();
+}
+
+// A load that failed: the error where the step's label was, and the view greyed (what it shows is
+// from before the failed request).
+function failed(err) {
+  $("#run-step-label").textContent = `failed: ${err.message}`;
+  $("#run-step-label").className = "error";
+  $("#runs").classList.add("stale");
+  $("#runs").dataset.error = err.message;
+}
+
+function recovered() {
+  $("#run-step-label").className = "";
+  $("#runs").classList.remove("stale");
+  delete $("#runs").dataset.error;
 }
 
 export async function refresh() {
@@ -40,6 +57,7 @@ export async function openRun(name) {
   $("#run-info").textContent = "checking every micro-batch…";
   const data = await getJSON(`/api/v1/runs/${encodeURIComponent(name)}`);
   current = data;
+  recovered();
   const bad = data.steps.filter((s) => !s.ok).map((s) => s.step);
   $("#run-info").textContent =
     `${data.name}: ${data.source}, ${data.steps.length} steps, ${data.files} micro-batches. ` +
@@ -47,31 +65,74 @@ export async function openRun(name) {
       ? `Every micro-batch matches the trainer (relative error ≤ ${data.rtol}).`
       : `Mismatch at steps ${bad.join(", ")}.`);
   $("#run-info").className = data.ok ? "run-info" : "run-info error";
+  const notes = clear($("#run-notes"));
+  for (const pair of data.named_apart) notes.append(el("li", { text: `${pair.trainer} ≠ ${pair.lens}: ${pair.text}` }));
   const slider = $("#run-step");
   slider.min = String(data.steps[0]?.step ?? 1);
   slider.max = String(data.steps.at(-1)?.step ?? 1);
   slider.value = slider.min;
   slider.disabled = data.steps.length === 0;
-  await Promise.all([plot("run-loss", lossChart(data)), plot("run-metrics", metricsChart(data))]);
+  const box = clear($("#run-charts"));
+  const draws = [plot("run-loss", lossChart(data))];
+  for (const chart of data.charts) {
+    const node = el("div", { class: "run-chart", id: chart.id });
+    box.append(node);
+    draws.push(plot(node, runSeriesChart(data, chart)));
+  }
+  await Promise.all(draws);
   $("#runs").dataset.open = name;
-  if (data.steps.length) await showStep(Number(slider.value));
+  if (data.steps.length) await pickStep(Number(slider.value));
 }
 
-async function showStep(step) {
-  if (!current) return;
+// The micro-batch picker offers what the step holds: all joined, or one micro-batch (with its ranks).
+function fillMicro(step) {
+  const select = $("#run-micro");
+  const chosen = select.value;
+  const ranks = new Map();
+  for (const m of step.micro) {
+    if (!ranks.has(m.micro)) ranks.set(m.micro, []);
+    if (m.rank !== null) ranks.get(m.micro).push(m.rank);
+  }
+  clear(select).append(el("option", { value: "", text: `all ${step.micro.length}, joined` }));
+  for (const [micro, rs] of ranks)
+    select.append(
+      el("option", { value: String(micro), text: rs.length ? `${micro} (ranks ${rs.join(", ")})` : String(micro) }),
+    );
+  select.value = ranks.has(Number(chosen)) && chosen !== "" ? chosen : "";
+}
+
+async function pickStep(number) {
+  const step = current?.steps.find((s) => s.step === number);
+  if (!step) return;
+  fillMicro(step);
+  await showStep(number);
+}
+
+async function showStep(number) {
+  const step = current?.steps.find((s) => s.step === number);
+  if (!step) return;
   const micro = $("#run-micro").value;
   const query = micro === "" ? "" : `?micro=${micro}`;
-  const data = await getJSON(`/api/v1/runs/${encodeURIComponent(current.name)}/steps/${step}${query}`);
-  const trainer = data.trainer.map((t) => fmt(t.loss)).join(" + ");
-  $("#run-step-label").textContent =
-    `step ${step}` +
+  const data = await getJSON(`/api/v1/runs/${encodeURIComponent(current.name)}/steps/${number}${query}`);
+  recovered();
+  // The losses from the run's page (what its chart draws), per micro-batch or summed over the step.
+  const parts = micro === "" ? null : step.micro.filter((m) => String(m.micro) === micro);
+  const trainer = parts ? parts.map((m) => fmt(m.trainer_loss)).join(" + ") : fmt(step.trainer_loss);
+  const lens = parts ? parts.map((m) => fmt(m.lens_loss)).join(" + ") : fmt(step.lens_loss);
+  const label =
+    `step ${number}` +
     (micro === "" ? ` (micro-batches ${data.micro_batches.join(", ")} joined)` : `, micro-batch ${micro}`) +
-    ` · trainer's loss ${trainer} · GRPO Lens ${fmt(data.breakdown.loss)}`;
-  $("#runs").dataset.step = String(step);
+    ` · trainer's loss ${trainer} · GRPO Lens ${lens}`;
+  $("#run-step-label").textContent = label;
+  $("#run-step-label").dataset.lensLoss = String(parts ? parts.map((m) => m.lens_loss) : step.lens_loss);
+  $("#run-step-story").textContent =
+    step.rollout.text + (step.zero_std ? `. Zero-std groups: ${step.zero_std.text}.` : ".");
+  $("#runs").dataset.step = String(number);
+  $("#runs").dataset.micro = micro;
   hooks.loadRequest(
     data.request,
-    `Run ${current.name}, step ${step}` + (micro === "" ? "" : `, micro-batch ${micro}`),
-    $("#run-step-label").textContent,
+    `Run ${current.name}, step ${number}` + (micro === "" ? "" : `, micro-batch ${micro}`),
+    label,
   );
 }
 
