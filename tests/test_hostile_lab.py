@@ -24,9 +24,9 @@ import uvicorn
 from api_fixtures import free_port
 from fastapi import FastAPI, Request
 
-from app import lab as lab_module
+from app import deps, lab_streams
 from app.auth import COOKIE
-from app.lab import stream_events
+from app.lab_streams import stream_events
 from app.lab_workers import Job, LabManager, LabRun, Worker, run_job
 from app.main import create_app
 from app.settings import Settings
@@ -467,7 +467,7 @@ def test_an_idle_stream_sleeps_until_news(tmp_path: Path, monkeypatch: pytest.Mo
         monkeypatch.setattr(asyncio, "wait_for", counting)
         pending = asyncio.ensure_future(anext(chunks))
         await asyncio.sleep(1.5)  # three polls' worth of the old stream
-        assert len(waits) == 1 and waits[0] >= lab_module.KEEPALIVE_SECONDS
+        assert len(waits) == 1 and waits[0] >= lab_streams.KEEPALIVE_SECONDS
         run.add("step", {"step": 1, "loss": float("nan")})
         second = await pending
         run.add("done", {"reason": "finished"})
@@ -568,7 +568,7 @@ def test_a_client_is_its_session_with_sign_in_else_its_address(tmp_path: Path) -
 
     def client(app: FastAPI, cookie: str) -> str:
         scope = {"type": "http", "app": app, "headers": [(b"cookie", f"{COOKIE}={cookie}".encode())]}
-        return lab_module._client(Request({**scope, "client": ("127.0.0.1", 5000)}))
+        return deps.stream_client(Request({**scope, "client": ("127.0.0.1", 5000)}))
 
     assert client(signed, one) != client(signed, two)
     assert client(signed, one).startswith("session ")
