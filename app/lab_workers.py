@@ -227,42 +227,11 @@ class Worker:
 
 
 class LabRefused(ApiError):
-    """A run the manager will not take or does not have, as the API answers it: the class's ``status``,
-    ``kind`` and the request's part at fault (``loc``)."""
+    """A run the manager will not take or does not have, in the API's one error shape: ``loc`` names
+    the request's part at fault (the body, its name, the path's run id)."""
 
-    status = 409
-    kind = "conflict"
-    loc: tuple[str, ...] = ("body",)
-
-    def __init__(self, msg: str) -> None:
-        super().__init__(self.status, [error_item(list(self.loc), msg, self.kind)])
-
-
-class NameTaken(LabRefused):
-    loc = ("body", "name")
-
-
-class QueueFull(LabRefused):
-    status = 429
-    kind = "queue_full"
-
-
-class StoreFull(LabRefused):
-    status = 507
-    kind = "insufficient_storage"
-
-
-class NotWritten(LabRefused):
-    """The run's directory could not be written (not for want of space)."""
-
-    status = 503
-    kind = "storage"
-
-
-class NoSuchRun(LabRefused):
-    status = 404
-    kind = "not_found"
-    loc = ("path", "run_id")
+    def __init__(self, status: int, kind: str, msg: str, loc: tuple[str, ...] = ("body",)) -> None:
+        super().__init__(status, [error_item(list(loc), msg, kind)])
 
 
 def new_manager(settings: Settings, budget: Callable[[], int | None] | None = None) -> LabManager:
@@ -424,8 +393,8 @@ class LabManager:
         try:
             return await self.submit(run_id, fields, {"name": run_id, "lab": lab_json(fields)})
         except OSError as exc:
-            refusal = StoreFull if exc.errno in DISK_FULL else NotWritten
-            raise refusal(f"the run could not be written: {exc.strerror}") from exc
+            status, kind = (507, "insufficient_storage") if exc.errno in DISK_FULL else (503, "storage")
+            raise LabRefused(status, kind, f"the run could not be written: {exc.strerror}") from exc
 
     def summary(self, lab_run: LabRun) -> dict[str, Any]:
         """A run as the lab's routes answer it: id, status, place in the queue, steps done, its settings."""
@@ -441,7 +410,7 @@ class LabManager:
         """The run ``run_id`` of this server process; ``LabRefused`` (404) when there is none."""
         lab_run = self.runs.get(run_id)
         if lab_run is None:
-            raise NoSuchRun(f"no lab run {run_id!r} in this server process")
+            raise LabRefused(404, "not_found", f"no lab run {run_id!r} in this server process", ("path", "run_id"))
         return lab_run
 
     async def submit(self, run_id: str, fields: dict[str, Any], info: dict[str, Any]) -> LabRun:
@@ -466,11 +435,13 @@ class LabManager:
         busy = sum(w.job is not None for w in self.workers)
         waiting = len(self.pending) + len(self._reserved)
         if waiting + 1 - max(0, self.max_concurrent - busy) > self.max_queue:
-            raise QueueFull(f"{waiting} lab runs are waiting (at most {self.max_queue}, a setting); retry later")
+            msg = f"{waiting} lab runs are waiting (at most {self.max_queue}, a setting); retry later"
+            raise LabRefused(429, "queue_full", msg)
         remaining = self.budget() if self.budget is not None else None
         if remaining is not None and remaining <= 0:
-            raise StoreFull(f"the runs store is full (its budget: settings {BUDGET_SETTINGS}); delete runs first")
-        taken = NameTaken(f"a run named {run_id!r} exists; choose another name")
+            msg = f"the runs store is full (its budget: settings {BUDGET_SETTINGS}); delete runs first"
+            raise LabRefused(507, "insufficient_storage", msg)
+        taken = LabRefused(409, "conflict", f"a run named {run_id!r} exists; choose another name", ("body", "name"))
         if run_id in self.runs or run_id in self._reserved:
             raise taken
         run_dir = self.runs_dir / run_id

@@ -59,8 +59,11 @@ class MicroCheck:
     rel_error: float | None
     """|lens - trainer| / max(|trainer|, sum of |per-token losses|)."""
     num_tokens: int
+    """The micro-batch's counted tokens (its weight in the token-weighted step means)."""
     metrics: dict[str, MetricCheck]
+    """Every metric both the trainer and GRPO Lens name, compared."""
     ok: bool
+    """The loss and every compared metric within tolerance."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class StepCheck:
     step: int
     micro_batches: int
     trainer_loss: float | None
+    """The sum of the trainer's returned micro-batch losses (None: a micro-batch did not record one)."""
     lens_loss: float
     logged: dict[str, float]
     """What the trainer logged for the step (run.json ``logged``), when it was captured."""
@@ -78,7 +82,9 @@ class StepCheck:
     lens_token_weighted: dict[str, float]
     """The same token-level metrics weighted by each micro-batch's counted tokens (not what trainers log)."""
     metrics: dict[str, MetricCheck]
+    """The trainer's logged metrics against ``lens_mean``."""
     ok: bool
+    """Every logged metric within tolerance."""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from grpo.config import LossConfig
 from grpo.lab.tasks import TASKS
 from grpo.lab.train import LabConfig
+from grpo.registry import by_name
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,8 @@ _DR_GRPO = LossConfig.from_preset(
     max_completion_length=TASKS["length"].max_completion_length,
 )
 
-COMPARISONS: dict[str, Comparison] = {
-    c.name: c
-    for c in [
+COMPARISONS: dict[str, Comparison] = by_name(
+    [
         Comparison(
             "length-bias",
             "GRPO vs Dr. GRPO on the length task",
@@ -90,4 +90,4 @@ COMPARISONS: dict[str, Comparison] = {
             overlay=True,
         ),
     ]
-}
+)
