@@ -1,11 +1,11 @@
 """Form uploads, the one way both file routes read them (/api/v1/upload, /api/v1/runs): the body's bytes,
 already in memory (``app.middleware.BodyLimit`` bounds them), parsed off the event loop.
 
-python-multipart's parser over the body, with callbacks that keep each part's slices: a 12 MB file
-parses in milliseconds, where Starlette's form machinery (``UploadFile``), built for streaming, spends
-about 200 ms on it (bench/api.py). At most 2 files and 8 fields; a field is at most 1 MiB of UTF-8 text;
-the file at most the route's limit (a 413 at ``body.file``). Every other fault is a 422 naming the
-field, and an error never echoes what was sent.
+python-multipart's parser over the body in one pass, with callbacks that keep each part's slices
+(Starlette's form machinery, ``UploadFile``, is built for streaming: it spools the file and copies it
+again). At most 2 files and 8 fields; a field is at most 1 MiB of UTF-8 text; the file at most the
+route's limit (a 413 at ``body.file``). Every other fault is a 422 naming the field, and an error
+never echoes what was sent.
 """
 
 from __future__ import annotations

@@ -52,20 +52,12 @@ import grpo
 from app.errors import ApiError, LimitError, as_api_error, config_error, error_item, error_json
 from app.ingest import check_padded, read_json, validated
 from app.lanes import Lanes
+from app.runs_view import batch_advantages, replay, run_overview, step_batch
 from app.schemas import ConfigRequest
 from app.settings import Settings
 from app.work import Reply
 from grpo.answer import breakdown_to_json, dumps
-from grpo.check import (
-    DEFAULT_METRIC_ATOL,
-    DEFAULT_RTOL,
-    batch_advantages,
-    check_run,
-    replay,
-    replay_config,
-    run_overview,
-    step_batch,
-)
+from grpo.check import DEFAULT_METRIC_ATOL, DEFAULT_RTOL, check_run, replay_config
 from grpo.errors import GrpoInputError
 from grpo.requests import batch_from_request, row_lengths
 from grpo.runs import FORMAT as RUN_FORMAT
