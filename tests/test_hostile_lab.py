@@ -431,6 +431,17 @@ def test_a_step_of_a_captured_run_opens_as_its_micro_batch_0(tmp_path: Path) -> 
     assert request["ref_per_token_logps"] != request["per_token_logps"]
 
 
+# The step route found its file by a path of its own: a directory with a steps/ folder and no run.json
+# (no run of the store: the listing and every /api/v1/runs view answer 404) still had its steps served.
+# Now the route asks the run store, whose runs hold a regular run.json in a real directory.
+def test_a_step_of_a_directory_that_is_no_run_is_a_404(tmp_path: Path) -> None:
+    step_run(tmp_path, "bare", "lab")
+    (tmp_path / "bare" / "run.json").unlink()
+    response = get_step(tmp_path, "bare")
+    assert response.status_code == 404, response.text
+    assert response.json()["detail"][0]["loc"] == ["path", "run_id"]
+
+
 def test_a_step_past_the_request_limits_is_a_413_before_it_is_read(tmp_path: Path) -> None:
     step_run(tmp_path, "wide", "lab", rows=4, tokens=16)
     response = get_step(tmp_path, "wide", max_tokens=32)
