@@ -9,16 +9,19 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
-import anyio
 import torch
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic.json_schema import models_json_schema
 
 from app import work
-from app.errors import error_item
+from app.deps import LanesDep, SettingsDep
+from app.errors import refused
+from app.lanes import Lanes
 from app.options import options_json
 from app.schemas import BatchRequest, CompareRequest, ErrorResponse, LossRequest
+from app.settings import Settings
+from app.work import Reply
 from grpo.answer import dumps
 from grpo.experiments import EXPERIMENTS, Experiment
 
@@ -47,32 +50,23 @@ def json_body(model: type) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
 
 
-UPLOAD_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "required": ["file"],
-                    "properties": {
-                        "file": {
-                            "type": "string",
-                            "format": "binary",
-                            "description": "JSON, JSONL, safetensors, NPZ or .pt (weights_only)",
-                        },
-                        "config": {"type": "string", "description": "A JSON object: preset and overrides"},
-                        "token_rows": {"type": "string", "description": "A JSON list of rows to return in full"},
-                        "heatmap_rows": {
-                            "type": "string",
-                            "description": 'JSON text: "shown" (default) or "all", as in /api/v1/loss',
-                        },
-                    },
-                }
-            }
-        },
-    }
-}
+def multipart_body(file: str, fields: dict[str, str]) -> dict[str, Any]:
+    """The OpenAPI request body of a form route read by ``app.forms``: a required ``file`` (described by
+    ``file``) and optional text ``fields`` (name: description)."""
+    properties = {"file": {"type": "string", "format": "binary", "description": file}}
+    properties |= {name: {"type": "string", "description": doc} for name, doc in fields.items()}
+    schema = {"type": "object", "required": ["file"], "properties": properties}
+    return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": schema}}}}
+
+
+UPLOAD_BODY = multipart_body(
+    "JSON, JSONL, safetensors, NPZ or .pt (weights_only)",
+    {
+        "config": "A JSON object: preset and overrides",
+        "token_rows": "A JSON list of rows to return in full",
+        "heatmap_rows": 'JSON text: "shown" (default) or "all", as in /api/v1/loss',
+    },
+)
 
 
 def body_schemas() -> dict[str, Any]:
@@ -81,52 +75,50 @@ def body_schemas() -> dict[str, Any]:
     return dict(top.get("$defs", {}))
 
 
-async def answer(request: Request, fn: Any, *args: Any, light: Callable[[bytes], bool] | None = None) -> Response:
+def as_response(reply: Reply, headers: dict[str, str] | None = None) -> Response:
+    """A lane's Reply as the HTTP response, with ``headers`` beside its own."""
+    return Response(reply.body, reply.status, headers={**reply.headers, **(headers or {})}, media_type=reply.media_type)
+
+
+async def answer(
+    request: Request,
+    lanes: Lanes,
+    settings: Settings,
+    fn: Any,
+    *args: Any,
+    light: Callable[[bytes], bool] | None = None,
+) -> Response:
     """Read the body, run ``fn(body, *args, settings)`` in its lane (the thread lane whatever its size
     where ``light(body)`` says its work holds the GIL briefly), and answer what it replied."""
     started = time.perf_counter()
     body = await request.body()
     received = time.perf_counter()
-    lanes = request.app.state.lanes
     is_light = light is not None and light(body)
-    reply = await lanes.run(len(body), fn, body, *args, request.app.state.settings, light=is_light)
+    reply = await lanes.run(len(body), fn, body, *args, settings, light=is_light)
     spans = {"receive": received - started, "work": time.perf_counter() - received, "compute": reply.seconds}
     timing = ", ".join(f"{name};dur={seconds * 1e3:.1f}" for name, seconds in spans.items())
-    headers = {**reply.headers, "server-timing": timing}  # where the time went: for bench/api.py and browsers
-    return Response(reply.body, reply.status, headers=headers, media_type=reply.media_type)
+    return as_response(reply, {"server-timing": timing})  # where the time went: for bench/api.py and browsers
 
 
-@router.post(
-    "/api/v1/loss",
-    responses=ERRORS,
-    response_class=JSONBytes,
-    openapi_extra=json_body(LossRequest),
-    summary="Evaluate a batch: the loss and its breakdown",
-)
-async def loss(request: Request) -> Response:
-    return await answer(request, work.loss)
+def batch_route(path: str, summary: str, body: dict[str, Any]) -> Callable[[Any], Any]:
+    """A POST route that reads its own body (``answer``), documented by ``body`` and the API's errors."""
+    return router.post(path, responses=ERRORS, response_class=JSONBytes, openapi_extra=body, summary=summary)
 
 
-@router.post(
-    "/api/v1/compare",
-    responses=ERRORS,
-    response_class=JSONBytes,
-    openapi_extra=json_body(CompareRequest),
-    summary="One batch under several configs, side by side",
-)
-async def compare(request: Request) -> Response:
-    return await answer(request, work.compare)
+@batch_route("/api/v1/loss", "Evaluate a batch: the loss and its breakdown", json_body(LossRequest))
+async def loss(request: Request, lanes: LanesDep, settings: SettingsDep) -> Response:
+    return await answer(request, lanes, settings, work.loss)
 
 
-@router.post(
-    "/api/v1/upload",
-    responses=ERRORS,
-    response_class=JSONBytes,
-    openapi_extra=UPLOAD_BODY,
-    summary="Evaluate an uploaded batch file",
-)
-async def upload(request: Request) -> Response:
-    return await answer(request, work.upload, request.headers.get("content-type", ""), light=work.binary_upload)
+@batch_route("/api/v1/compare", "One batch under several configs, side by side", json_body(CompareRequest))
+async def compare(request: Request, lanes: LanesDep, settings: SettingsDep) -> Response:
+    return await answer(request, lanes, settings, work.compare)
+
+
+@batch_route("/api/v1/upload", "Evaluate an uploaded batch file", UPLOAD_BODY)
+async def upload(request: Request, lanes: LanesDep, settings: SettingsDep) -> Response:
+    content_type = request.headers.get("content-type", "")
+    return await answer(request, lanes, settings, work.upload, content_type, light=work.binary_upload)
 
 
 @router.get("/api/v1/options", summary="Registries, presets, config fields and scenarios (the UI's controls)")
@@ -151,18 +143,17 @@ def experiments() -> list[dict[str, str]]:
     response_class=JSONBytes,
     summary="One experiment: data and explanation",
 )
-async def experiment(name: str, request: Request) -> Response:
+async def experiment(name: str, lanes: LanesDep) -> Response:
     if name not in EXPERIMENTS:
         msg = f"no experiment {name!r}; expected one of {', '.join(EXPERIMENTS)}"
-        raise HTTPException(404, [error_item(["path", "name"], msg, "not_found")])
-    found = await anyio.to_thread.run_sync(_experiments, limiter=request.app.state.lanes.threads)
+        raise refused(404, ["path", "name"], msg, "not_found")
+    found = await lanes.call(_experiments)
     return JSONBytes(dataclasses.asdict(found[name]))
 
 
 @router.get("/healthz", summary="Liveness, torch version and device")
-async def healthz(request: Request) -> dict[str, Any]:
+async def healthz(settings: SettingsDep) -> dict[str, Any]:
     """Answered on the event loop: it waits for no thread and no worker."""
-    settings = request.app.state.settings
     return {
         "status": "ok",
         "torch": torch.__version__,

@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-from fastapi import Request
-
 import grpo
 from app import work
+from app.lanes import Lanes
 from app.options import options_json
+from app.settings import Settings
 from grpo.answer import dumps
 from grpo.examples import SCENARIOS
 
@@ -63,14 +63,14 @@ def first_request(params: Mapping[str, str]) -> dict[str, Any] | None:
     return {**scenario.request, "config": config}
 
 
-async def boot_json(request: Request) -> str:
-    """The page's boot block: ``{"options": ..., "first": {"request", "answer"} | null}`` as JSON text
-    safe inside a script element (every ``<`` escaped)."""
-    body = first_request(dict(request.query_params))
+async def boot_json(params: Mapping[str, str], lanes: Lanes, settings: Settings) -> str:
+    """The page's boot block for a URL with these parameters: ``{"options": ..., "first": {"request",
+    "answer"} | null}`` as JSON text safe inside a script element (every ``<`` escaped)."""
+    body = first_request(params)
     first = b"null"
     if body is not None:
         raw = dumps(body)
-        reply = await request.app.state.lanes.run(len(raw), work.loss, raw, request.app.state.settings)
+        reply = await lanes.run(len(raw), work.loss, raw, settings)
         if reply.status == 200:  # an error is the API's to report: the page then asks it
             first = b'{"request":' + raw + b',"answer":' + reply.body + b"}"
     text = b'{"options":' + options_bytes() + b',"first":' + first + b"}"

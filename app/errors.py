@@ -28,6 +28,11 @@ def error_item(loc: Loc, msg: str, kind: str) -> dict[str, Any]:
     return {"loc": loc, "msg": msg, "type": kind}
 
 
+def refused(status: int, loc: Loc, msg: str, kind: str) -> ApiError:
+    """An answer other than 200 with one entry, its ``loc`` naming the path parameter or body field at fault."""
+    return ApiError(status, [error_item(loc, msg, kind)])
+
+
 def detail(loc: Loc, msg: str, kind: str) -> dict[str, Any]:
     return {"detail": [error_item(loc, msg, kind)]}
 

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request, Response
 
 from app import work
 from app.api import ERRORS, answer, json_body
+from app.deps import LanesDep, SettingsDep
 from app.schemas import BatchRequest
 from grpo.examples import ARTICLE_EXAMPLE
 from grpo.export import FORMATS, export_batch
@@ -31,8 +32,8 @@ FILE: dict[int | str, dict[str, Any]] = {
     responses={**FILE, **ERRORS},
     openapi_extra=json_body(BatchRequest),
 )
-async def export(fmt: Format, request: Request) -> Response:  # type: ignore[valid-type]
-    return await answer(request, work.export, fmt)
+async def export(fmt: Format, request: Request, lanes: LanesDep, settings: SettingsDep) -> Response:  # type: ignore[valid-type]
+    return await answer(request, lanes, settings, work.export, fmt)
 
 
 @router.get(

@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import errno
 import json
 import logging
 import math
 import multiprocessing as mp
 import os
 import queue
+import secrets
 import shutil
 import signal
 import threading
@@ -37,13 +40,17 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
+from app.errors import ApiError, error_item
 from app.lanes import exit_with_parent
+from app.settings import Settings
+from grpo.lab import COMPARISONS, DEFAULT_TASK, METRICS, TASKS
 from grpo.lab.train import LabConfig, run
 from grpo.runs import RunWriter, config_from_dict, write_atomic
 
@@ -52,6 +59,7 @@ TERMINAL = ("done", "error", "cancelled", "interrupted")
 CANCEL_FILE = "cancel"  # a run directory's cancel request from outside the server (a person, a script)
 WATCHDOG_SECONDS = 2.0
 BUDGET_SETTINGS = "GRPO_LENS_RUNS_MAX_BYTES and GRPO_LENS_RUNS_MIN_FREE_BYTES"
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class Job(NamedTuple):
@@ -218,25 +226,71 @@ class Worker:
     run: str | None = None
 
 
-class LabRefused(Exception):
-    """A run the manager will not take: ``status`` and ``kind`` for the API's answer."""
+class LabRefused(ApiError):
+    """A run the manager will not take or does not have, in the API's one error shape: ``loc`` names
+    the request's part at fault (the body, its name, the path's run id)."""
 
-    status = 409
-    kind = "conflict"
-
-
-class NameTaken(LabRefused):
-    pass
+    def __init__(self, status: int, kind: str, msg: str, loc: tuple[str, ...] = ("body",)) -> None:
+        super().__init__(status, [error_item(list(loc), msg, kind)])
 
 
-class QueueFull(LabRefused):
-    status = 429
-    kind = "queue_full"
+def new_manager(settings: Settings, budget: Callable[[], int | None] | None = None) -> LabManager:
+    """The manager ``settings`` describe; ``budget``: the run store's remaining bytes, which lab runs count against."""
+    return LabManager(
+        settings.runs_dir,
+        settings.lab_max_concurrent,
+        settings.lab_max_seconds,
+        settings.lab_torch_threads,
+        settings.lab_nice,
+        max_queue=settings.lab_max_queue,
+        budget=budget,
+    )
 
 
-class StoreFull(LabRefused):
-    status = 507
-    kind = "insufficient_storage"
+def lab_json(fields: dict[str, Any]) -> dict[str, Any]:
+    """A run's settings as the API shows them: the loss under ``config``."""
+    return {k: v for k, v in fields.items() if k != "loss"} | {"config": fields["loss"]}
+
+
+def tasks_json() -> dict[str, Any]:
+    """GET /api/v1/lab/tasks: the lab's tasks, canned comparisons (each run as the POST body that starts
+    it), metrics and loop settings with their defaults."""
+    defaults = LabConfig()
+    knobs = [
+        {"name": f.name, "default": getattr(defaults, f.name), "doc": f.metadata.get("doc", "")}
+        for f in dataclasses.fields(LabConfig)
+        if f.name not in ("task", "loss", "hidden")
+    ]
+    tasks = [
+        {"name": t.name, "doc": t.doc, "teaches": t.teaches, "max_completion_length": t.max_completion_length}
+        for t in TASKS.values()
+    ]
+    comparisons = [
+        {
+            "name": c.name,
+            "title": c.title,
+            "watch": c.watch,
+            "metrics": list(c.metrics),
+            "overlay": c.overlay,
+            "runs": [run_request(r) for r in c.runs],
+        }
+        for c in COMPARISONS.values()
+    ]
+    return {
+        "default": DEFAULT_TASK,
+        "tasks": tasks,
+        "metrics": list(METRICS),
+        "settings": knobs,
+        "comparisons": comparisons,
+    }
+
+
+def run_request(config: LabConfig) -> dict[str, Any]:
+    """The POST body that starts ``config``: the loss as a whole resolved config."""
+    fields = config.to_dict()
+    loss = {k: v for k, v in fields.pop("loss").items() if k not in ("device", "dtype")}
+    fields.pop("hidden")
+    return fields | {"config": loss | {"preset": loss.get("preset") or "article"}}
 
 
 def _write_queued(run_dir: Path, loss: dict[str, Any], info: dict[str, Any]) -> None:
@@ -331,6 +385,34 @@ class LabManager:
                 _set_status(lab_run.run_dir, "interrupted")
 
     # --- runs ---------------------------------------------------------------------------
+    async def start_run(self, config: LabConfig, name: str | None) -> LabRun:
+        """Queue a run of ``config`` under ``name`` (default: one made of its task, the time and a random
+        tag); ``LabRefused`` when it cannot be taken or its directory cannot be written (saying why, never where)."""
+        run_id = name or f"lab-{config.task}-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+        fields = config.to_dict() | {"loss": config.loss.to_dict()}
+        try:
+            return await self.submit(run_id, fields, {"name": run_id, "lab": lab_json(fields)})
+        except OSError as exc:
+            status, kind = (507, "insufficient_storage") if exc.errno in DISK_FULL else (503, "storage")
+            raise LabRefused(status, kind, f"the run could not be written: {exc.strerror}") from exc
+
+    def summary(self, lab_run: LabRun) -> dict[str, Any]:
+        """A run as the lab's routes answer it: id, status, place in the queue, steps done, its settings."""
+        return {
+            "id": lab_run.id,
+            "status": lab_run.status,
+            "queue_position": self.queue_position(lab_run.id),
+            "steps_done": sum(1 for e, _ in lab_run.events if e == "step"),
+            "lab": lab_json(lab_run.fields),
+        }
+
+    def get(self, run_id: str) -> LabRun:
+        """The run ``run_id`` of this server process; ``LabRefused`` (404) when there is none."""
+        lab_run = self.runs.get(run_id)
+        if lab_run is None:
+            raise LabRefused(404, "not_found", f"no lab run {run_id!r} in this server process", ("path", "run_id"))
+        return lab_run
+
     async def submit(self, run_id: str, fields: dict[str, Any], info: dict[str, Any]) -> LabRun:
         """Reserve ``run_id`` and a place in the queue (``LabRefused`` when either is taken), write its
         run.json (status ``queued``: it lists at once), then queue it."""
@@ -353,11 +435,13 @@ class LabManager:
         busy = sum(w.job is not None for w in self.workers)
         waiting = len(self.pending) + len(self._reserved)
         if waiting + 1 - max(0, self.max_concurrent - busy) > self.max_queue:
-            raise QueueFull(f"{waiting} lab runs are waiting (at most {self.max_queue}, a setting); retry later")
+            msg = f"{waiting} lab runs are waiting (at most {self.max_queue}, a setting); retry later"
+            raise LabRefused(429, "queue_full", msg)
         remaining = self.budget() if self.budget is not None else None
         if remaining is not None and remaining <= 0:
-            raise StoreFull(f"the runs store is full (its budget: settings {BUDGET_SETTINGS}); delete runs first")
-        taken = NameTaken(f"a run named {run_id!r} exists; choose another name")
+            msg = f"the runs store is full (its budget: settings {BUDGET_SETTINGS}); delete runs first"
+            raise LabRefused(507, "insufficient_storage", msg)
+        taken = LabRefused(409, "conflict", f"a run named {run_id!r} exists; choose another name", ("body", "name"))
         if run_id in self.runs or run_id in self._reserved:
             raise taken
         run_dir = self.runs_dir / run_id

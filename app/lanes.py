@@ -26,17 +26,20 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import suppress
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
 from app.errors import error_item, error_json
 from app.settings import Settings
 from app.work import Reply, replying
+
+T = TypeVar("T")
 
 log = logging.getLogger("grpo_lens")
 
@@ -266,6 +269,12 @@ class Lanes:
             return
         with self.recycling:  # one replacement at a time
             self._recycle_if_grown()
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in the small-request lane's threads: short work (a listing, a store's file
+        operation) kept off the event loop. Unlike ``run`` it returns what ``fn`` returns and raises
+        what it raises."""
+        return await anyio.to_thread.run_sync(partial(fn, *args), limiter=self.threads)
 
     async def _in_thread(self, size: int, fn: Any, *args: Any) -> Reply:
         reply: Reply = await anyio.to_thread.run_sync(partial(replying, fn.__name__, fn, *args), limiter=self.threads)

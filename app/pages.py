@@ -12,6 +12,7 @@ from fastapi.templating import Jinja2Templates
 
 from app.auth import COOKIE, cookie_values, safe_next, token_matches
 from app.boot import boot_json
+from app.deps import LanesDep, SessionsDep, SettingsDep
 
 ROOT = Path(__file__).resolve().parent.parent
 templates = Jinja2Templates(directory=ROOT / "templates")
@@ -21,9 +22,10 @@ router = APIRouter(include_in_schema=False)
 
 
 @router.get("/", response_class=HTMLResponse)
-async def dashboard(request: Request) -> HTMLResponse:
+async def dashboard(request: Request, lanes: LanesDep, settings: SettingsDep) -> HTMLResponse:
     """The dashboard, carrying its options and the first answer (``app.boot``): its first view needs no request."""
-    return templates.TemplateResponse(request, "index.html", {"boot": await boot_json(request)})
+    boot = await boot_json(dict(request.query_params), lanes, settings)
+    return templates.TemplateResponse(request, "index.html", {"boot": boot})
 
 
 @router.get("/docs", response_class=HTMLResponse)
@@ -43,10 +45,16 @@ def signin_page(request: Request, next: str = "/") -> HTMLResponse:
 
 
 @router.post("/signin", response_model=None)
-def signin(request: Request, token: Annotated[str, Form()] = "", next: Annotated[str, Form()] = "/") -> Response:
+def signin(
+    request: Request,
+    settings: SettingsDep,
+    sessions: SessionsDep,
+    token: Annotated[str, Form()] = "",
+    next: Annotated[str, Form()] = "/",
+) -> Response:
     """The team's token -> a new session cookie (HttpOnly, SameSite=Strict, Secure over HTTPS, ending after
     ``session_ttl``), then where you were. A session this browser held before ends."""
-    expected, sessions = request.app.state.settings.auth_token, request.app.state.sessions
+    expected = settings.auth_token
     if expected is None or sessions is None:
         return RedirectResponse(safe_next(next), status_code=303)
     if not token_matches(token, expected):
@@ -62,9 +70,8 @@ def signin(request: Request, token: Annotated[str, Form()] = "", next: Annotated
 
 
 @router.post("/signout", response_model=None)
-def signout(request: Request) -> Response:
+def signout(request: Request, sessions: SessionsDep) -> Response:
     """Ends the session server-side (a copy of the cookie is refused from now on) and clears the cookie."""
-    sessions = request.app.state.sessions
     if sessions is not None:
         for value in cookie_values(request.headers.get("cookie", "")):
             sessions.end(value)

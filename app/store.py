@@ -40,6 +40,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any, TypeVar
 
 from app.errors import ApiError, LimitError, error_item
+from app.forms import file_form
 from app.settings import Settings
 from grpo.errors import GrpoInputError
 from grpo.runs import STEP_FILE, load_run, load_step
@@ -78,19 +79,23 @@ def not_found(loc: list[str | int], msg: str) -> ApiError:
     return ApiError(404, [error_item(loc, msg, "not_found")])
 
 
-def open_run(root: Path, name: str) -> Path:
+def open_run(root: Path, name: str, param: str = "run") -> Path:
     """The directory of the run ``name`` under ``root``: a real directory (not a link) holding a
-    regular run.json; else a 404 at the path parameter ``run``."""
+    regular run.json; else a 404 at the path parameter ``param``."""
     if not valid_name(name):
-        raise not_found(["path", "run"], f"no run {name!r}: {NAMES_MSG}")
+        raise not_found(["path", param], f"no run {name!r}: {NAMES_MSG}")
     path = root / name
-    try:
-        is_run = stat.S_ISDIR(os.lstat(path).st_mode) and stat.S_ISREG(os.lstat(path / "run.json").st_mode)
-    except OSError:
-        is_run = False
-    if not is_run:
-        raise not_found(["path", "run"], f"no run {name!r} under the runs directory")
+    if not (_is(stat.S_ISDIR, path) and _is(stat.S_ISREG, path / "run.json")):
+        raise not_found(["path", param], f"no run {name!r} under the runs directory")
     return path
+
+
+def _is(kind: Callable[[int], bool], path: Path) -> bool:
+    """Whether ``path`` itself (a link is never followed) is of ``kind`` (``stat.S_ISDIR``, ``S_ISREG``)."""
+    try:
+        return kind(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _insufficient(msg: str) -> ApiError:
@@ -120,8 +125,21 @@ class RunStore:
         self._claimed = 0  # bytes promised to uploads being written
 
     # --- names -------------------------------------------------------------------------------
-    def open(self, name: str) -> Path:
-        return open_run(self.root, name)
+    def open(self, name: str, param: str = "run") -> Path:
+        return open_run(self.root, name, param)
+
+    def step_file(self, name: str, step: int, micro: int = 0, param: str = "run") -> tuple[Path, int]:
+        """The step file of run ``name``'s step ``step``, micro-batch ``micro``, as one process writes it
+        (no rank), and its size: a regular file in the run's real ``steps/`` directory; else a 404 at
+        the path parameter at fault."""
+        path = self.open(name, param) / "steps" / f"{step:06d}-{micro:03d}.safetensors"
+        try:
+            found = 1 <= step <= 999_999 and _is(stat.S_ISDIR, path.parent) and os.lstat(path)
+        except OSError:  # no such file, or deleted meanwhile
+            found = False
+        if not found or not stat.S_ISREG(found.st_mode):
+            raise not_found(["path", "step"], f"run {name!r} has no saved step {step}")
+        return path, found.st_size
 
     def reserve(self, name: str, loc: tuple[str, ...] = ("body", "name")) -> Path:
         """Take ``name`` for a new run: its directory, made empty by one ``os.mkdir`` (atomic: of any
@@ -206,6 +224,12 @@ class RunStore:
         return out, size
 
     # --- upload ------------------------------------------------------------------------------
+    def add_upload(self, body: bytes, content_type: str) -> dict[str, Any]:
+        """POST /api/v1/runs: a form with the zipped run as ``file`` and its ``name`` (default: the
+        file's name without its extension), read as /api/v1/upload reads its form (``app.forms``)."""
+        form = file_form(body, content_type, self.settings.max_upload_bytes, ("name",))
+        return self.add_zip(form.fields["name"] or PurePosixPath(form.filename or "upload").stem, form.data)
+
     def add_zip(self, name: str, data: bytes) -> dict[str, Any]:
         """Unpack a zipped run as the run ``name``; its summary. Only run.json and
         steps/NNNNNN-NNN[-rankR].safetensors, every one read as the views will read it before the

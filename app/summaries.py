@@ -50,18 +50,18 @@ import orjson
 
 import grpo
 from app.errors import ApiError, LimitError, as_api_error, config_error, error_item, error_json
-from app.ingest import check_padded, validated
+from app.ingest import check_padded, read_json, validated
 from app.lanes import Lanes
-from app.runview import run_overview
+from app.runview import batch_advantages, replay, run_overview, step_batch
 from app.schemas import ConfigRequest
 from app.settings import Settings
 from app.work import Reply
 from grpo.answer import breakdown_to_json, dumps
-from grpo.check import DEFAULT_METRIC_ATOL, DEFAULT_RTOL, replay, replay_config, step_batch
+from grpo.check import DEFAULT_METRIC_ATOL, DEFAULT_RTOL, replay_config
 from grpo.errors import GrpoInputError
 from grpo.requests import batch_from_request, row_lengths
 from grpo.runs import FORMAT as RUN_FORMAT
-from grpo.runs import STEP_FILE, Run, StepRef, load_run, package_versions, read_header
+from grpo.runs import STEP_FILE, Run, StepRef, load_run, load_step, package_versions, read_header
 
 SUMMARY_FILE = ".lens-summary.json"
 FORMAT = 2  # of the summary: a change in the page's or the entry's shape bumps it
@@ -427,6 +427,39 @@ async def page(lanes: Lanes, path: Path, settings: Settings) -> Reply:
 
 
 # --- steps and replays -----------------------------------------------------------------------------------------
+def opened(path: Path) -> Run:
+    """A run to read from: its run.json within the listing's bounds (a 422 saying why not), then loaded."""
+    read_info(path)
+    return load_run(path)
+
+
+async def step(
+    lanes: Lanes, path: Path, number: int, micro: int | None, config: str | None, settings: Settings
+) -> Reply:
+    """GET /api/v1/runs/{run}/steps/{step}: ``config`` (``?config=``, JSON text of a preset and overrides)
+    checked as /api/v1/loss checks its config, the step (or its micro-batch) found (a 404 naming which
+    is missing), its cost checked from the files' headers (413), then evaluated in its lane."""
+    given = overrides(None if not config else read_json(config, ["query", "config"]), ["query", "config"])
+    run = await lanes.call(opened, path)
+    if number not in run.step_numbers() or (
+        micro is not None and micro not in [r.micro for r in run.micro_batches(number)]
+    ):
+        where = f"step {number}" + ("" if micro is None else f" micro-batch {micro}")
+        raise ApiError(404, [error_item(["path", "step"], f"run {run.name!r} has no {where}", "not_found")])
+    plan = await lanes.call(step_plan, run, number, micro, settings, (given or {}).get("dtype"))
+    return await lanes.run(plan.size, step_json, str(path), number, micro, given, settings)
+
+
+async def replay_page(lanes: Lanes, path: Path, body: dict[str, Any], after: int, settings: Settings) -> Reply:
+    """POST /api/v1/runs/{run}/replay: ``body`` is a config (or ``{"config": ...}``), checked as
+    /api/v1/loss checks its config; the steps after ``after`` that fit one page, in their lane."""
+    loc: list[str | int] = ["body", "config"] if "config" in body else ["body"]
+    given = overrides(body.get("config", body), loc) or {}
+    run = await lanes.call(opened, path)
+    plan = await lanes.call(replay_plan, run, after, settings, given.get("dtype"))
+    return await lanes.run(plan.size, replay_json, str(path), plan.steps, given, plan.next)
+
+
 def overrides(value: Any, loc: list[str | int]) -> dict[str, Any] | None:
     """A config's overrides checked as /api/v1/loss checks its config (a 422 at ``loc`` naming the field)."""
     if value is None:
@@ -498,3 +531,40 @@ def replay_plan(run: Run, after: int, settings: Settings, dtype: str | None = No
     total = check_costs(refs, settings, dtype=dtype)
     more = len(steps) < len(numbers)
     return Plan(steps, steps[-1] if more else None, lane_size(total, 2 * len(refs)))
+
+
+# --- a step as the dashboard's input -----------------------------------------------------------------------
+def step_input(path: str, step: int, settings: Settings) -> dict[str, Any]:
+    """GET /api/v1/lab/runs/{run_id}/steps/{step}: one step file (``RunStore.step_file``) as the
+    dashboard's /api/v1/loss request and its config, under the same limits as /api/v1/loss, checked
+    from the file's size and header before its tensors are read (a lane's job)."""
+    file = Path(path)
+    size = file.stat().st_size
+    if size > settings.max_upload_bytes:
+        msg = f"the step file {file.name} has {size} bytes; at most {settings.max_upload_bytes} (a setting)"
+        raise LimitError(["path", "step"], msg)
+    check_costs([StepRef(step, 0, None, file)], settings, dtype="float32")  # it becomes JSON, not a breakdown
+    return _step_request(file)
+
+
+def _step_request(path: Path) -> dict[str, Any]:
+    """A step file as the dashboard's input: each row cut to its counted tokens; the old and reference
+    log-probs default to the policy's, as in /api/v1/loss (a TRL capture at beta 0 holds no reference)."""
+    batch, config, info = load_step(path)
+    lengths = batch.mask.sum(-1).tolist()
+    tokens = info["meta"].get("tokens") if isinstance(info["meta"], dict) else None
+
+    def rows(value: Any) -> list[list[float]]:
+        value = batch.per_token_logps if value is None else value
+        return [row[:n] for row, n in zip(value.tolist(), lengths, strict=True)]
+
+    body: dict[str, Any] = {
+        "per_token_logps": rows(batch.per_token_logps),
+        "old_per_token_logps": rows(batch.old_per_token_logps),
+        "ref_per_token_logps": rows(batch.ref_per_token_logps),
+        "advantages": [float(a) for a in batch_advantages(batch, config).tolist()],
+    }
+    if isinstance(tokens, list) and len(tokens) == len(lengths):
+        body["tokens"] = [row[:n] for row, n in zip(tokens, lengths, strict=True)]
+    fields = {k: v for k, v in config.to_dict().items() if k not in ("device", "dtype")}
+    return {"request": body, "config": fields | {"preset": fields.get("preset") or "article"}, "meta": info["meta"]}

@@ -11,15 +11,14 @@ import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl
 
 import numpy as np
 import torch
 from pydantic import BaseModel
-from python_multipart.multipart import MultipartParser, parse_options_header
 
 import grpo
 from app.errors import CONFIG_FIELDS, ApiError, LimitError, Loc, as_api_error, config_error, error_item, error_json
+from app.forms import file_form
 from app.ingest import (
     PER_TOKEN,
     Flat,
@@ -177,68 +176,6 @@ def _empty() -> Any:
 
 
 # --- uploads ------------------------------------------------------------------------------------------
-MAX_FIELD_BYTES = 1024 * 1024  # a form field (config, token_rows) is small JSON text
-
-
-def read_form(body: bytes, content_type: str, settings: Settings) -> dict[str, Any]:
-    """Multipart form data -> {name: str or (filename, bytes)}, parsed here, off the event loop.
-
-    python-multipart's parser over the body already in memory, with callbacks that keep each part's
-    slices: a 12 MB file parses in milliseconds (Starlette's form machinery, built for streaming,
-    spent ~200 ms on it). At most 2 files and 8 fields; a field is at most 1 MiB of UTF-8 text.
-    """
-    kind, params = parse_options_header(content_type)
-    if kind == b"application/x-www-form-urlencoded":  # fields only (then the file is missing)
-        try:
-            return dict(parse_qsl(body.decode("utf-8"), max_num_fields=8))
-        except ValueError as exc:
-            raise ApiError(422, [error_item(["body"], f"expected form data: {exc}", "form_invalid")]) from exc
-    if kind != b"multipart/form-data" or not params.get(b"boundary"):
-        raise ApiError(422, [error_item(["body"], "expected multipart/form-data with a boundary", "form_invalid")])
-    parts: list[tuple[dict[bytes, bytes], list[bytes]]] = []
-    name, value = bytearray(), bytearray()
-
-    def header_end() -> None:
-        parts[-1][0][bytes(name).lower()] = bytes(value)
-        name.clear()
-        value.clear()
-
-    callbacks: dict[str, Any] = {
-        "on_part_begin": lambda: parts.append(({}, [])),
-        "on_header_field": lambda data, start, end: name.extend(data[start:end]),
-        "on_header_value": lambda data, start, end: value.extend(data[start:end]),
-        "on_header_end": header_end,
-        "on_part_data": lambda data, start, end: parts[-1][1].append(data[start:end]),
-    }
-    try:
-        parser = MultipartParser(params[b"boundary"], callbacks)  # type: ignore[arg-type]  # a TypedDict of these
-        parser.write(body)
-        parser.finalize()
-        return _form_fields(parts)
-    except ValueError as exc:  # the parser's errors, and text that is not UTF-8
-        raise ApiError(422, [error_item(["body"], f"expected multipart form data: {exc}", "form_invalid")]) from exc
-
-
-def _form_fields(parts: list[tuple[dict[bytes, bytes], list[bytes]]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    files = fields = 0
-    for headers, chunks in parts:
-        _, options = parse_options_header(headers.get(b"content-disposition", b""))
-        key = options.get(b"name", b"").decode("utf-8")
-        data = b"".join(chunks)
-        if b"filename" in options:
-            files += 1
-            out[key] = (options[b"filename"].decode("utf-8", errors="replace"), data)
-        else:
-            fields += 1
-            if len(data) > MAX_FIELD_BYTES:
-                raise ValueError(f"the field {key!r} is larger than {MAX_FIELD_BYTES} bytes")
-            out[key] = data.decode("utf-8")
-        if files > 2 or fields > 8:
-            raise ValueError("at most 2 files and 8 fields")
-    return out
-
-
 FILENAME = re.compile(rb'\r\nContent-Disposition: form-data; name="file"; filename="([^"\r\n]*)"', re.IGNORECASE)
 # The formats whose reading copies numbers without a Python object each (their entries say ``light``).
 BINARY_SUFFIXES = tuple(f".{suffix}".encode() for f in UPLOAD_FORMATS if f.light for suffix in f.suffixes)
@@ -254,19 +191,10 @@ def binary_upload(body: bytes) -> bool:
 
 def upload(body: bytes, content_type: str, settings: Settings) -> dict[str, Any]:
     """POST /api/v1/upload: a batch file (JSON, JSONL, safetensors, NPZ, .pt) and optional form fields."""
-    form = read_form(body, content_type, settings)
+    form = file_form(body, content_type, settings.max_upload_bytes, ("config", "token_rows", "heatmap_rows"))
     del body
-    file = form.get("file")
-    if not isinstance(file, tuple):
-        raise ApiError(422, [error_item(["body", "file"], "Field required: a batch file", "missing")])
-    filename, data = file
-    if len(data) > settings.max_upload_bytes:
-        raise LimitError(["body", "file"], f"file larger than {settings.max_upload_bytes} bytes (a setting)")
-    texts = {name: form.get(name) for name in ("config", "token_rows", "heatmap_rows")}
-    for name, text in texts.items():
-        if text is not None and not isinstance(text, str):
-            raise ApiError(422, [error_item(["body", name], "expected JSON text, not a file", "form_invalid")])
-    del form, file
+    filename, data, texts = form.filename, form.data, form.fields
+    del form
     fast = json_file_fields(filename, data)  # a .json file's numbers straight into arrays, where it can
     if fast is not None:
         try:

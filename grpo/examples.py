@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo.batch import Batch
+from grpo.registry import by_name
 from grpo.requests import batch_from_request
 
 # The article's grpo_loss demo: log_softmax of torch.randn(3, 5, 32) logits gathered at its
@@ -39,21 +40,26 @@ ARTICLE_EXAMPLE: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class Scenario:
+    """A batch the page offers as a starting point, with the setting it teaches."""
+
     name: str
     title: str
+    """The menu's label."""
     notes: str
+    """What to look at, shown beside the batch."""
     request: dict[str, Any]
+    """The /api/v1/loss body, without its config."""
     preset: str = "article"
     overrides: dict[str, Any] = field(default_factory=dict)
+    """Config fields set over the preset when the scenario loads."""
 
 
 def _row(*values: float) -> list[float]:
     return list(values)
 
 
-SCENARIOS: dict[str, Scenario] = {
-    s.name: s
-    for s in [
+SCENARIOS: dict[str, Scenario] = by_name(
+    [
         Scenario(
             "article",
             "The article's example",
@@ -240,7 +246,7 @@ SCENARIOS: dict[str, Scenario] = {
             overrides={"beta": 0.04, "kl_estimator": "k1"},
         ),
     ]
-}
+)
 
 
 def scenario_batch(name: str) -> Batch:

@@ -11,15 +11,35 @@ Nothing outside a registry compares a variant's name.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from torch import Tensor
 
 from grpo.errors import GrpoInputError
 
 F = TypeVar("F", bound=Callable[..., object])
+
+
+class Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+N = TypeVar("N", bound=Named)
+
+
+def by_name(items: Iterable[N]) -> dict[str, N]:
+    """A table of ``items`` (scenarios, tasks, comparisons) keyed by their names, in their order; a name
+    given twice is a bug: ValueError."""
+    table: dict[str, N] = {}
+    for item in items:
+        if item.name in table:
+            raise ValueError(f"{item.name!r} is named twice")
+        table[item.name] = item
+    return table
+
 
 Reduction = Literal["trl", "tokens"]
 """How an objective's 0/1 flags become a metric. ``trl``: TRL's masked_batch_mean (the mean over

@@ -154,3 +154,41 @@ def test_hostile_uploads_are_refused(
     assert list(root.iterdir()) == []  # nothing half-written is left
     not_zip = http.post("/api/v1/runs", files={"file": ("up.zip", b"plain bytes")})
     assert not_zip.status_code == 422
+
+
+# /api/v1/runs read its form with FastAPI's UploadFile, /api/v1/upload with its own parser: the same
+# broken or oversized form was a 400 in Starlette's words (no field named) on one and a 422 naming the
+# body on the other, and a run's form took a thousand fields where a batch's took eight. Now one parser
+# (app.forms) reads both, with the same limits and the same errors.
+BROKEN_FORMS = {
+    "not UTF-8": b'--b\r\nContent-Disposition: form-data; name="name"\r\n\r\n\xff\xfe\r\n--b--\r\n',
+    "nine fields": b"".join(b'--b\r\nContent-Disposition: form-data; name="f%d"\r\n\r\nx\r\n' % i for i in range(9))
+    + b"--b--\r\n",
+    "three files": b"".join(
+        b'--b\r\nContent-Disposition: form-data; name="file"; filename="f%d.zip"\r\n\r\nx\r\n' % i for i in range(3)
+    )
+    + b"--b--\r\n",
+}
+
+
+@pytest.mark.parametrize("form", sorted(BROKEN_FORMS))
+@pytest.mark.parametrize("path", ["/api/v1/upload", "/api/v1/runs"])
+def test_both_file_routes_refuse_a_broken_form_alike(
+    runs_client: tuple[TestClient, Path], path: str, form: str
+) -> None:
+    http, root = runs_client
+    headers = {"content-type": "multipart/form-data; boundary=b"}
+    response = http.post(path, content=BROKEN_FORMS[form], headers=headers)
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert detail[0]["loc"] == ["body"] and detail[0]["type"] == "form_invalid", detail
+    assert list(root.iterdir()) == []
+
+
+def test_a_run_form_without_its_file_names_the_file(runs_client: tuple[TestClient, Path]) -> None:
+    http, _ = runs_client
+    response = http.post("/api/v1/runs", files={"name": (None, "only-a-name")})
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "file"]
+    named_file = {"file": ("r.zip", b"x"), "name": ("name.txt", b"a name sent as a file")}
+    response = http.post("/api/v1/runs", files=named_file)
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "name"]

@@ -24,9 +24,9 @@ import uvicorn
 from api_fixtures import free_port
 from fastapi import FastAPI, Request
 
-from app import lab as lab_module
+from app import deps, lab_streams
 from app.auth import COOKIE
-from app.lab import stream_events
+from app.lab_streams import stream_events
 from app.lab_workers import Job, LabManager, LabRun, Worker, run_job
 from app.main import create_app
 from app.settings import Settings
@@ -431,6 +431,17 @@ def test_a_step_of_a_captured_run_opens_as_its_micro_batch_0(tmp_path: Path) -> 
     assert request["ref_per_token_logps"] != request["per_token_logps"]
 
 
+# The step route found its file by a path of its own: a directory with a steps/ folder and no run.json
+# (no run of the store: the listing and every /api/v1/runs view answer 404) still had its steps served.
+# Now the route asks the run store, whose runs hold a regular run.json in a real directory.
+def test_a_step_of_a_directory_that_is_no_run_is_a_404(tmp_path: Path) -> None:
+    step_run(tmp_path, "bare", "lab")
+    (tmp_path / "bare" / "run.json").unlink()
+    response = get_step(tmp_path, "bare")
+    assert response.status_code == 404, response.text
+    assert response.json()["detail"][0]["loc"] == ["path", "run_id"]
+
+
 def test_a_step_past_the_request_limits_is_a_413_before_it_is_read(tmp_path: Path) -> None:
     step_run(tmp_path, "wide", "lab", rows=4, tokens=16)
     response = get_step(tmp_path, "wide", max_tokens=32)
@@ -467,7 +478,7 @@ def test_an_idle_stream_sleeps_until_news(tmp_path: Path, monkeypatch: pytest.Mo
         monkeypatch.setattr(asyncio, "wait_for", counting)
         pending = asyncio.ensure_future(anext(chunks))
         await asyncio.sleep(1.5)  # three polls' worth of the old stream
-        assert len(waits) == 1 and waits[0] >= lab_module.KEEPALIVE_SECONDS
+        assert len(waits) == 1 and waits[0] >= lab_streams.KEEPALIVE_SECONDS
         run.add("step", {"step": 1, "loss": float("nan")})
         second = await pending
         run.add("done", {"reason": "finished"})
@@ -568,7 +579,7 @@ def test_a_client_is_its_session_with_sign_in_else_its_address(tmp_path: Path) -
 
     def client(app: FastAPI, cookie: str) -> str:
         scope = {"type": "http", "app": app, "headers": [(b"cookie", f"{COOKIE}={cookie}".encode())]}
-        return lab_module._client(Request({**scope, "client": ("127.0.0.1", 5000)}))
+        return deps.stream_client(Request({**scope, "client": ("127.0.0.1", 5000)}))
 
     assert client(signed, one) != client(signed, two)
     assert client(signed, one).startswith("session ")

@@ -14,6 +14,7 @@ from typing import Any
 from grpo.config import LossConfig
 from grpo.lab.tasks import TASKS
 from grpo.lab.train import LabConfig
+from grpo.registry import by_name
 
 
 @dataclass(frozen=True)
@@ -51,9 +52,8 @@ _GRPO_LENGTH = _ARTICLE.replace(max_completion_length=TASKS["length"].max_comple
 _DR_GRPO = _GRPO_LENGTH.replace(aggregation=LossConfig.from_preset("trl-dr_grpo").aggregation)
 _DR_PRESET = LossConfig.from_preset("trl-dr_grpo")
 
-COMPARISONS: dict[str, Comparison] = {
-    c.name: c
-    for c in [
+COMPARISONS: dict[str, Comparison] = by_name(
+    [
         Comparison(
             "length-bias",
             f"GRPO vs Dr. GRPO's aggregation ({_ARTICLE.aggregation} vs {_DR_GRPO.aggregation}) on the length task",
@@ -114,4 +114,4 @@ COMPARISONS: dict[str, Comparison] = {
             overlay=True,
         ),
     ]
-}
+)

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from grpo.errors import GrpoInputError
 from grpo.lab.policy import TOKEN_ID
+from grpo.registry import by_name
 
 Reward = Callable[[list[int], list[int]], float]
 
@@ -102,9 +103,8 @@ def _length_reward(prompt: list[int], completion: list[int]) -> float:
     return max(0.0, 1.0 - LENGTH_COST * (len(completion) - 1))
 
 
-TASKS: dict[str, Task] = {
-    t.name: t
-    for t in [
+TASKS: dict[str, Task] = by_name(
+    [
         Task(
             "count",
             "Given a digit k (1-4), write exactly k 'x' tokens; partial credit for a near miss.",
@@ -134,7 +134,7 @@ TASKS: dict[str, Task] = {
             _length_reward,
         ),
     ]
-}
+)
 DEFAULT_TASK = "count"
 
 

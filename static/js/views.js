@@ -129,22 +129,12 @@ export function renderViews(data) {
 // --- rows table ---------------------------------------------------------------------------------
 // One row per completion. Past VIRTUAL_ROWS, the table scrolls in a box of its own and holds only
 // the rows in and near its window, between two spacer rows that keep the scroll height (a run's
-// step can have thousands of completions).
-const ROW_COLUMNS = [
-  "group",
-  "reward",
-  "advantage",
-  "length",
-  "loss",
-  "policy_loss",
-  "kl_loss",
-  "sequence_ratio",
-  "clip_fraction",
-];
+// step can have thousands of completions). Its columns are the answer's per-row fields, in the
+// answer's order (grpo/answer.py ROW_FIELDS): a field the server adds is a column without an edit here.
 const VIRTUAL_ROWS = 200;
 const OVERSCAN = 15; // rows drawn beyond each edge of the window
 
-const rowsView = { data: null, order: [], first: -1, rowHeight: 0, scheduled: false };
+const rowsView = { data: null, columns: [], order: [], first: -1, rowHeight: 0, scheduled: false };
 
 export function renderRowsTable(data) {
   const sort = state.ui.rowSort;
@@ -155,7 +145,8 @@ export function renderRowsTable(data) {
   const [top, height] = scrolls ? [wrap.scrollTop, wrap.clientHeight] : [0, 0];
   const table = clear($("#rows-table"));
   const head = el("tr", { "aria-rowindex": 1 }, el("th", { scope: "col", text: ROWS.row }));
-  for (const key of ROW_COLUMNS) {
+  const columns = Object.keys(data.rows);
+  for (const key of columns) {
     const th = el("th", {
       scope: "col",
       class: "num",
@@ -183,14 +174,14 @@ export function renderRowsTable(data) {
     order.sort((a, b) => ((v[a] ?? -Infinity) - (v[b] ?? -Infinity)) * sort.dir);
   }
   table.setAttribute("aria-rowcount", String(order.length + 1));
-  Object.assign(rowsView, { data, order, first: -1 });
+  Object.assign(rowsView, { data, columns, order, first: -1 });
   wrap.classList.toggle("virtual", order.length > VIRTUAL_ROWS);
   fillRows(top, scrolls || order.length <= VIRTUAL_ROWS ? height : wrap.clientHeight); // a box of its own from now
   if (scrolls) wrap.scrollTop = top;
 }
 
 function rowNode(data, i, position) {
-  const cells = ROW_COLUMNS.map((key) => {
+  const cells = rowsView.columns.map((key) => {
     const v = data.rows[key] ? data.rows[key][i] : null;
     const text = key === "clip_fraction" ? pct(v) : fmt(v);
     return el("td", { class: "num", text, ...tagged(`rows/${key}/${i}`, v) });
@@ -213,7 +204,7 @@ function rowNode(data, i, position) {
 }
 
 function spacer(rows) {
-  const tr = el("tr", { class: "spacer", "aria-hidden": "true" }, el("td", { colspan: ROW_COLUMNS.length + 1 }));
+  const tr = el("tr", { class: "spacer", "aria-hidden": "true" }, el("td", { colspan: rowsView.columns.length + 1 }));
   tr.style.height = `${rows * (rowsView.rowHeight || 30)}px`;
   return tr;
 }

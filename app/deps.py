@@ -1,0 +1,77 @@
+"""What routes are given, one way (FastAPI ``Depends``): the settings, the run store, the lanes, the
+sign-in sessions, the lab manager and the lab's stream caps, each made once with the app
+(``app.main.create_app``) and kept on its state. A route names what it needs in its signature
+(``settings: SettingsDep``) and never reads ``request.app.state`` itself.
+
+The lab manager and the stream caps are made on first use when the app runs without its lifespan (a
+test client used without ``with``): the lab router's lifespan makes them otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from app.auth import Sessions
+from app.lab_streams import StreamCaps, client_key
+from app.lab_workers import LabManager, new_manager
+from app.lanes import Lanes
+from app.settings import Settings
+from app.store import RunStore
+
+
+def settings(request: Request) -> Settings:
+    found: Settings = request.app.state.settings
+    return found
+
+
+def store(request: Request) -> RunStore:
+    found: RunStore = request.app.state.store
+    return found
+
+
+def lanes(request: Request) -> Lanes:
+    found: Lanes = request.app.state.lanes
+    return found
+
+
+def lab(request: Request) -> LabManager:
+    state = request.app.state
+    if getattr(state, "lab", None) is None:
+        state.lab = new_manager(state.settings, state.store.remaining_bytes)
+        state.lab.start(asyncio.get_running_loop())
+    manager: LabManager = state.lab
+    return manager
+
+
+def stream_caps(request: Request) -> StreamCaps:
+    state = request.app.state
+    if getattr(state, "lab_streams", None) is None:
+        state.lab_streams = StreamCaps(
+            state.settings.lab_max_streams_per_run, state.settings.lab_max_streams_per_client
+        )
+    caps: StreamCaps = state.lab_streams
+    return caps
+
+
+def sessions(request: Request) -> Sessions | None:
+    """The sign-in sessions (None: the instance has no token, so no sign-in)."""
+    found: Sessions | None = request.app.state.sessions
+    return found
+
+
+def stream_client(request: Request) -> str:
+    """Who opens an event stream, for the per-client cap (``app.lab_streams.client_key``)."""
+    address = request.client.host if request.client else ""
+    return client_key(sessions(request), request.headers.get("cookie", ""), address)
+
+
+SettingsDep = Annotated[Settings, Depends(settings)]
+StoreDep = Annotated[RunStore, Depends(store)]
+LanesDep = Annotated[Lanes, Depends(lanes)]
+SessionsDep = Annotated[Sessions | None, Depends(sessions)]
+LabDep = Annotated[LabManager, Depends(lab)]
+StreamCapsDep = Annotated[StreamCaps, Depends(stream_caps)]
+StreamClientDep = Annotated[str, Depends(stream_client)]
