@@ -16,6 +16,7 @@ import resource
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -159,37 +160,39 @@ def serve(
         if memory_cap is not None:
             resource.setrlimit(resource.RLIMIT_AS, (memory_cap, memory_cap))
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port), "--http", http],
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        preexec_fn=cap,
-    )
-    url = f"http://127.0.0.1:{port}"
-    if pids is not None:
-        pids.append(proc.pid)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"uvicorn exited: {proc.stderr.read().decode() if proc.stderr else ''}")
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("uvicorn did not answer /healthz in time")
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
+    cmd = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port), "--http", http]
+    # stderr to a file, not a pipe: a server kept for a whole session never blocks on a full pipe
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            preexec_fn=cap,
+        )
+        url = f"http://127.0.0.1:{port}"
+        if pids is not None:
+            pids.append(proc.pid)
         try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stderr:
-            proc.stderr.close()
+            deadline = time.monotonic() + timeout
+            while True:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    raise RuntimeError(f"uvicorn exited: {log.read().decode(errors='replace')}")
+                try:
+                    if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError("uvicorn did not answer /healthz in time")
+                time.sleep(0.1)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

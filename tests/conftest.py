@@ -1,5 +1,6 @@
 """Shared fixtures: the hand-derived batch (reference.HAND), random ragged batches, the hypothesis
-profile, and a guard that no test mutates the global registries or presets."""
+profile, a guard that no test mutates the global registries or presets, the real TRL runs and the
+dashboard's server for the browser tests (both once per session: each costs seconds of imports)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from api_fixtures import serve
 from hypothesis import HealthCheck, settings
 from reference import HAND, Inputs, random_inputs
 
@@ -50,6 +52,8 @@ def _globals_untouched() -> Iterator[None]:
 
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo")
+# The dashboard server's per-token limit: low, so the large-batch path is exercised with a small batch.
+FULL_TOKEN_LIMIT = 200
 
 
 @pytest.fixture(scope="session")
@@ -68,3 +72,12 @@ def trl_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             trainer.train()
         out[loss_type] = root / loss_type
     return out
+
+
+@pytest.fixture(scope="session")
+def dashboard_server() -> Iterator[str]:
+    """One uvicorn for the dashboard's browser tests (tests/test_browser.py, test_browser_explain.py and
+    whoever asks), with a low per-token limit. Those tests send small bodies only, which never reach the
+    large-request lane: no worker process (one would import torch for seconds, unused)."""
+    with serve({"GRPO_LENS_FULL_TOKEN_LIMIT": str(FULL_TOKEN_LIMIT), "GRPO_LENS_PROCESS_WORKERS": "0"}) as url:
+        yield url

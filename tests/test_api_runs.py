@@ -41,7 +41,10 @@ def write_run(root: Path, name: str, tamper: bool = False) -> Path:
 
 @pytest.fixture
 def runs_client(tmp_path: Path) -> Iterator[tuple[TestClient, Path]]:
-    with TestClient(create_app(Settings(runs_dir=str(tmp_path), max_upload_bytes=200_000))) as http:
+    # No worker process: these runs are far under large_request_bytes, so every request takes the thread lane
+    # anyway, and a worker spawned per test would import torch for seconds only to be stopped.
+    settings = Settings(runs_dir=str(tmp_path), max_upload_bytes=200_000, process_workers=0)
+    with TestClient(create_app(settings)) as http:
         yield http, tmp_path
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import FULL_TOKEN_LIMIT
 from safetensors.torch import save
 
 import grpo
@@ -29,7 +30,6 @@ from grpo.requests import batch_from_request
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
-FULL_TOKEN_LIMIT = 200
 
 pytestmark = pytest.mark.skipif(
     not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (make test installs it)"
@@ -66,8 +66,9 @@ def serve(env: dict[str, str], port: int | None = None) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    yield from serve({"GRPO_LENS_FULL_TOKEN_LIMIT": str(FULL_TOKEN_LIMIT)})
+def server(dashboard_server: str) -> str:
+    """The session's dashboard server (conftest.py), shared with test_browser_explain.py."""
+    return dashboard_server
 
 
 @pytest.fixture(scope="module")

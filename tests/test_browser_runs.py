@@ -36,7 +36,8 @@ def runs_server(trl_runs: dict[str, Path], tmp_path_factory: pytest.TempPathFact
     (runs_dir / "broken").mkdir()  # a run.json the rules refuse: listed, not openable
     (runs_dir / "broken" / "run.json").write_text("{nope")
     port = _port()
-    yield from serve({"GRPO_LENS_RUNS_DIR": str(runs_dir)}, port)
+    # no large-request worker: the page reads a small run (thread lane); a worker would import torch, unused
+    yield from serve({"GRPO_LENS_RUNS_DIR": str(runs_dir), "GRPO_LENS_PROCESS_WORKERS": "0"}, port)
 
 
 def test_a_captured_run_steps_through_every_view(browser: Any, runs_server: str) -> None:  # noqa: F811

@@ -35,7 +35,9 @@ def api() -> TestClient:
 
 @pytest.fixture
 def runs(tmp_path: Path) -> Iterator[tuple[TestClient, Path]]:
-    with TestClient(create_app(Settings(runs_dir=str(tmp_path))), raise_server_exceptions=False) as http:
+    # No worker process: the runs here are tiny (thread lane), and one spawned per test costs seconds of imports.
+    settings = Settings(runs_dir=str(tmp_path), process_workers=0)
+    with TestClient(create_app(settings), raise_server_exceptions=False) as http:
         yield http, tmp_path
 
 

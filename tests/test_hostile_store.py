@@ -41,6 +41,9 @@ WAIT = 20.0  # seconds a forced pause waits at most (never reached when the code
 
 
 def make_client(root: Path, **settings: Any) -> TestClient:
+    """No worker process unless asked: the runs here are tiny (thread lane), and a worker spawned per test
+    would import torch for seconds only to be stopped."""
+    settings.setdefault("process_workers", 0)
     return TestClient(create_app(Settings(runs_dir=str(root), **settings)), raise_server_exceptions=False)
 
 

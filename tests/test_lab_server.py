@@ -29,12 +29,15 @@ Event = tuple[str, dict[str, Any]]
 @contextmanager
 def lab_server(runs_dir: Path, **settings: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """uvicorn with the lab's runs under ``runs_dir``; workers at normal priority so tests on a
-    loaded machine are not starved (the nice level is a setting)."""
+    loaded machine are not starved (the nice level is a setting). No large-request worker process
+    unless asked: the lab's requests are small (thread lane), and one would import torch for seconds
+    beside the lab's own workers."""
     port = free_port()
     env = {
         **os.environ,
         "GRPO_LENS_RUNS_DIR": str(runs_dir),
         "GRPO_LENS_LAB_NICE": "0",
+        "GRPO_LENS_PROCESS_WORKERS": "0",
         **{f"GRPO_LENS_{k.upper()}": v for k, v in settings.items()},
     }
     proc = subprocess.Popen(

@@ -39,6 +39,7 @@ playwright_api = pytest.importorskip("playwright.sync_api")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     runs = tmp_path_factory.mktemp("runs")
     env = {"GRPO_LENS_AUTH_TOKEN": TOKEN, "GRPO_LENS_RUNS_DIR": str(runs), "GRPO_LENS_LAB_NICE": "0"}
+    env["GRPO_LENS_PROCESS_WORKERS"] = "0"  # small requests only: a large-request worker would import torch, unused
     with serve(env) as url:
         yield url
 
