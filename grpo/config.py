@@ -82,6 +82,15 @@ class LossConfig:
         "policy",
         choices=("token", "sequence"),
     )
+    top_entropy_quantile: float = _f(
+        1.0,
+        "TRL's high-entropy mask (the 80/20 paper): the policy term acts only on tokens whose entropy is at "
+        "least the (1 - q) quantile of the counted tokens' entropies; the KL still counts. 1 = every token. "
+        "Needs the batch's entropies.",
+        "policy",
+        gt=0.0,
+        le=1.0,
+    )
     log_ratio_clamp: float | None = _f(
         None, "Clamp the token log-ratio to [-c, c] before exp (verl: 20). None = off.", "policy", gt=0.0
     )

@@ -71,6 +71,16 @@ ZERO_ADVANTAGE_TEXT = (
     "A = 0: the token's surrogate is 0 and it gets no policy gradient, yet it still counts in the aggregation's "
     "divisor (weight {weight_note})"
 )
+ENTROPY_MASKED = "entropy_masked"
+ENTROPY_MASKED_TEXT = (
+    "below the high-entropy mask's threshold (top_entropy_quantile {quantile}: the policy term acts on the "
+    "highest-entropy tokens only): its policy term is 0{gradient}; its KL term still counts"
+)
+ENTROPY_MASKED_GRADIENT = {
+    "token": " and it gets no policy gradient",
+    # the row's one ratio is the mean of all its log-ratios: the kept tokens' terms still move this one
+    "sequence": ", yet it still gets policy gradient through the row's sequence ratio, which its log-ratio enters",
+}
 REGION_TEXTS = {  # objectives without a why rule of their own: their regions, read as they are
     "masked": "does not count (prompt, padding or masked out)",
     "trust": "no bound acts on this objective's term: the token keeps its policy gradient",
@@ -120,14 +130,20 @@ def token_why(bd: Breakdown) -> TokenWhy:
         names, codes = rule.names, rule.codes(t.ratio, a, region, config)
         texts = {name: fill(rule.texts[name], rule.values(config)) for name in rule.names}
         no_gradient = rule.no_gradient
-    names = (*names, ZERO_ADVANTAGE)
+    names = (*names, ZERO_ADVANTAGE, ENTROPY_MASKED)
     zero = t.mask & (a == 0) & (codes == names.index("trust"))
-    codes = torch.where(zero, torch.full_like(codes, len(names) - 1), codes)
+    codes = torch.where(zero, torch.full_like(codes, names.index(ZERO_ADVANTAGE)), codes)
+    entropy_masked = t.mask & (t.policy_kept == 0)  # the mask acts before any bound: it silences the token
+    codes = torch.where(entropy_masked, torch.full_like(codes, names.index(ENTROPY_MASKED)), codes)
     codes = torch.where(t.mask, codes, torch.zeros_like(codes))  # "masked" is the first name of every rule
     weight = t.weight[zero]
     note = "not shown: no token has A = 0" if not weight.numel() else f"{number(float(weight.max()))} per token here"
     texts[ZERO_ADVANTAGE] = ZERO_ADVANTAGE_TEXT.format(weight_note=note)
-    return TokenWhy(names, codes, texts, no_gradient | {ZERO_ADVANTAGE})
+    gradient = ENTROPY_MASKED_GRADIENT[config.importance_sampling_level]
+    template = ENTROPY_MASKED_TEXT.replace("{gradient}", gradient)
+    texts[ENTROPY_MASKED] = fill(template, {"quantile": config.top_entropy_quantile})
+    silenced = {ZERO_ADVANTAGE} | ({ENTROPY_MASKED} if config.importance_sampling_level == "token" else set())
+    return TokenWhy(names, codes, texts, no_gradient | silenced)
 
 
 def _sign_sentence(bd: Breakdown) -> str:

@@ -9,7 +9,7 @@ backward pass gives their gradients apart (their sum is the gradient of the loss
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -59,6 +59,9 @@ class TokenBreakdown:
     """The KL term's part of grad."""
     region: Tensor
     """int8 codes into REGIONS: masked, trust, clip_low, clip_high, dual_clip."""
+    policy_kept: Tensor
+    """1.0 where the policy term acts, 0.0 where a token mask took it out (TRL's high-entropy mask: the
+    surrogate is 0 there, the KL still counts) or the position does not count."""
     log_ratio: Tensor
     """log pi - log pi_old (after log_ratio_clamp)."""
     mask: Tensor
@@ -239,6 +242,8 @@ class _Inputs:
     """(B, T) the current log-probs, on the compute device and dtype (with the caller's graph)."""
     old: Tensor
     ref: Tensor
+    entropies: Tensor | None
+    """(B, T) as the batch holds them (their dtype: TRL compares them as they are), or None."""
     adv: _Advantages
     width: int
     """The padded completion width (T minus the shortest prompt)."""
@@ -261,6 +266,7 @@ def _inputs(batch: Batch, config: LossConfig) -> _Inputs:
         logp=logp,
         old=logp.detach() if old is None else old,  # on-policy: old is the current policy, held constant
         ref=logp.detach() if ref is None else ref,
+        entropies=None if batch.entropies is None else batch.entropies.to(device),
         adv=compute_advantages(batch, config, device, dtype),
         width=int(batch.shape[1] - int(batch.prompt_length_tensor().min())),
     )
@@ -279,6 +285,28 @@ class _Terms:
     policy_tokens: Tensor
     kl_tokens: Tensor
     touched: Touched
+    kept: Tensor | None
+    """The token mask on the policy term (None: every counted token keeps it)."""
+
+
+def high_entropy_mask(entropies: Tensor, counted: Tensor, quantile: float) -> Tensor:
+    """TRL's ``get_high_entropy_mask`` on one process: 1.0 where a counted token's entropy is at least the
+    (1 - quantile) quantile of the counted tokens' entropies (``torch.quantile`` over them as float32,
+    linear interpolation), else 0.0; in the entropies' dtype. (B, T) -> (B, T)."""
+    local = entropies[counted].float()
+    if local.numel() == 0:
+        return torch.zeros_like(entropies)
+    threshold = torch.quantile(local, 1 - quantile)
+    return ((entropies * counted) >= threshold).logical_and_(counted).to(entropies.dtype)
+
+
+def policy_kept(inp: _Inputs, config: LossConfig) -> Tensor | None:
+    """The token mask on the policy term in the compute dtype, or None when every counted token keeps it."""
+    if config.top_entropy_quantile >= 1:
+        return None
+    if inp.entropies is None:
+        raise GrpoInputError("entropies", "per-token entropies: top_entropy_quantile < 1 masks the policy term by them")
+    return high_entropy_mask(inp.entropies, inp.counted, config.top_entropy_quantile).to(inp.dtype)
 
 
 def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfig, want_kl: bool) -> _Terms:
@@ -287,6 +315,9 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
     A = inp.adv.values[:, None]  # (B,) -> (B, 1), broadcast over the row's tokens
     ratio, log_ratio = importance_ratio(logp_policy, inp.old, inp.mask, config, touched)
     objective = OBJECTIVES.get(config.objective)(ratio, logp_policy, A, config)
+    kept = policy_kept(inp, config)
+    if kept is not None:  # a token mask on the policy term only (TRL multiplies the per-token loss by it)
+        objective = replace(objective, surrogate=objective.surrogate * kept)
     kl = kl_penalty(logp_kl, inp.ref, inp.old, inp.mask, config, touched) if want_kl or config.beta else None
     weight = AGGREGATIONS.get(config.aggregation)(inp.mask, config, inp.width)
     if config.gradient_accumulation_steps != 1:  # the trainer's scaling of one micro-batch's loss
@@ -295,7 +326,7 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
     # beta = 0 leaves the KL out of the loss entirely, as TRL does (so an overflowed KL cannot
     # turn the loss into NaN through 0 · inf); the KL is still reported.
     kl_tokens = weight * (config.beta * kl) if config.beta and kl is not None else torch.zeros_like(weight)
-    return _Terms(ratio, log_ratio, objective, kl, weight, policy_tokens, kl_tokens, touched)
+    return _Terms(ratio, log_ratio, objective, kl, weight, policy_tokens, kl_tokens, touched, kept)
 
 
 def compute_loss(batch: Batch, config: LossConfig | None = None) -> Tensor:
@@ -342,6 +373,7 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         grad_policy=grad_policy,
         grad_kl=grad_kl,
         region=(t.objective.region.expand(shape) * mask).to(torch.int8),  # MASKED is 0
+        policy_kept=mask if t.kept is None else t.kept * mask,
         log_ratio=t.log_ratio.detach(),
         mask=inp.counted,
     )

@@ -188,8 +188,9 @@ def map_trl(args: Any) -> TrainerMapping:
         if loss_type in TRL_DIVIDED_BY_GA
         else "token_normalizer (with num_items_in_batch, set by the capture)",
     }
-    if a["top_entropy_quantile"] < 1.0:
-        unsupported["top_entropy_quantile"] = "the high-entropy token mask is not applied; the loss will differ"
+    settings["top_entropy_quantile"] = float(a["top_entropy_quantile"])
+    mapped["top_entropy_quantile"] = "top_entropy_quantile (the quantile over one rank's entropies: on several, TRL's "
+    "is over all ranks')"
     if a["off_policy_mask_threshold"] is not None:
         unsupported["off_policy_mask_threshold"] = "the off-policy sequence mask is not applied"
     if a["use_vllm"] and a["vllm_importance_sampling_correction"]:
@@ -199,7 +200,6 @@ def map_trl(args: Any) -> TrainerMapping:
     if a["router_aux_loss_coef"] is not None:
         unsupported["router_aux_loss_coef"] = "a MoE load-balancing loss is not part of GRPO Lens's loss"
     for name in (
-        "top_entropy_quantile",
         "off_policy_mask_threshold",
         "vllm_importance_sampling_correction",
         "entropy_coef",

@@ -94,6 +94,7 @@ function hoverOf(data) {
 }
 
 // The chart views of a /api/v1/loss response: element id -> how it is drawn.
+// [element id, draw(answer), the section to make the element in when templates/index.html has none]
 const CHART_VIEWS = [
   ...charts.HEATMAPS.map((spec) => [
     `heat-${spec.field}`,
@@ -114,7 +115,11 @@ export function setup(h) {
   setupRowsTable();
   const host = $("#heatmaps");
   for (const spec of charts.HEATMAPS) host.append(el("div", { class: "chart heatmap", id: `heat-${spec.field}` }));
-  for (const [id, draw] of CHART_VIEWS) redraw.register(id, "loss", draw);
+  for (const [id, draw, within] of CHART_VIEWS) {
+    // a chart the page's template does not hold gets its element here, at the end of its section
+    if (within && !document.getElementById(id)) $(within).append(el("div", { class: "chart", id }));
+    redraw.register(id, "loss", draw);
+  }
 }
 
 // A new response: the DOM views at once, the charts on screen now and the others when seen.
