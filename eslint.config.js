@@ -4,7 +4,7 @@ import js from "@eslint/js";
 import globals from "globals";
 
 export default [
-  { ignores: ["node_modules/", "vendor/", ".venv/", "test-artifacts/"] },
+  { ignores: ["node_modules/", "vendor/", ".venv/", "test-artifacts/", "build/"] },
   js.configs.recommended,
   {
     files: ["static/js/**/*.js"],

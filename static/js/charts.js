@@ -584,11 +584,17 @@ export function experimentChart(exp) {
 
 // --- a run's steps (the Runs view) ------------------------------------------------------------------
 // A chart over a run's optimiser steps.
-const stepsLayout = (title, extra = {}) =>
+// Steps are whole numbers: a short run gets a tick per step, never 1.5 (a long one Plotly's own spacing).
+const STEP_TICKS_UP_TO = 20;
+const stepsLayout = (title, steps, extra = {}) =>
   base(title, {
     height: 280,
     // automargin: the tick labels push the axis title out instead of printing over it
-    xaxis: { title: { text: "optimiser step", standoff: 8 }, automargin: true },
+    xaxis: {
+      title: { text: "optimiser step", standoff: 8 },
+      automargin: true,
+      ...(steps.length <= STEP_TICKS_UP_TO ? { tickmode: "array", tickvals: steps } : {}),
+    },
     yaxis: { automargin: true },
     legend: { orientation: "h", y: -0.35 },
     ...extra,
@@ -621,7 +627,7 @@ export function lossChart(data) {
         marker: { color: "#dc2626", size: 14, symbol: "x" },
       },
     ],
-    layout: stepsLayout("Loss per step: trainer vs recomputed", {
+    layout: stepsLayout("Loss per step: trainer vs recomputed", x, {
       yaxis: { title: { text: "loss", standoff: 10 }, automargin: true },
     }),
   };
@@ -644,7 +650,7 @@ export function runSeriesChart(data, chart) {
   }));
   return {
     data: traces,
-    layout: stepsLayout(`${chart.title} (filled: GRPO Lens; rings: logged by the trainer; gaps: not logged)`, {
+    layout: stepsLayout(`${chart.title} (filled: GRPO Lens; rings: logged by the trainer; gaps: not logged)`, x, {
       height: 300,
       yaxis: { title: { text: chart.unit, standoff: 10 }, automargin: true },
     }),
@@ -676,7 +682,7 @@ export function replayChart(data, preset) {
       line: { color, dash: "dash" },
     });
   }
-  return { data: traces, layout: stepsLayout(`These same batches under ${preset}`, { height: 320 }) };
+  return { data: traces, layout: stepsLayout(`These same batches under ${preset}`, x, { height: 320 }) };
 }
 
 // --- the Lab: live runs (lab.js adds each run's traces and extends them step by step) --------------
