@@ -29,6 +29,7 @@ from grpo.batch import Batch
 from grpo.check import DEFAULT_METRIC_ATOL, DEFAULT_RTOL, check_run, replay_config, step_views
 from grpo.config import LossConfig
 from grpo.errors import GrpoInputError
+from grpo.fields import fields_of, ragged
 from grpo.loss import Breakdown, evaluate
 from grpo.metrics import SERIES_METRICS
 from grpo.runs import Run, StepRef, load_step
@@ -314,11 +315,11 @@ def step_batch(run: Run, step: int, micro: int | None = None) -> tuple[dict[str,
     rows: dict[str, list[list[float]]] = {}
     per_row: dict[str, list[float]] = {"advantages": [], "row_rewards": [], "row_groups": []}
     for batch, stored, info in loaded:
-        lengths = (batch.mask.cumsum(-1) * batch.mask).argmax(-1) + 1  # up to the last counted position
-        for name in ("per_token_logps", "old_per_token_logps", "ref_per_token_logps", "entropies", "completion_mask"):
-            value = batch.mask_float if name == "completion_mask" else getattr(batch, name)
+        lengths = ((batch.mask.cumsum(-1) * batch.mask).argmax(-1) + 1).tolist()  # up to the last counted position
+        for name in fields_of("token"):  # every per-token field of the table, plugins' included
+            value = batch.mask_float if name == "completion_mask" else getattr(batch, name, batch.extra.get(name))
             if value is not None:
-                rows.setdefault(name, []).extend(v[: int(n)].tolist() for v, n in zip(value, lengths, strict=True))
+                rows.setdefault(name, []).extend(row.tolist() for row in ragged(value, lengths))
         per_row["advantages"] += batch_advantages(batch, stored).tolist()
         for name in ("row_rewards", "row_groups"):
             if name in info["tensors"]:

@@ -59,6 +59,7 @@ from app.work import Reply
 from grpo.answer import breakdown_to_json, dumps
 from grpo.check import DEFAULT_METRIC_ATOL, DEFAULT_RTOL, replay_config
 from grpo.errors import GrpoInputError
+from grpo.fields import ragged
 from grpo.requests import batch_from_request, row_lengths
 from grpo.runs import FORMAT as RUN_FORMAT
 from grpo.runs import STEP_FILE, Run, StepRef, load_run, load_step, package_versions, read_header
@@ -548,20 +549,22 @@ def step_input(path: str, step: int, settings: Settings) -> dict[str, Any]:
 
 
 def _step_request(path: Path) -> dict[str, Any]:
-    """A step file as the dashboard's input: each row cut to its counted tokens; the old and reference
-    log-probs default to the policy's, as in /api/v1/loss (a TRL capture at beta 0 holds no reference)."""
+    """A step file as the dashboard's input: each row up to its last counted token, with its mask (counted
+    tokens need not be a prefix); the old and reference log-probs default to the policy's, as in
+    /api/v1/loss (a TRL capture at beta 0 holds no reference)."""
     batch, config, info = load_step(path)
-    lengths = batch.mask.sum(-1).tolist()
+    lengths = ((batch.mask.cumsum(-1) * batch.mask).argmax(-1) + 1).tolist()  # up to the last counted position
     tokens = info["meta"].get("tokens") if isinstance(info["meta"], dict) else None
 
     def rows(value: Any) -> list[list[float]]:
         value = batch.per_token_logps if value is None else value
-        return [row[:n] for row, n in zip(value.tolist(), lengths, strict=True)]
+        return [row.tolist() for row in ragged(value, lengths)]
 
     body: dict[str, Any] = {
         "per_token_logps": rows(batch.per_token_logps),
         "old_per_token_logps": rows(batch.old_per_token_logps),
         "ref_per_token_logps": rows(batch.ref_per_token_logps),
+        "completion_mask": rows(batch.mask_float),
         "advantages": [float(a) for a in batch_advantages(batch, config).tolist()],
     }
     if isinstance(tokens, list) and len(tokens) == len(lengths):

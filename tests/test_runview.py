@@ -121,3 +121,26 @@ def test_grpo_vs_dr_grpo_names_the_presets_own_values() -> None:
     preset = grpo.LossConfig.from_preset("trl-dr_grpo")
     assert f"max_completion_length = {preset.max_completion_length}" in comparison.watch
     assert f"advantage = {preset.advantage}" in comparison.watch
+
+
+def test_a_step_with_holes_in_its_mask_opens_as_the_same_loss(tmp_path: Path) -> None:
+    """The lab's step route and the runs' step view give the dashboard a step whose counted tokens are not a
+    prefix (a tool's tokens masked mid-row): each row up to its last counted token with its mask, so /loss
+    on it is the step file's own loss. (The lab's route cut each row at its count of counted tokens before,
+    dropping the last ones and counting the masked one.)"""
+    from app.runview import step_batch
+    from app.settings import Settings
+    from app.summaries import step_input
+    from grpo.requests import batch_from_request
+
+    tensors = step_tensors(0)
+    tensors["completion_mask"][0] = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0])  # a hole, then padding
+    path = RunWriter(tmp_path / "r", "trl", CONFIG).write_step(1, 0, tensors, {})
+    batch, config, _ = load_step(path)
+    expected = grpo.evaluate(batch, config).loss
+    lab = step_input(str(path), 1, Settings())["request"]
+    assert lab["completion_mask"][0] == [1.0, 0.0, 1.0, 1.0]
+    runs, _, _ = step_batch(load_run(tmp_path / "r"), 1, 0)
+    for request in (lab, runs):
+        got = grpo.evaluate(batch_from_request(request), config).loss
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)  # float32 file values through JSON floats
