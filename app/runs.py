@@ -28,6 +28,7 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorResponse, "des
 TOO_LARGE: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorResponse, "description": "Past a size limit (a setting): the zipped run or its contents"},
     409: {"model": ErrorResponse, "description": "A run of that name exists"},
+    422: {"model": ErrorResponse, "description": "Not a form with the zip, or a bad zip, run.json or step file"},
     507: {"model": ErrorResponse, "description": "The runs directory's budget or free-space floor would be crossed"},
 }
 UPLOAD_BODY = multipart_body(

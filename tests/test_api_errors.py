@@ -261,7 +261,7 @@ CATALOGUE = [
     ),
     case(
         "unknown-advantage",
-        body(config={"advantage": "rloo"}),
+        body(config={"advantage": "leave-two-out"}),
         422,
         ["body", "config", "advantage"],
         list(grpo.ADVANTAGES.names()),
