@@ -5,6 +5,9 @@ sign-in sessions, the lab manager and the lab's stream caps, each made once with
 
 The lab manager and the stream caps are made on first use when the app runs without its lifespan (a
 test client used without ``with``): the lab router's lifespan makes them otherwise.
+
+Every dependency is ``async def``: FastAPI runs a plain ``def`` dependency in its thread pool, a thread hop
+(and a wait for the GIL) per dependency per request for what is an attribute read.
 """
 
 from __future__ import annotations
@@ -22,22 +25,22 @@ from app.settings import Settings
 from app.store import RunStore
 
 
-def settings(request: Request) -> Settings:
+async def settings(request: Request) -> Settings:
     found: Settings = request.app.state.settings
     return found
 
 
-def store(request: Request) -> RunStore:
+async def store(request: Request) -> RunStore:
     found: RunStore = request.app.state.store
     return found
 
 
-def lanes(request: Request) -> Lanes:
+async def lanes(request: Request) -> Lanes:
     found: Lanes = request.app.state.lanes
     return found
 
 
-def lab(request: Request) -> LabManager:
+async def lab(request: Request) -> LabManager:
     state = request.app.state
     if getattr(state, "lab", None) is None:
         state.lab = new_manager(state.settings, state.store.remaining_bytes)
@@ -46,7 +49,7 @@ def lab(request: Request) -> LabManager:
     return manager
 
 
-def stream_caps(request: Request) -> StreamCaps:
+async def stream_caps(request: Request) -> StreamCaps:
     state = request.app.state
     if getattr(state, "lab_streams", None) is None:
         state.lab_streams = StreamCaps(
@@ -56,16 +59,20 @@ def stream_caps(request: Request) -> StreamCaps:
     return caps
 
 
-def sessions(request: Request) -> Sessions | None:
-    """The sign-in sessions (None: the instance has no token, so no sign-in)."""
+def _sessions(request: Request) -> Sessions | None:
     found: Sessions | None = request.app.state.sessions
     return found
 
 
-def stream_client(request: Request) -> str:
+async def sessions(request: Request) -> Sessions | None:
+    """The sign-in sessions (None: the instance has no token, so no sign-in)."""
+    return _sessions(request)
+
+
+async def stream_client(request: Request) -> str:
     """Who opens an event stream, for the per-client cap (``app.lab_streams.client_key``)."""
     address = request.client.host if request.client else ""
-    return client_key(sessions(request), request.headers.get("cookie", ""), address)
+    return client_key(_sessions(request), request.headers.get("cookie", ""), address)
 
 
 SettingsDep = Annotated[Settings, Depends(settings)]

@@ -113,8 +113,8 @@ def breakdown_to_json(
     if tokens is not None:
         token_data["text"] = [tokens[i] for i in rows]
     row_data = {name: getattr(bd.rows, name) for name in ROW_FIELDS}
-    explained = explain_parts(bd)
     why = token_why(bd)
+    explained = explain_parts(bd, why)
     token_data["why"] = [[why.names[c] for c in row] for row in ragged(why.codes.cpu().numpy(), lengths, rows)]
     if bd.config.importance_sampling_level == "sequence":  # the token's own ratio beside its row's (GSPO)
         token_data["token_ratio"] = _rows_of(bd.tokens.log_ratio.exp() * bd.tokens.mask, lengths, rows)

@@ -398,9 +398,10 @@ def _zero_std_sentence(bd: Breakdown) -> str:
     return text
 
 
-def explain_parts(bd: Breakdown) -> list[tuple[str, list[str | dict[str, Any]]]]:
-    """``explain_items`` with each number apart: text pieces and {"quantity", "value", "text"}."""
-    return [(key, parts_of(text)) for key, text in _marked_items(bd)]
+def explain_parts(bd: Breakdown, why: TokenWhy | None = None) -> list[tuple[str, list[str | dict[str, Any]]]]:
+    """``explain_items`` with each number apart: text pieces and {"quantity", "value", "text"}. ``why``:
+    ``token_why(bd)`` when the caller has it already (the answer does)."""
+    return [(key, parts_of(text)) for key, text in _marked_items(bd, why)]
 
 
 def explain_items(bd: Breakdown) -> list[tuple[str, str]]:
@@ -410,7 +411,7 @@ def explain_items(bd: Breakdown) -> list[tuple[str, str]]:
     return [(key, plain(text)) for key, text in _marked_items(bd)]
 
 
-def _marked_items(bd: Breakdown) -> list[tuple[str, str]]:
+def _marked_items(bd: Breakdown, why: TokenWhy | None = None) -> list[tuple[str, str]]:
     policy, kl, surrogate = float(bd.policy_loss), float(bd.kl_loss), -float(bd.policy_loss)
     beta = bd.config.beta
     m = bd.metrics
@@ -428,7 +429,7 @@ def _marked_items(bd: Breakdown) -> list[tuple[str, str]]:
                 f"{mark('metrics/lens/grad_norm_logps', grad_norm)}: a near-zero loss does not mean a zero gradient"
             )
         out.append(("on_policy", on_policy + "."))
-    why = token_why(bd)
+    why = token_why(bd) if why is None else why
     candidates = (
         ("clip", _clip_sentence(bd, why)),
         ("unbounded", _unbounded_sentence(bd, why)),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from grpo.advantages import ADVANTAGES, group_std_mean
@@ -80,12 +81,23 @@ def _t(keys: tuple[str, ...], names: tuple[str, str, str], template: str, health
 
 def metric_meanings(config: LossConfig) -> dict[str, str]:
     """Each metric key's meaning under ``config`` (the metrics table shows these, one per key)."""
-    return {key: term.render(config) for term in GLOSSARY for key in term.keys}
+    return dict(_meanings(config))
 
 
 def metric_meaning_parts(config: LossConfig) -> dict[str, list[str | dict[str, Any]]]:
     """``metric_meanings`` with each number apart, tagged with the setting it shows (grpo.explain.parts_of)."""
-    return {key: parts_of(term.marked(config)) for term in GLOSSARY for key in term.keys}
+    return {key: [dict(p) if isinstance(p, dict) else p for p in parts] for key, parts in _meaning_parts(config)}
+
+
+# A config's texts are the same for every batch: rendered once per config (an answer is built per request).
+@lru_cache(maxsize=64)
+def _meanings(config: LossConfig) -> tuple[tuple[str, str], ...]:
+    return tuple((key, term.render(config)) for term in GLOSSARY for key in term.keys)
+
+
+@lru_cache(maxsize=64)
+def _meaning_parts(config: LossConfig) -> tuple[tuple[str, list[str | dict[str, Any]]], ...]:
+    return tuple((key, parts_of(term.marked(config))) for term in GLOSSARY for key in term.keys)
 
 
 GLOSSARY: tuple[Term, ...] = (

@@ -579,7 +579,7 @@ def test_a_client_is_its_session_with_sign_in_else_its_address(tmp_path: Path) -
 
     def client(app: FastAPI, cookie: str) -> str:
         scope = {"type": "http", "app": app, "headers": [(b"cookie", f"{COOKIE}={cookie}".encode())]}
-        return deps.stream_client(Request({**scope, "client": ("127.0.0.1", 5000)}))
+        return asyncio.run(deps.stream_client(Request({**scope, "client": ("127.0.0.1", 5000)})))
 
     assert client(signed, one) != client(signed, two)
     assert client(signed, one).startswith("session ")
