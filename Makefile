@@ -40,8 +40,8 @@ UV_COMPILE   = SSL_CERT_FILE=$(firstword $(wildcard /etc/ssl/certs/ca-certificat
 	--find-links $(TORCH_LINKS) --constraint docker/torch-cpu.txt
 lock:
 	test -x $(UV_VENV)/bin/uv || { python3 -m venv $(UV_VENV) && $(UV_VENV)/bin/pip install --quiet uv==$(UV_VERSION); }
-	$(UV_COMPILE) $(LOCK_UPGRADE) -o $(LOCK)
-	$(UV_COMPILE) $(LOCK_UPGRADE) --extra dev --constraint $(LOCK) -o $(DEV_LOCK)
+	$(UV_COMPILE) $(LOCK_UPGRADE) --extra server -o $(LOCK)
+	$(UV_COMPILE) $(LOCK_UPGRADE) --extra server --extra dev --constraint $(LOCK) -o $(DEV_LOCK)
 
 # The real trainers for the capture tests (tests/test_capture_*.py): the `trainers` extra (TRL and the
 # versions it runs with), then verl and the modules it imports with --no-deps (its declared pins

@@ -80,12 +80,11 @@ class EventStream(StreamingResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def bounded(message: Message) -> None:
-            async with asyncio.timeout(self.stall):
-                await send(message)
+            await asyncio.wait_for(send(message), self.stall)  # asyncio.timeout is 3.11's; the library's floor is 3.10
 
         try:
             await super().__call__(scope, receive, bounded)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # builtin TimeoutError from 3.11 on, its own class in 3.10
             log.info("dropped an event stream whose reader took nothing for %g s", self.stall)
         finally:
             self.release()

@@ -40,7 +40,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -388,7 +388,7 @@ class LabManager:
     async def start_run(self, config: LabConfig, name: str | None) -> LabRun:
         """Queue a run of ``config`` under ``name`` (default: one made of its task, the time and a random
         tag); ``LabRefused`` when it cannot be taken or its directory cannot be written (saying why, never where)."""
-        run_id = name or f"lab-{config.task}-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+        run_id = name or f"lab-{config.task}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
         fields = config.to_dict() | {"loss": config.loss.to_dict()}
         try:
             return await self.submit(run_id, fields, {"name": run_id, "lab": lab_json(fields)})

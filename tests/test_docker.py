@@ -4,11 +4,11 @@ that holds what the Dockerfile copies and nothing else. (`make docker-test` buil
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 import yaml
 from packaging.requirements import Requirement
 
@@ -31,14 +31,21 @@ def project() -> dict[str, Any]:
 
 
 def test_one_torch_pin_everywhere(project: dict[str, Any]) -> None:
+    # The library declares a range (it installs beside a training environment's torch); the app, the image,
+    # make and the trainers' constraints pin one version, inside that range.
     (torch,) = [Requirement(r) for r in project["dependencies"] if Requirement(r).name == "torch"]
-    version = str(torch.specifier).removeprefix("==")
+    (version,) = re.findall(r"^TORCH\s+\?= torch==(\S+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert torch.specifier.contains(version) and "==" not in str(torch.specifier)
+    assert f"torch=={version}" in (ROOT / "requirements" / "constraints.txt").read_text().split()
     assert re.search(rf"^ARG TORCH_VERSION={re.escape(version)}$", (ROOT / "Dockerfile").read_text(), re.M)
     assert re.search(rf"^TORCH\s+\?= torch=={re.escape(version)}$", (ROOT / "Makefile").read_text(), re.M)
     assert f"torch=={version}+cpu" in (ROOT / "docker" / "torch-cpu.txt").read_text().split()
 
 
-@pytest.mark.parametrize(("lock", "extras"), [("requirements.lock", ()), ("requirements-dev.lock", ("dev",))])
+LOCKS = [("requirements.lock", ("server",)), ("requirements-dev.lock", ("server", "dev"))]
+
+
+@pytest.mark.parametrize(("lock", "extras"), LOCKS)
 def test_lock_covers_pyproject(project: dict[str, Any], lock: str, extras: tuple[str, ...]) -> None:
     locked = {normalise(k): v for k, v in pins(lock).items()}
     wanted = [Requirement(r) for r in project["dependencies"]]
