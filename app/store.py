@@ -43,7 +43,7 @@ from app.errors import ApiError, LimitError, error_item
 from app.forms import file_form
 from app.settings import Settings
 from grpo.errors import GrpoInputError
-from grpo.runs import STEP_FILE, load_run, load_step
+from grpo.runs import LOGGED_FILE, STEP_FILE, load_run, load_step
 
 log = logging.getLogger("grpo_lens.store")
 
@@ -201,6 +201,8 @@ class RunStore:
             try:
                 with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
                     _zip_file(archive, "run.json", run_fd)
+                    for logged in _logged_names(run_fd):  # what the trainer logged, a line per call
+                        _zip_file(archive, logged, run_fd)
                     for step in _step_names(run_fd):
                         _zip_file(archive, f"steps/{step}", run_fd)
                 # DELETE renames the run before removing its files: still here under its name, it is whole
@@ -348,12 +350,16 @@ def check_member(member: zipfile.ZipInfo) -> None:
     path = PurePosixPath(name)
     is_link = (member.external_attr >> 16) & 0o170000 == 0o120000
     inside = not path.is_absolute() and ".." not in path.parts and "\\" not in name and not is_link
-    allowed = name in ("run.json", "steps/") or (
-        len(path.parts) == 2 and path.parts[0] == "steps" and STEP_FILE.fullmatch(path.name) is not None
+    allowed = (
+        name in ("run.json", "steps/")
+        or LOGGED_FILE.fullmatch(name) is not None
+        or (len(path.parts) == 2 and path.parts[0] == "steps" and STEP_FILE.fullmatch(path.name) is not None)
     )
     if not inside or not allowed:
         raise GrpoInputError(
-            "file", "members run.json and steps/NNNNNN-NNN.safetensors only, inside the run", got=repr(name)[:120]
+            "file",
+            "members run.json, logged[-rankR].jsonl and steps/NNNNNN-NNN.safetensors only, inside the run",
+            got=repr(name)[:120],
         )
 
 
@@ -380,6 +386,10 @@ def _checked_run(staging: Path) -> Any:
             loc: list[str | int] = ["body", "file", f"steps/{ref.path.name}", exc.field]
             raise ApiError(422, [error_item(loc, str(exc), "value_error")]) from exc
     return run
+
+
+def _logged_names(run_fd: int) -> list[str]:
+    return sorted(n for n in os.listdir(run_fd) if LOGGED_FILE.fullmatch(n))
 
 
 def _step_names(run_fd: int) -> list[str]:

@@ -62,7 +62,7 @@ from grpo.errors import GrpoInputError
 from grpo.fields import ragged
 from grpo.requests import batch_from_request, row_lengths
 from grpo.runs import FORMAT as RUN_FORMAT
-from grpo.runs import STEP_FILE, Run, StepRef, load_run, load_step, package_versions, read_header
+from grpo.runs import LOGGED_FILE, STEP_FILE, Run, StepRef, load_run, load_step, package_versions, read_header
 
 SUMMARY_FILE = ".lens-summary.json"
 FORMAT = 2  # of the summary: a change in the page's or the entry's shape bumps it
@@ -181,6 +181,13 @@ def scan(path: Path) -> Scan:
                 continue
             rows.append(f"steps/{entry.name}\t{stat.st_size}\t{stat.st_mtime_ns}\t{stat.st_ino}")
             newest, total, count = max(newest, stat.st_mtime_ns), total + stat.st_size, count + 1
+    with suppress(FileNotFoundError, NotADirectoryError), os.scandir(path) as entries:
+        for entry in entries:  # what the trainer logged: appended to, a line per log call
+            if LOGGED_FILE.fullmatch(entry.name) is not None:
+                with suppress(OSError):
+                    stat = entry.stat()
+                    rows.append(f"{entry.name}\t{stat.st_size}\t{stat.st_mtime_ns}\t{stat.st_ino}")
+                    newest = max(newest, stat.st_mtime_ns)
     digest = hashlib.sha256("\n".join(sorted(rows)).encode("utf-8", "surrogateescape")).hexdigest()
     return Scan(listing, listing_newest, digest, newest, total, count)
 

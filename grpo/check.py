@@ -154,6 +154,10 @@ def check_run(
     micro-batch's breakdown and info as it is computed (a view built beside the check evaluates nothing twice)."""
     result = RunCheck(run.name, rtol, metric_atol)
     logged_all = run.info.get("logged") or {}
+    capture = run.info.get("capture")
+    # a byte budget reached in the middle of a step leaves it without its last micro-batches: its per-call
+    # checks stand, its step-level comparison with the trainer's log (a mean over all of them) cannot
+    incomplete = capture.get("incomplete_step") if isinstance(capture, dict) else None
     for step in run.step_numbers():
         bds = []
         checks = []
@@ -170,7 +174,8 @@ def check_run(
         # The metrics the loss calls logged (per micro-batch), as the trainer averaged them for the step;
         # generation-batch metrics (reward, completions/*) are the trainer's own view of other rows.
         per_call = set().union(*(c.metrics for c in checks))
-        logged = {k: v for k, v in (logged_all.get(str(step)) or {}).items() if _finite(v) is not None}
+        step_log = {} if step == incomplete else logged_all.get(str(step)) or {}
+        logged = {k: v for k, v in step_log.items() if _finite(v) is not None}
         metrics = _compare({k: v for k, v in logged.items() if k in per_call}, mean, metric_atol)
         result.steps.append(
             StepCheck(

@@ -1,6 +1,7 @@
 """Runs on disk: one directory per run, one self-describing safetensors file per micro-batch.
 
     run_dir/run.json                                   format, source, versions, config, created, status
+    run_dir/logged.jsonl                               the metrics the trainer logged, a line per log call
     run_dir/steps/{step:06d}-{micro:03d}.safetensors   ("-rank{r}" before the extension per process)
 
 ``step`` is the trainer's optimiser step (from 1), ``micro`` the micro-batch within it (from 0).
@@ -23,6 +24,8 @@ import re
 import stat
 import struct
 import tempfile
+import warnings
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -47,6 +50,11 @@ STEP_FILE = re.compile(r"([0-9]{6})-([0-9]{3})(?:-rank([0-9]{1,6}))?\.safetensor
 DISPLAY_TENSORS = ("row_rewards", "row_groups")
 # group_size (and any field for the whole batch): a 0-d tensor, read as a number
 BATCH_TENSORS = tuple(name for name in BATCH_FIELDS if name not in fields_of("batch"))
+# The trainer's logged metrics, appended a line per log call (``-rank{r}``: a process other than the first):
+# a rewrite of run.json per call would cost the whole history at every step of a run of thousands.
+LOGGED_FILE = re.compile(r"logged(?:-rank([0-9]{1,6}))?\.jsonl")
+MAX_LOGGED_BYTES = 64_000_000  # ~30,000 steps of 50 metrics
+SUPERSEDED = "superseded"  # steps/superseded/{attempt}/: a resumed job's earlier files of the steps it redoes
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit on the JSON header
 MAX_JSON_DEPTH = 32  # nesting of run.json and a step's config/meta: every reader and JSON writer copes
 # Tensor dtypes a step file may hold: what the loss computes with (float8, complex, unsigned wide ints: refused)
@@ -124,6 +132,62 @@ def _now() -> str:
 
 
 # --- writing ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Sampling:
+    """Which loss calls a capture records, for runs too long to record whole.
+
+    ``every=N``: optimiser steps 1, N+1, 2N+1, ... (the first step always); ``steps``: these steps; both: either;
+    neither: every step. ``ranks``: only these processes (rank 0 when the run has one process). ``max_bytes``:
+    the step files this process writes stop, for the rest of the run, at the first that would cross it; training
+    goes on, and run.json's ``capture`` says where capturing stopped.
+    """
+
+    every: int | None = None
+    steps: frozenset[int] | None = None
+    ranks: frozenset[int] | None = None
+    max_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.every is not None and (isinstance(self.every, bool) or self.every < 1):
+            raise GrpoInputError("every", "a whole number of steps >= 1", got=repr(self.every))
+        if self.max_bytes is not None and self.max_bytes < 1:
+            raise GrpoInputError("max_bytes", "a number of bytes >= 1", got=repr(self.max_bytes))
+        for name in ("steps", "ranks"):
+            chosen = getattr(self, name)
+            if chosen is not None and not all(isinstance(v, int) and v >= 0 for v in chosen):
+                raise GrpoInputError(name, "whole numbers >= 0", got=repr(sorted(chosen, key=str))[:80])
+
+    @classmethod
+    def of(
+        cls,
+        every: int | None = None,
+        steps: Iterable[int] | None = None,
+        ranks: Iterable[int] | None = None,
+        max_bytes: int | None = None,
+    ) -> Sampling:
+        return cls(
+            every, None if steps is None else frozenset(steps), None if ranks is None else frozenset(ranks), max_bytes
+        )
+
+    def wants(self, step: int, rank: int | None) -> bool:
+        """Whether ``rank`` records optimiser step ``step`` (the byte budget aside)."""
+        if self.ranks is not None and (rank or 0) not in self.ranks:
+            return False
+        if self.every is None and self.steps is None:
+            return True
+        return (self.every is not None and (step - 1) % self.every == 0) or (
+            self.steps is not None and step in self.steps
+        )
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "every": self.every,
+            "steps": None if self.steps is None else sorted(self.steps),
+            "ranks": None if self.ranks is None else sorted(self.ranks),
+            "max_bytes": self.max_bytes,
+        }
+
+
 class RunWriter:
     """Writes one run: ``run.json`` at creation, then one file per captured micro-batch.
 
@@ -132,6 +196,11 @@ class RunWriter:
     ``rank`` names the writing process when several write into one run. ``info`` adds fields to
     run.json (a status, a name...) in its first write, or keeps those of an earlier writer of the run
     (``created``): a run.json written once per change of state, not once per field.
+
+    ``sampling`` chooses the steps written (``write_step`` returns None for the others). ``resume``: a
+    restarted job writing into its run again keeps run.json's ``created`` and what it logged, counts the
+    attempt, and moves a step file an earlier attempt wrote to ``steps/superseded/{attempt}/`` before
+    writing that step again: nothing is overwritten. (The lab starts its runs afresh: no resume.)
     """
 
     def __init__(
@@ -143,6 +212,8 @@ class RunWriter:
         rank: int | None = None,
         background: bool = False,
         info: dict[str, Any] | None = None,
+        sampling: Sampling | None = None,
+        resume: bool = False,
     ) -> None:
         if source not in SOURCES:
             raise GrpoInputError("source", f"one of {', '.join(SOURCES)}", got=repr(source))
@@ -164,10 +235,27 @@ class RunWriter:
             "status": "running",
             **(info or {}),
         }
+        self.sampling = sampling or Sampling()
+        self.written_bytes, self.files, self.skipped = 0, 0, 0
+        self.budget_reached_at: int | None = None
+        self.incomplete_step: int | None = None  # the budget was reached after some of its micro-batches
+        self._last_step: int | None = None
+        self._mine: set[Path] = set()  # the step files this writer wrote: anything else is an earlier attempt's
+        self.resume = resume
         path = self.run_dir / "run.json"
-        if rank not in (None, 0) and path.exists():  # another process already described the run
-            self.info = json.loads(path.read_text())
+        earlier = json.loads(path.read_text()) if (resume or rank not in (None, 0)) and path.exists() else None
+        self.attempt = 1
+        if rank not in (None, 0) and earlier is not None:  # another process already described the run
+            self.info = earlier
+            self.attempt = len(earlier.get("attempts", [None]))
         else:
+            if earlier is not None and earlier.get("source") == source:
+                attempts = earlier.get("attempts") or [earlier.get("created")]
+                self.attempt = len(attempts) + 1
+                keep = {k: earlier[k] for k in ("created", "logged") if k in earlier}
+                self.info |= keep | {"attempts": [*attempts, _now()]}
+            if sampling is not None:
+                self.info["capture"] = self.sampling.settings()
             self._write_info()
 
     def _write_info(self) -> None:
@@ -177,6 +265,32 @@ class RunWriter:
         rank = "" if self.rank is None else f"-rank{self.rank}"
         return self.steps_dir / f"{step:06d}-{micro:03d}{rank}.safetensors"
 
+    def wants(self, step: int) -> bool:
+        """Whether this process records optimiser step ``step``: a hook asks before it gathers anything."""
+        return self.budget_reached_at is None and self.sampling.wants(step, self.rank)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """Append what the trainer logged for ``step`` to ``logged.jsonl`` (one line, one write: a crash leaves
+        at most a torn last line, which readers skip). Later lines of a step add to and replace earlier ones."""
+        name = "logged.jsonl" if self.rank in (None, 0) else f"logged-rank{self.rank}.jsonl"
+        line = (json.dumps({"step": step, "metrics": metrics}, default=_plain) + "\n").encode()
+        fd = os.open(self.run_dir / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+    def _account(self) -> None:
+        """run.json's ``capture``: the sampling settings and what this process wrote and skipped."""
+        if self.rank not in (None, 0):
+            return  # one process describes the run; the others' step files speak for themselves
+        account = {"files": self.files, "bytes": self.written_bytes, "skipped_calls": self.skipped}
+        if self.budget_reached_at is not None:
+            account["budget_reached_at_step"] = self.budget_reached_at
+        if self.incomplete_step is not None:
+            account["incomplete_step"] = self.incomplete_step
+        self.update(capture=self.sampling.settings() | account)
+
     def write_step(
         self,
         step: int,
@@ -184,12 +298,28 @@ class RunWriter:
         tensors: dict[str, Tensor],
         meta: dict[str, Any],
         config: LossConfig | dict[str, Any] | None = None,
-    ) -> Path:
-        """Write one micro-batch's tensors with its config, step, micro and ``meta``; return the path."""
+    ) -> Path | None:
+        """Write one micro-batch's tensors with its config, step, micro and ``meta``; return the path (None:
+        the step is not sampled, or the byte budget is spent)."""
         from safetensors.torch import save
 
         if step < 0 or micro < 0 or step > 999_999 or micro > 999:
             raise GrpoInputError("step", "0 <= step <= 999999 and 0 <= micro <= 999", got=f"{step}, {micro}")
+        if not self.wants(step):
+            self.skipped += 1
+            return None
+        size = sum(t.numel() * t.element_size() for t in tensors.values())
+        if self.sampling.max_bytes is not None and self.written_bytes + size > self.sampling.max_bytes:
+            self.budget_reached_at, self.skipped = step, self.skipped + 1
+            self.incomplete_step = step if step == self._last_step else None
+            warnings.warn(
+                f"grpo.runs: the capture's budget of {self.sampling.max_bytes} bytes is reached at step {step}: "
+                "no step file is written from here on (training goes on)",
+                stacklevel=2,
+            )
+            self._account()
+            return None
+        self.written_bytes, self.files, self._last_step = self.written_bytes + size, self.files + 1, step
         copy = self._executor is not None  # the trainer may reuse its buffers after the call returns
         stored = {name: _cpu(t, copy) for name, t in tensors.items()}
         metadata = {
@@ -201,6 +331,11 @@ class RunWriter:
             "meta": _json(meta),
         }
         path = self.step_path(step, micro)
+        if self.resume and path not in self._mine and path.exists():  # an earlier attempt's: kept, not replaced
+            aside = self.steps_dir / SUPERSEDED / str(self.attempt - 1)
+            aside.mkdir(parents=True, exist_ok=True)
+            os.replace(path, aside / path.name)
+        self._mine.add(path)
         if self._executor is None:
             write_atomic(path, save(stored, metadata=metadata))
             return path
@@ -215,7 +350,10 @@ class RunWriter:
             future.result()
 
     def close(self) -> None:
-        """Wait for the background writes (when ``background``); raise the first that failed."""
+        """Wait for the background writes (when ``background``); raise the first that failed. A sampled
+        capture's account goes into run.json."""
+        if self.sampling != Sampling() or self.skipped:
+            self._account()
         if self._executor is None:
             return
         pending, self._pending = self._pending, []
@@ -360,6 +498,12 @@ def load_run(run_dir: str | os.PathLike[str]) -> Run:
     except RecursionError as exc:  # json.loads recurses once per nesting level
         raise GrpoInputError("run.json", "valid JSON", got="nesting too deep") from exc
     check_info(info)
+    logged = read_logged(path)
+    if logged:
+        merged = {step: dict(metrics) for step, metrics in (info.get("logged") or {}).items()}
+        for step, metrics in logged.items():
+            merged.setdefault(step, {}).update(metrics)
+        info["logged"] = merged
     refs = []
     steps_dir = path / "steps"
     entries = sorted(os.scandir(steps_dir), key=lambda e: e.name) if _is_real_dir(steps_dir) else []
@@ -370,6 +514,32 @@ def load_run(run_dir: str | os.PathLike[str]) -> Run:
             refs.append(StepRef(int(match[1]), int(match[2]), rank, Path(entry.path)))
     refs.sort(key=lambda s: (s.step, -1 if s.rank is None else s.rank, s.micro))
     return Run(path.name, path, info, tuple(refs))
+
+
+def read_logged(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """The metrics of ``logged*.jsonl``, by step (the first process's file last: its lines win). A torn last
+    line (a crash mid-write) is skipped; any other bad line is refused, naming the file and line."""
+    files = [e for e in os.scandir(run_dir) if LOGGED_FILE.fullmatch(e.name) and e.is_file(follow_symlinks=False)]
+    files.sort(key=lambda e: -1 if e.name == "logged.jsonl" else int(e.name[len("logged-rank") : -len(".jsonl")]))
+    logged: dict[str, dict[str, Any]] = {}
+    for entry in reversed(files):
+        lines = read_regular(entry.path, MAX_LOGGED_BYTES).split(b"\n")
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                if number == len(lines):  # no newline after it: the write was cut
+                    continue
+                raise GrpoInputError(entry.name, "a JSON object per line", got=f"line {number}") from None
+            step, metrics = (record.get("step"), record.get("metrics")) if isinstance(record, dict) else (None, None)
+            if not isinstance(step, int) or isinstance(step, bool) or not isinstance(metrics, dict):
+                raise GrpoInputError(entry.name, '{"step": <int>, "metrics": {...}} per line', got=f"line {number}")
+            if not all(v is None or _is_number(v) for v in metrics.values()):
+                raise GrpoInputError(entry.name, "metrics that are numbers or null", got=f"line {number}")
+            logged.setdefault(str(step), {}).update(metrics)
+    return logged
 
 
 def _is_real_dir(path: Path) -> bool:

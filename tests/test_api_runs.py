@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -195,3 +196,23 @@ def test_a_run_form_without_its_file_names_the_file(runs_client: tuple[TestClien
     named_file = {"file": ("r.zip", b"x"), "name": ("name.txt", b"a name sent as a file")}
     response = http.post("/api/v1/runs", files=named_file)
     assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "name"]
+
+
+def test_logged_lines_travel_with_the_run_and_are_checked_on_upload(runs_client: tuple[TestClient, Path]) -> None:
+    """A captured run logs a line per step into logged.jsonl: the download carries it, the upload checks it."""
+    http, root = runs_client
+    run = write_run(root, "r")
+    info = json.loads((run / "run.json").read_text())
+    logged = info.pop("logged")
+    (run / "run.json").write_text(json.dumps(info))
+    lines = [json.dumps({"step": int(step), "metrics": metrics}) for step, metrics in logged.items()]
+    (run / "logged.jsonl").write_text("\n".join(lines) + "\n")
+    detail = http.get("/api/v1/runs/r").json()
+    assert detail["ok"] and [s["logged"] for s in detail["steps"]] == [logged["1"], logged["2"]]
+    archive = http.get("/api/v1/runs/r/download").content
+    assert "logged.jsonl" in zipfile.ZipFile(io.BytesIO(archive)).namelist()
+    assert http.post("/api/v1/runs", files={"file": ("c.zip", archive)}, data={"name": "copy"}).status_code == 201
+    assert [s["logged"] for s in http.get("/api/v1/runs/copy").json()["steps"]] == [logged["1"], logged["2"]]
+    members = {"run.json": json.dumps(info), "logged.jsonl": '{"step": 1, "metrics": {"kl": "x"}}\n'}
+    bad = http.post("/api/v1/runs", files={"file": ("b.zip", zipped(members))}, data={"name": "bad"})
+    assert bad.status_code == 422 and "logged.jsonl" in bad.text and "line 1" in bad.text

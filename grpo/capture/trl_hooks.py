@@ -6,7 +6,7 @@ instance only (the class is untouched and the wrappers are removed on exit):
 - ``_compute_loss``: records what the loss used and what it returned, one step file per call;
 - ``_calculate_rewards`` and ``_generate_and_score_completions``: each row's reward and group id ride
   along in the generation batch (TRL shuffles rows before splitting micro-batches, so groups mix);
-- ``log``: the metrics the trainer logged for each optimiser step go into run.json under ``logged``.
+- ``log``: the metrics the trainer logged for each optimiser step, a line each in ``logged.jsonl``.
 Each step file's meta names the rollout (generation batch) it trained on and the pass over it
 (``rollout``: TRL's ``steps_per_generation`` and ``num_iterations``), so the Runs view can say
 "iteration 2 of 2 of rollout 1" from what the trainer did, not from numbers that happen to match.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from grpo.config import LossConfig
-from grpo.runs import RunWriter, package_versions
+from grpo.runs import RunWriter, Sampling, package_versions
 from grpo.trainer_config import TRL_DIVIDED_BY_GA, map_trl
 
 ROW_REWARDS = "lens_row_rewards"  # keys the hooks add to TRL's generation batch
@@ -42,7 +42,6 @@ class _TrlHooks:
         self.in_loss = False
         self.logps: tuple[Tensor, Tensor | None] | None = None
         self.rewards: Tensor | None = None
-        self.logged: dict[str, dict[str, Any]] = {}
         self.saved: dict[str, Any] = {}
 
     # --- installing -------------------------------------------------------------------------
@@ -96,6 +95,9 @@ class _TrlHooks:
         trainer = self.trainer
         if not trainer.model.training:
             return original(model, inputs)
+        if not self.writer.wants(int(trainer.state.global_step) + 1):  # sampled out: nothing is gathered
+            self.writer.skipped += 1
+            return original(model, inputs)
         metrics = trainer._metrics["train"]
         before = {k: len(v) for k, v in metrics.items()}
         self.in_loss, self.logps = True, None
@@ -110,12 +112,11 @@ class _TrlHooks:
 
     def _hook_log(self, original: Callable[..., Any], logs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         out = original(logs, *args, **kwargs)  # TRL adds its averaged metrics to logs in place
-        if self.trainer.model.training and not any(k.startswith("eval_") for k in logs):
-            # the end-of-training summary is logged at the last step too: merge, never overwrite
-            self.logged.setdefault(str(self.trainer.state.global_step), {}).update(
-                {k: _number(v) for k, v in logs.items()}
-            )
-            self.writer.update(logged=self.logged)
+        first = self.writer.rank in (None, 0)  # TRL's logged metrics are already gathered over the processes
+        if first and self.trainer.model.training and not any(k.startswith("eval_") for k in logs):
+            # one line per call, appended (the end-of-training summary comes at the last step too: readers merge)
+            numbers = {k: _number(v) for k, v in logs.items()}
+            self.writer.log(int(self.trainer.state.global_step), {k: v for k, v in numbers.items() if _numeric(v)})
         return out
 
     # --- recording ------------------------------------------------------------------------------
@@ -183,6 +184,10 @@ def rollout(trainer: Any) -> dict[str, int]:
     }
 
 
+def _numeric(value: Any) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
 def _number(value: Any) -> Any:
     if isinstance(value, Tensor):
         value = value.item()
@@ -192,14 +197,27 @@ def _number(value: Any) -> Any:
 
 
 @contextmanager
-def trl(trainer: Any, run_dir: str | Path) -> Iterator[RunWriter]:
+def trl(
+    trainer: Any,
+    run_dir: str | Path,
+    every: int | None = None,
+    steps: Iterable[int] | None = None,
+    ranks: Iterable[int] | None = None,
+    max_bytes: int | None = None,
+) -> Iterator[RunWriter]:
     """Record every training ``_compute_loss`` call of a TRL 1.16 ``GRPOTrainer`` into ``run_dir``.
 
     One step file per micro-batch (step: the optimiser step, from 1; micro: from 0), with the
     log-probs the loss used, old and reference log-probs, mask, advantages, entropies, each row's
     reward and group (``row_rewards``, ``row_groups``), the config from ``trainer.args`` with this
     micro-batch's scaling, the loss the trainer returned and the metrics it logged for the call.
-    run.json's ``status`` ends ``done``, ``interrupted`` or ``failed``.
+    run.json's ``status`` ends ``done``, ``interrupted`` or ``failed``; the logged metrics go to
+    ``logged.jsonl``, a line per log call.
+
+    For long runs: ``every=N`` records optimiser steps 1, N+1, 2N+1...; ``steps`` these steps; ``ranks`` these
+    processes; ``max_bytes`` stops recording (never training) at the first step file that would cross it, per
+    process (run.json's ``capture`` says what was written and skipped). A job restarted into the same
+    ``run_dir`` resumes it: nothing an earlier attempt wrote is overwritten (``RunWriter``'s ``resume``).
     """
     mapping = map_trl(trainer.args)
     for message in mapping.warnings:
@@ -212,6 +230,8 @@ def trl(trainer: Any, run_dir: str | Path) -> Iterator[RunWriter]:
         versions=package_versions("trl", "transformers", "accelerate"),
         rank=int(trainer.accelerator.process_index) if processes > 1 else None,
         background=True,  # step files are written off the training loop's path
+        sampling=Sampling.of(every, steps, ranks, max_bytes),
+        resume=True,
     )
     writer.update(unsupported=mapping.unsupported, loss_type=trainer.loss_type)
     hooks = _TrlHooks(trainer, writer, mapping.config)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from typing import Any
 from torch import Tensor
 
 from grpo.config import LossConfig
-from grpo.runs import RunWriter, package_versions
+from grpo.runs import RunWriter, Sampling, package_versions
 from grpo.trainer_config import map_verl
 
 
@@ -106,6 +106,10 @@ class VerlCapture:
         record, self.pending = self.pending, None
         if record is None:
             return
+        if not self.writer.wants(self.step):  # sampled out (or the byte budget is spent): counted, not written
+            self.writer.skipped += 1
+            self._next_micro()
+            return
         call = record["call"]
         actor = call["config"]
         mask = call["response_mask"].bool()
@@ -133,6 +137,9 @@ class VerlCapture:
             # the passes over each rollout; which rollout and pass this call is, the loss functions do not see
             meta["rollout"] = {"iterations": epochs}
         self.writer.write_step(self.step, self.micro, tensors, meta, config=record["config"])
+        self._next_micro()
+
+    def _next_micro(self) -> None:
         self.micro += 1
         if self.micro_batches_per_step and self.micro >= self.micro_batches_per_step:
             self.step += 1
@@ -168,13 +175,28 @@ def _row_advantages(advantages: Tensor, mask: Tensor) -> Tensor:
 
 @contextmanager
 def verl(
-    run_dir: str | Path, micro_batches_per_step: int | None = None, rank: int | None = None
+    run_dir: str | Path,
+    micro_batches_per_step: int | None = None,
+    rank: int | None = None,
+    every: int | None = None,
+    steps: Iterable[int] | None = None,
+    ranks: Iterable[int] | None = None,
+    max_bytes: int | None = None,
 ) -> Iterator[VerlCapture]:
-    """Record verl 0.9.1's policy-loss, KL and aggregation calls made inside the block into ``run_dir``."""
+    """Record verl 0.9.1's policy-loss, KL and aggregation calls made inside the block into ``run_dir``.
+
+    ``every``, ``steps``, ``ranks`` and ``max_bytes`` choose what is recorded of a long run, as for
+    ``grpo.capture.trl``; a job restarted into the same ``run_dir`` resumes it without overwriting."""
     from verl.trainer.ppo import core_algos
 
     writer = RunWriter(
-        run_dir, "verl", LossConfig.from_preset("verl-grpo"), versions=package_versions("verl"), rank=rank
+        run_dir,
+        "verl",
+        LossConfig.from_preset("verl-grpo"),
+        versions=package_versions("verl"),
+        rank=rank,
+        sampling=Sampling.of(every, steps, ranks, max_bytes),
+        resume=True,
     )
     cap = VerlCapture(writer, micro_batches_per_step)
     registry = core_algos.POLICY_LOSS_REGISTRY
@@ -193,10 +215,12 @@ def verl(
         yield cap
         cap.flush()
     except BaseException:
+        writer.close()
         writer.update(status="failed", unsupported=cap.unsupported)
         raise
     else:
         # run.json's config: the config of the last call (the actor's), without per-call normalisers
+        writer.close()
         last = load_last_config(writer)
         writer.update(status="done", unsupported=cap.unsupported, **({"config": last} if last else {}))
     finally:
