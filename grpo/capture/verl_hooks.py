@@ -37,14 +37,27 @@ def _float(value: Any) -> float:
 class VerlCapture:
     """The state of one ``grpo.capture.verl`` block: the writer, the step and micro counters."""
 
-    def __init__(self, writer: RunWriter, micro_batches_per_step: int | None) -> None:
-        self.writer = writer
+    def __init__(self, make_writer: Callable[[], RunWriter], micro_batches_per_step: int | None) -> None:
+        self._make_writer = make_writer
+        self._writer: RunWriter | None = None
         self.micro_batches_per_step = micro_batches_per_step
         self.step = 1
         self.micro = 0
         self.pending: dict[str, Any] | None = None
         self.in_policy = 0
         self.unsupported: dict[str, str] = {}
+
+    @property
+    def writer(self) -> RunWriter:
+        """The run's writer, made at its first use (a Ray worker knows its rank only once verl set it up)."""
+        if self._writer is None:
+            self._writer = self._make_writer()
+        return self._writer
+
+    @property
+    def started(self) -> bool:
+        """Whether a loss call was seen (a writer made, or a record pending)."""
+        return self._writer is not None or self.pending is not None
 
     def next_step(self) -> None:
         """The optimiser stepped: later loss calls belong to the next step."""
@@ -173,6 +186,63 @@ def _row_advantages(advantages: Tensor, mask: Tensor) -> Tensor:
     return per_row
 
 
+def install(cap: VerlCapture) -> Callable[[], None]:
+    """Wrap verl's registered policy losses, ``kl_penalty`` and ``agg_loss`` with ``cap``'s hooks, in every verl
+    module already imported (modules imported later bind the wrapped functions by name); return the undo."""
+    from verl.trainer.ppo import core_algos
+
+    registry = core_algos.POLICY_LOSS_REGISTRY
+    saved_registry = dict(registry)
+    patched: list[tuple[Any, str, Any]] = []
+    originals = {"kl_penalty": core_algos.kl_penalty, "agg_loss": core_algos.agg_loss}
+    hooks = {"kl_penalty": cap.kl_hook(core_algos.kl_penalty), "agg_loss": cap.agg_hook(core_algos.agg_loss)}
+    for name, fn in saved_registry.items():
+        registry[name] = cap.policy_hook(fn)
+    for module in [m for n, m in list(sys.modules.items()) if n.startswith("verl") and m is not None]:
+        for name, original in originals.items():
+            if getattr(module, name, None) is original:
+                patched.append((module, name, original))
+                setattr(module, name, hooks[name])
+
+    def remove() -> None:
+        registry.clear()
+        registry.update(saved_registry)
+        for module, name, original in patched:
+            setattr(module, name, original)
+        # modules first imported inside the block bound the hooks by name: give them the originals
+        for module in [m for n, m in list(sys.modules.items()) if n.startswith("verl") and m is not None]:
+            for name, hook in hooks.items():
+                if getattr(module, name, None) is hook:
+                    setattr(module, name, originals[name])
+
+    return remove
+
+
+def verl_writer(run_dir: str | Path, rank: int | None, sampling: Sampling) -> RunWriter:
+    return RunWriter(
+        run_dir,
+        "verl",
+        LossConfig.from_preset("verl-grpo"),
+        versions=package_versions("verl"),
+        rank=rank,
+        sampling=sampling,
+        resume=True,
+    )
+
+
+def finish(cap: VerlCapture, status: str) -> None:
+    """Write what is pending and say how the capture ended in run.json (with the last call's config)."""
+    cap.flush()
+    writer = cap.writer
+    writer.close()
+    if status != "done":
+        writer.update(status=status, unsupported=cap.unsupported)
+        return
+    # run.json's config: the config of the last call (the actor's), without per-call normalisers
+    last = load_last_config(writer)
+    writer.update(status="done", unsupported=cap.unsupported, **({"config": last} if last else {}))
+
+
 @contextmanager
 def verl(
     run_dir: str | Path,
@@ -186,53 +256,20 @@ def verl(
     """Record verl 0.9.1's policy-loss, KL and aggregation calls made inside the block into ``run_dir``.
 
     ``every``, ``steps``, ``ranks`` and ``max_bytes`` choose what is recorded of a long run, as for
-    ``grpo.capture.trl``; a job restarted into the same ``run_dir`` resumes it without overwriting."""
-    from verl.trainer.ppo import core_algos
-
-    writer = RunWriter(
-        run_dir,
-        "verl",
-        LossConfig.from_preset("verl-grpo"),
-        versions=package_versions("verl"),
-        rank=rank,
-        sampling=Sampling.of(every, steps, ranks, max_bytes),
-        resume=True,
-    )
-    cap = VerlCapture(writer, micro_batches_per_step)
-    registry = core_algos.POLICY_LOSS_REGISTRY
-    saved_registry = dict(registry)
-    patched: list[tuple[Any, str, Any]] = []
-    originals = {"kl_penalty": core_algos.kl_penalty, "agg_loss": core_algos.agg_loss}
-    hooks = {"kl_penalty": cap.kl_hook(core_algos.kl_penalty), "agg_loss": cap.agg_hook(core_algos.agg_loss)}
-    for name, fn in saved_registry.items():
-        registry[name] = cap.policy_hook(fn)
-    for module in [m for n, m in list(sys.modules.items()) if n.startswith("verl") and m is not None]:
-        for name, original in originals.items():
-            if getattr(module, name, None) is original:
-                patched.append((module, name, original))
-                setattr(module, name, hooks[name])
+    ``grpo.capture.trl``; a job restarted into the same ``run_dir`` resumes it without overwriting.
+    (In verl's Ray workers, where no block can be opened: ``grpo.capture.verl_plugin``.)"""
+    writer = verl_writer(run_dir, rank, Sampling.of(every, steps, ranks, max_bytes))
+    cap = VerlCapture(lambda: writer, micro_batches_per_step)
+    remove = install(cap)
     try:
         yield cap
-        cap.flush()
     except BaseException:
-        writer.close()
-        writer.update(status="failed", unsupported=cap.unsupported)
+        finish(cap, "failed")
         raise
     else:
-        # run.json's config: the config of the last call (the actor's), without per-call normalisers
-        writer.close()
-        last = load_last_config(writer)
-        writer.update(status="done", unsupported=cap.unsupported, **({"config": last} if last else {}))
+        finish(cap, "done")
     finally:
-        registry.clear()
-        registry.update(saved_registry)
-        for module, name, original in patched:
-            setattr(module, name, original)
-        # modules first imported inside the block bound the hooks by name: give them the originals
-        for module in [m for n, m in list(sys.modules.items()) if n.startswith("verl") and m is not None]:
-            for name, hook in hooks.items():
-                if getattr(module, name, None) is hook:
-                    setattr(module, name, originals[name])
+        remove()
 
 
 def load_last_config(writer: RunWriter) -> dict[str, Any] | None:

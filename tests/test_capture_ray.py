@@ -1,0 +1,114 @@
+"""verl's Ray workers captured through the ``verl.plugins`` entry point, with a real local Ray.
+
+Two Ray actors play verl's workers: each imports verl (which loads the entry point ``grpo_lens``), runs verl
+0.9.1's own actor loss (``ppo_loss``, as tests/test_capture_verl.py calls it) on its own micro-batches, and
+steps an optimiser after each step's two micro-batches. ``GRPO_LENS_CAPTURE_DIR`` reaches them only through
+Ray's ``runtime_env`` (the driver does not have it, so inheritance cannot pass the test), as does ``RANK``
+(verl's worker group sets it the same way). The run must hold each rank's files, numbered by each worker's
+optimiser steps, and ``check-run`` must pass on it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from grpo.capture.verl_plugin import CAPTURE_DIR
+from grpo.check import check_run
+from grpo.runs import load_run, load_step
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("verl")
+pytest.importorskip("PIL")
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS = 2
+SEEDS = {rank: [[100 * rank + 10 * step + micro for micro in range(2)] for step in range(STEPS)] for rank in (0, 1)}
+
+
+@ray.remote(num_cpus=0)
+class Worker:
+    """One of verl's actor workers: its loss calls and its optimiser."""
+
+    def plugin_installed(self) -> bool:
+        import verl  # noqa: F401 (verl loads its plugins as it is imported)
+
+        return "grpo.capture.verl_plugin" in sys.modules and bool(os.environ.get(CAPTURE_DIR))
+
+    def train(self, seeds: list[list[int]]) -> list[float]:
+        import torch
+        from test_capture_verl import actor_config, call_ppo_loss, micro_batch
+
+        config = actor_config(loss_agg_mode="seq-mean-token-mean", use_kl_loss=True, kl_loss_coef=0.04)
+        weight = torch.nn.Parameter(torch.zeros(1))
+        optimizer = torch.optim.SGD([weight], lr=0.1)
+        info: dict[str, Any] = {"dp_size": 1, "batch_num_tokens": None, "global_batch_size": None}
+        returned = []
+        for step_seeds in seeds:
+            for seed in step_seeds:
+                returned.append(call_ppo_loss(config, micro_batch(seed), info)[0])
+            optimizer.step()  # the worker's optimiser step ends its step
+        return returned
+
+
+@pytest.fixture
+def local_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.delenv(CAPTURE_DIR, raising=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def test_ray_workers_capture_through_the_verl_plugin(local_ray: None, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    paths = os.pathsep.join([str(ROOT), str(ROOT / "tests")])  # this checkout's grpo and the test helpers
+    workers = {
+        rank: Worker.options(  # type: ignore[attr-defined]
+            runtime_env={"env_vars": {CAPTURE_DIR: str(run_dir), "RANK": str(rank), "PYTHONPATH": paths}}
+        ).remote()
+        for rank in SEEDS
+    }
+    assert all(ray.get([w.plugin_installed.remote() for w in workers.values()], timeout=300))
+    returned = dict(zip(SEEDS, ray.get([workers[r].train.remote(SEEDS[r]) for r in SEEDS], timeout=600), strict=True))
+    assert CAPTURE_DIR not in os.environ and not any(run_dir.glob("*.jsonl"))
+
+    run = load_run(run_dir)
+    assert run.info["source"] == "verl"
+    # each rank's files, numbered by its own optimiser steps, in (step, rank, micro) order
+    assert [(s.step, s.rank, s.micro) for s in run.steps] == [
+        (step, rank, micro) for step in range(1, STEPS + 1) for rank in (0, 1) for micro in range(2)
+    ]
+    for ref in run.steps:
+        loss = load_step(ref.path)[2]["meta"]["loss"]
+        assert loss == pytest.approx(returned[ref.rank][2 * (ref.step - 1) + ref.micro], rel=1e-6, abs=1e-9)
+    check = check_run(run)
+    assert check.ok and len(check.micro) == 8
+    assert all(m.rel_error is not None and m.rel_error <= 1e-5 for m in check.micro)
+    cli = subprocess.run([sys.executable, "-m", "grpo", "check-run", str(run_dir)], cwd=ROOT, capture_output=True)
+    assert cli.returncode == 0, cli.stderr[-2000:]
+
+
+@pytest.mark.parametrize("capture", [False, True])
+def test_importing_verl_loads_the_plugin_which_acts_only_when_asked(capture: bool, tmp_path: Path) -> None:
+    script = (
+        "import sys, verl\n"
+        "from verl.trainer.ppo import core_algos\n"
+        "print(core_algos.kl_penalty.__qualname__, 'grpo.capture.verl_plugin' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != CAPTURE_DIR} | ({CAPTURE_DIR: str(tmp_path)} if capture else {})
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    hooked = "VerlCapture.kl_hook" in done.stdout
+    assert done.stdout.split()[-1] == "True"  # the entry point was loaded either way (pyproject.toml)
+    assert hooked == capture
+    assert list(tmp_path.iterdir()) == []  # no loss call: nothing written
