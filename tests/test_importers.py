@@ -28,7 +28,8 @@ from grpo.importers import map_nemo_rl, map_slime
 from grpo.runs import load_run, load_step
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLER_IS_A_FIELD = "sampling_per_token_logps" in BATCH_FIELDS
+SAMPLER = "sampling_per_token_logps"
+SAMPLER_IS_A_FIELD = SAMPLER in BATCH_FIELDS
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -101,8 +102,8 @@ def test_nemo_rl_import_holds_the_dump_as_the_loss_reads_it(nemo_dir: Path, caps
     assert info["tensors"]["row_rewards"].tolist() == data["rewards"]
     assert config.aggregation == "token-mean" and config.beta == 0.01 and config.kl_clamp == 10.0
     gen = torch.tensor(data["generation_logprobs"])[:, 1:]
-    if SAMPLER_IS_A_FIELD:
-        assert "sampling_per_token_logps" in info["meta"] or batch.extra  # a tensor of the step
+    if SAMPLER_IS_A_FIELD:  # issue 22 landed: a tensor of the step
+        assert torch.equal(getattr(batch, SAMPLER)[counted], gen[counted].float())
     else:
         assert loaded.info["imported"]["sampler_log_probs"].startswith("step meta")
         assert torch.tensor(info["meta"]["sampling_per_token_logps"]).allclose(gen)
@@ -234,8 +235,8 @@ def test_slime_v2_import_and_its_loss(slime_dir: Path, tmp_path: Path, capsys: A
     result = check_run(loaded)
     assert result.ok and result.micro[0].lens_loss == pytest.approx(sum(per_row) / 4, rel=1e-5)
     gen = samples[0]["rollout_log_probs"]
-    if not SAMPLER_IS_A_FIELD:
-        assert torch.tensor(info["meta"]["sampling_per_token_logps"][0]).allclose(gen)
+    sampler = getattr(batch, SAMPLER)[0, :3] if SAMPLER_IS_A_FIELD else torch.tensor(info["meta"][SAMPLER][0])
+    assert torch.equal(sampler, gen)
     assert info["meta"]["sampler_vs_old"]["tokens"] == int(sum(s["loss_masks"].sum() for s in samples))
 
 

@@ -242,9 +242,9 @@ def read_step(path: Path, step: int) -> ImportedStep:
     }
     if all(r is not None for r in rewards):
         tensors["row_rewards"] = torch.tensor(rewards, dtype=torch.float32)
-    checked(tensors, path.name)
     sampler, sampler_meta = sampler_entry(gen)
     tensors |= sampler
+    checked(tensors, path.name)
     meta = {
         "imported_from": path.name,
         "trainer": "nemo-rl",

@@ -217,7 +217,6 @@ def read_dump(path: Path) -> ImportedStep | None:
         tensors["ref_per_token_logps"] = grid(refs)
     if all(r is not None for r in rewards):
         tensors["row_rewards"] = torch.tensor(rewards, dtype=torch.float32)
-    checked(tensors, where)
     meta: dict[str, Any] = {"imported_from": where, "trainer": "slime", "rollout_id": rollout_id}
     cannot = list(CANNOT_CHECK)
     if len(refs) != len(samples):
@@ -227,6 +226,7 @@ def read_dump(path: Path) -> ImportedStep | None:
         tensors |= sampler
         meta |= {"sampler_vs_old": mismatch(current, grid(gens, fill=float("nan")), mask), **sampler_meta}
     meta["cannot_check"] = cannot
+    checked(tensors, where)
     return ImportedStep(rollout_id + 1, rank, tensors, meta)
 
 
