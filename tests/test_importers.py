@@ -304,6 +304,24 @@ def test_nemo_rl_bad_dumps_are_refused_whole(nemo_dir: Path, tmp_path: Path, cap
     refused(capsys, tmp_path, "nemo-rl", nemo_dir, "per_token_logps[1]")
 
 
+def test_bad_settings_are_named(nemo_dir: Path, tmp_path: Path, capsys: Any) -> None:
+    cfg = tmp_path / "bad.json"
+    for settings, field in (
+        ({"ratio_clip_min": "0.2"}, "ratio_clip_min"),
+        ({"loss_fn": {"ratio_clip_c": 0.5}}, "dual_clip"),  # NeMo RL asserts c > 1; LossConfig says so
+        ([1, 2], "config"),
+    ):
+        cfg.write_text(json.dumps(settings))
+        code, _, err = run(capsys, "import", "nemo-rl", str(nemo_dir), str(tmp_path / "run"), "--config", str(cfg))
+        assert code == 2 and err.startswith(f"error: {field}") and err.count("\n") == 1, err
+    cfg.write_text("{not json")
+    code, _, err = run(capsys, "import", "slime", str(nemo_dir), str(tmp_path / "run"), "--config", str(cfg))
+    assert code == 2 and err.startswith("error: --config")
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(GrpoInputError, match="eps_clip_high"):
+        map_slime({"eps_clip_high": True})
+
+
 def test_import_never_overwrites(nemo_dir: Path, tmp_path: Path, capsys: Any) -> None:
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "keep.txt").write_text("mine")

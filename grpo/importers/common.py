@@ -43,6 +43,17 @@ class ImportedStep:
     meta: dict[str, Any]
 
 
+def number(name: str, value: Any) -> float:
+    """A trainer setting that must be a number (a bool or a string is refused, naming the setting)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise GrpoInputError(name, "a number", got=repr(value)[:40])
+    return float(value)
+
+
+def optional_number(name: str, value: Any) -> float | None:
+    return None if value is None else number(name, value)
+
+
 def sampler_is_a_field() -> bool:
     """Whether the batch table knows the sampler's log-probs (issue 22): then they are a step tensor, else meta."""
     return SAMPLER_FIELD in BATCH_FIELDS

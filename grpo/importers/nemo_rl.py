@@ -29,6 +29,8 @@ from grpo.importers.common import (
     checked,
     grid,
     mismatch,
+    number,
+    optional_number,
     row_advantages,
     sampler_entry,
     sampler_is_a_field,
@@ -82,17 +84,18 @@ def map_nemo_rl(cfg: Any = None) -> TrainerMapping:
     if kl_type not in KL_TYPES:
         raise GrpoInputError("reference_policy_kl_type", f"one of {', '.join(KL_TYPES)}", got=repr(kl_type))
     token_level = bool(a["token_level_loss"])
+    penalty = a["reference_policy_kl_penalty"]
     settings: dict[str, Any] = {
         "preset": None,
         "objective": "clip",
-        "epsilon_low": float(a["ratio_clip_min"]),
-        "epsilon_high": float(a["ratio_clip_max"]),
-        "dual_clip": None if a["ratio_clip_c"] is None else float(a["ratio_clip_c"]),
+        "epsilon_low": number("ratio_clip_min", a["ratio_clip_min"]),
+        "epsilon_high": number("ratio_clip_max", a["ratio_clip_max"]),
+        "dual_clip": optional_number("ratio_clip_c", a["ratio_clip_c"]),
         "importance_sampling_level": "sequence" if a["sequence_level_importance_ratios"] else "token",
-        "beta": 0.0 if a["use_kl_in_reward"] else float(a["reference_policy_kl_penalty"]),
+        "beta": 0.0 if a["use_kl_in_reward"] else number("reference_policy_kl_penalty", penalty),
         "kl_estimator": kl_type,
-        "kl_log_ratio_clamp": _optional(a["kl_input_clamp_value"]),
-        "kl_clamp": _optional(a["kl_output_clamp_value"]),
+        "kl_log_ratio_clamp": optional_number("kl_input_clamp_value", a["kl_input_clamp_value"]),
+        "kl_clamp": optional_number("kl_output_clamp_value", a["kl_output_clamp_value"]),
         # token level: the mean over mask = token_mask * sample_mask; else the mean over tokens of each row,
         # then over rows with sample_mask 1 (a masked-out row has no counted token: skipped, as NeMo RL)
         "aggregation": "token-mean" if token_level else "seq-mean-token-mean",
@@ -162,10 +165,6 @@ def _fields(cfg: Any) -> dict[str, Any]:
     if isinstance(cfg.get("loss_fn"), Mapping):  # the whole master config
         cfg = cfg["loss_fn"]
     return {str(k): v for k, v in cfg.items()}
-
-
-def _optional(value: Any) -> float | None:
-    return None if value is None else float(value)
 
 
 # --- the dump ------------------------------------------------------------------------------------

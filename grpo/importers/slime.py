@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import re
+from argparse import Namespace
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,8 @@ from grpo.importers.common import (
     checked,
     grid,
     mismatch,
+    number,
+    optional_number,
     row_advantages,
     sampler_entry,
     sampler_is_a_field,
@@ -74,21 +77,23 @@ CANNOT_CHECK = [
 def map_slime(args: Any = None) -> TrainerMapping:
     """slime's training arguments (a dict or an argparse Namespace; missing ones take slime's defaults) as a
     LossConfig, with where each went."""
-    given = {str(k): v for k, v in (vars(args) if hasattr(args, "__dict__") else (args or {})).items()}
-    if not isinstance(args, Mapping | None) and not hasattr(args, "__dict__"):
+    if isinstance(args, Namespace):
+        args = vars(args)
+    if not isinstance(args, Mapping | None):
         raise GrpoInputError("config", "slime's arguments: a mapping", got=type(args).__name__)
+    given = {str(k): v for k, v in (args or {}).items()}
     a = {**SLIME_DEFAULTS, **given}
     kl_type = a["kl_loss_type"]
     if kl_type not in KL_TYPES:
         raise GrpoInputError("kl_loss_type", f"one of {', '.join(KL_TYPES)}", got=repr(kl_type))
-    eps = float(a["eps_clip"])
+    eps = number("eps_clip", a["eps_clip"])
     settings: dict[str, Any] = {
         "preset": None,
         "objective": "clip",
         "epsilon_low": eps,
-        "epsilon_high": eps if a["eps_clip_high"] is None else float(a["eps_clip_high"]),
-        "dual_clip": None if a["eps_clip_c"] is None else float(a["eps_clip_c"]),
-        "beta": float(a["kl_loss_coef"]) if a["use_kl_loss"] else 0.0,
+        "epsilon_high": eps if a["eps_clip_high"] is None else number("eps_clip_high", a["eps_clip_high"]),
+        "dual_clip": optional_number("eps_clip_c", a["eps_clip_c"]),
+        "beta": number("kl_loss_coef", a["kl_loss_coef"]) if a["use_kl_loss"] else 0.0,
         "aggregation": "token-mean" if a["calculate_per_token_loss"] else "seq-mean-token-mean",
         **KL_TYPES[kl_type],
     }
