@@ -19,7 +19,10 @@ from typing import Any
 
 import pytest
 import torch
+from fastapi.testclient import TestClient
 
+from app.main import create_app
+from app.settings import Settings
 from grpo.__main__ import main
 from grpo.check import check_run
 from grpo.errors import GrpoInputError
@@ -357,3 +360,21 @@ def test_the_real_command(nemo_dir: Path, tmp_path: Path) -> None:
     assert ok.returncode == 0, ok.stderr
     bad = subprocess.run([*cmd, str(tmp_path / "nope"), str(tmp_path / "r2")], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and not (tmp_path / "r2").exists()
+
+
+def test_imported_runs_open_in_the_server(nemo_dir: Path, slime_dir: Path, tmp_path: Path, capsys: Any) -> None:
+    """The Runs view's routes read an imported run like a captured one (the sampler rows in meta included)."""
+    root = tmp_path / "runs"
+    root.mkdir()
+    assert run(capsys, "import", "nemo-rl", str(nemo_dir), str(root / "nemo"))[0] == 0
+    assert run(capsys, "import", "slime", str(slime_dir), str(root / "slime"))[0] == 0
+    with TestClient(create_app(Settings(runs_dir=str(root), process_workers=0))) as http:
+        listed = http.get("/api/v1/runs").json()
+        assert sorted((r["name"], r["source"]) for r in listed) == [("nemo", "nemo-rl"), ("slime", "slime")]
+        for name in ("nemo", "slime"):
+            detail = http.get(f"/api/v1/runs/{name}")
+            assert detail.status_code == 200 and detail.json()["ok"]
+            step = http.get(f"/api/v1/runs/{name}/steps/1")
+            assert step.status_code == 200
+            expected = check_run(load_run(root / name)).micro[0].lens_loss
+            assert step.json()["breakdown"]["loss"] == pytest.approx(expected, rel=1e-6)
