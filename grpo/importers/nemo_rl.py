@@ -64,6 +64,7 @@ NEMO_RL_DEFAULTS: dict[str, Any] = {
     "positive_example_nll_weight": 0.0,
 }
 KL_TYPES = ("k1", "k2", "k3")
+PER_TOKEN = ("prev_logprobs", "generation_logprobs", "token_loss_mask", "advantages")  # what the import reads
 CANNOT_CHECK = [
     "the current policy's log-probs: the dump holds prev_logprobs (the old policy) and generation_logprobs "
     "(the sampler's), so the run uses prev as current: every ratio is 1 and no clip acts",
@@ -216,8 +217,7 @@ def read_step(path: Path, step: int) -> ImportedStep:
             raise GrpoInputError(where, "one complete JSON object per line", got=str(exc)[:80]) from exc
         if not isinstance(sample, dict):
             raise GrpoInputError(where, "a JSON object", got=type(sample).__name__)
-        rows = {k: _token_row(sample, k, where) for k in ("prev_logprobs", "generation_logprobs", "token_loss_mask")}
-        rows["advantages"] = _token_row(sample, "advantages", where)
+        rows = {k: _token_row(sample, k, where) for k in PER_TOKEN}
         widths = {k: len(v) for k, v in rows.items()}
         if len(set(widths.values())) != 1:
             got = ", ".join(f"{k} {w}" for k, w in widths.items())
