@@ -3,6 +3,7 @@
 python -m grpo                          the article's example, as a table
 python -m grpo eval FILE [--preset NAME] [--json] [--set field=value ...]
 python -m grpo check-run RUN_DIR [--rtol R] [--metric-atol A] [--json]
+python -m grpo import {nemo-rl,slime} DIR RUN_DIR [--config FILE]
 
 A run's step file (``steps/000001-000.safetensors``) carries its config: ``eval`` uses it, ``--preset``
 replaces it and ``--set`` overrides its fields.
@@ -23,6 +24,7 @@ from grpo.config import PRESETS, LossConfig
 from grpo.errors import GrpoInputError
 from grpo.examples import ARTICLE_EXAMPLE
 from grpo.explain import summary_table
+from grpo.importers import IMPORTERS
 from grpo.io import UPLOAD_FORMATS, load_file
 from grpo.loss import evaluate
 from grpo.requests import batch_from_request, row_lengths
@@ -50,9 +52,22 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help="relative tolerance on each loss")
     check.add_argument("--metric-atol", type=float, default=DEFAULT_METRIC_ATOL, help="absolute tolerance on metrics")
     check.add_argument("--json", action="store_true", help="print the check as JSON")
+    imp = sub.add_parser("import", help="write another trainer's dumps as a new run (nemo-rl, slime)")
+    imp.add_argument("trainer", choices=sorted(IMPORTERS))
+    imp.add_argument("dir", type=Path, help="the trainer's dump directory")
+    imp.add_argument("run_dir", type=Path, help="the run to create (must not exist)")
+    imp.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="the trainer's loss settings, JSON or YAML (nemo-rl: its loss_fn section or whole config; "
+        "slime: its argument names, e.g. eps_clip); default: the trainer's defaults",
+    )
     args = parser.parse_args(argv)
     if args.command == "check-run":
         return _check_run(args)
+    if args.command == "import":
+        return _import(args)
     try:
         if args.command == "eval" and _is_step_file(args.file):
             return _eval_step_file(args)
@@ -86,6 +101,37 @@ def _check_run(args: argparse.Namespace) -> int:
         return 2
     print(json.dumps(result.to_dict(), indent=1) if args.json else format_check(result))
     return 0 if result.ok else 1
+
+
+def _import(args: argparse.Namespace) -> int:
+    """Exit 0 with the run written, 2 on bad input (one line; nothing written)."""
+    try:
+        settings = None if args.config is None else _settings_file(args.config)
+        path = IMPORTERS[args.trainer](args.dir, args.run_dir, settings)
+        run = load_run(path)
+    except (GrpoInputError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"imported {len(run.steps)} step files from {args.dir} into {path} (python -m grpo check-run {path})")
+    return 0
+
+
+def _settings_file(path: Path) -> Any:
+    """A trainer's settings from a JSON file, or YAML (safe_load, when PyYAML is installed)."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            import yaml  # optional: only a YAML config needs it
+        except ImportError as exc:
+            raise GrpoInputError("--config", "a JSON file (PyYAML is not installed for YAML)") from exc
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise GrpoInputError("--config", "valid YAML", got=str(exc).splitlines()[0][:120]) from exc
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise GrpoInputError("--config", "valid JSON (or a .yaml file)", got=str(exc)[:120]) from exc
 
 
 def _sets(items: list[str]) -> dict[str, Any]:

@@ -42,7 +42,7 @@ from grpo.errors import GrpoInputError
 from grpo.fields import BATCH_FIELDS, fields_of
 
 FORMAT = 1
-SOURCES = ("trl", "verl", "lab", "upload")
+SOURCES = ("trl", "verl", "lab", "upload", "nemo-rl", "slime")  # the last two: grpo.importers
 # Matched whole (``fullmatch``), ASCII digits only: ``\d`` takes other scripts' digits (a file named with
 # Arabic-Indic digits read as a second micro 0 of step 1) and ``$`` matches before a trailing newline.
 STEP_FILE = re.compile(r"([0-9]{6})-([0-9]{3})(?:-rank([0-9]{1,6}))?\.safetensors")

@@ -1,0 +1,159 @@
+"""What the importers share: a run written whole or not at all, per-row advantages, the sampler mismatch.
+
+An import writes into a hidden directory beside the target (``.NAME.import-XXXX``: the run lists skip dot
+names) and renames it into place at the end, so a refused dump leaves nothing behind and a reader never sees
+half a run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from grpo.batch import Batch
+from grpo.config import LossConfig
+from grpo.errors import GrpoInputError
+from grpo.fields import BATCH_FIELDS
+from grpo.runs import RunWriter
+
+SAMPLER_FIELD = "sampling_per_token_logps"
+# run.json says where the sampler's log-probs went (keyed by sampler_is_a_field())
+SAMPLER_WHERE = {
+    True: "step tensor sampling_per_token_logps",
+    False: "step meta sampling_per_token_logps (the batch table has no such field yet)",
+}
+
+
+@dataclass(frozen=True)
+class ImportedStep:
+    """One step file to write: the trainer's step (from 1), its process, tensors and meta."""
+
+    step: int
+    rank: int | None
+    tensors: dict[str, Tensor]
+    meta: dict[str, Any]
+
+
+def number(name: str, value: Any) -> float:
+    """A trainer setting that must be a number (a bool or a string is refused, naming the setting)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise GrpoInputError(name, "a number", got=repr(value)[:40])
+    return float(value)
+
+
+def optional_number(name: str, value: Any) -> float | None:
+    return None if value is None else number(name, value)
+
+
+def sampler_is_a_field() -> bool:
+    """Whether the batch table knows the sampler's log-probs (issue 22): then they are a step tensor, else meta."""
+    return SAMPLER_FIELD in BATCH_FIELDS
+
+
+def grid(rows: Sequence[Tensor], fill: float = 0.0) -> Tensor:
+    """Ragged 1-D rows -> (B, T_max) float32, ``fill`` past each row's end."""
+    width = max((len(r) for r in rows), default=0)
+    out = torch.full((len(rows), width), fill, dtype=torch.float32)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out
+
+
+def row_advantages(advantages: Tensor, mask: Tensor, where: str) -> Tensor:
+    """(B, T) per-token advantages -> (B,): each row's value on its counted tokens (0 for a row with none).
+
+    GRPO Lens takes one advantage per row; a row whose counted tokens carry different values (a per-token
+    estimator, a KL in the reward per token) is refused rather than averaged into another loss.
+    """
+    counted = mask > 0  # (B, T)
+    first = torch.where(counted.any(dim=1), advantages.gather(1, counted.int().argmax(dim=1, keepdim=True))[:, 0], 0)
+    varies = counted & (advantages != first[:, None])  # (B, T)
+    if varies.any():
+        row = int(varies.any(dim=1).nonzero()[0, 0])
+        raise GrpoInputError(
+            "advantages",
+            f"one advantage per row: the same value on every counted token ({where})",
+            row=row,
+            got="values that vary within the row",
+        )
+    return first.to(torch.float32)
+
+
+def mismatch(old: Tensor, sampler: Tensor, mask: Tensor) -> dict[str, float]:
+    """How far the sampler's log-probs are from the trainer's old ones on the counted, scored tokens.
+
+    ``token_mult_prob_error`` is NeMo RL's metric of that name (mean of exp|old - sampler|);
+    ``gen_kl_k3`` its ``gen_kl_error`` with k3: KL(sampler || trainer) estimated per token.
+    """
+    counted = (mask > 0) & torch.isfinite(sampler)
+    d = (old - sampler)[counted].double()  # (N,) trainer minus sampler, per counted token
+    if d.numel() == 0:
+        return {"tokens": 0}
+    return {
+        "tokens": int(d.numel()),
+        "mean_abs_logp_diff": float(d.abs().mean()),
+        "max_abs_logp_diff": float(d.abs().max()),
+        "token_mult_prob_error": float(d.abs().exp().mean()),
+        "gen_kl_k3": float((d.exp() - d - 1).mean()),
+    }
+
+
+def sampler_entry(rows: Sequence[Tensor]) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """The sampler's log-probs (ragged rows) as a step tensor when the batch table knows them (issue 22),
+    else as the step's meta, one list per row (``null`` where not scored)."""
+    if sampler_is_a_field():
+        return {SAMPLER_FIELD: grid(rows)}, {}
+    return {}, {SAMPLER_FIELD: [[v if math.isfinite(v) else None for v in row.tolist()] for row in rows]}
+
+
+def checked(tensors: dict[str, Tensor], where: str) -> None:
+    """The step's Batch built now, so every check a reader makes refuses the dump here, naming the file."""
+    fields: dict[str, Any] = {k: v for k, v in tensors.items() if k in BATCH_FIELDS}
+    try:
+        Batch(**fields)
+    except GrpoInputError as exc:
+        raise GrpoInputError(exc.field, f"{exc.expected} (in {where})", exc.row, exc.got) from exc
+
+
+def write_run(
+    run_dir: str | os.PathLike[str],
+    source: str,
+    config: LossConfig,
+    steps: Iterable[ImportedStep],
+    info: dict[str, Any],
+) -> Path:
+    """Write ``steps`` as a run at ``run_dir`` (which must not exist): all of it, or nothing on any error."""
+    target = Path(run_dir)
+    if target.exists() or target.is_symlink():
+        raise GrpoInputError("RUN_DIR", "a path that does not exist yet (an import never overwrites)", got=str(target))
+    parent = target.parent
+    if not parent.is_dir():
+        raise GrpoInputError("RUN_DIR", "a path in an existing directory", got=str(parent))
+    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{target.name}.import-"))
+    try:
+        writers: dict[int | None, RunWriter] = {}
+        seen: set[tuple[int, int | None]] = set()
+        for s in steps:  # each dump file is read, checked and written in turn: memory is one file's
+            if (s.step, s.rank) in seen:
+                raise GrpoInputError("step", "one dump file per step and process", got=f"step {s.step} twice")
+            seen.add((s.step, s.rank))
+            if s.rank not in writers:
+                writers[s.rank] = RunWriter(tmp, source, config, rank=s.rank, info=info)
+            writers[s.rank].write_step(s.step, 0, s.tensors, s.meta)
+        if not writers:
+            raise GrpoInputError("DIR", "at least one dump file", got="none")
+        next(iter(writers.values())).update(status="done")
+        os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
