@@ -2,7 +2,7 @@
 
 python -m grpo                          the article's example, as a table
 python -m grpo eval FILE [--preset NAME] [--json] [--set field=value ...]
-python -m grpo check-run RUN_DIR [--rtol R] [--metric-atol A] [--json]
+python -m grpo check-run RUN_DIR [--rtol R] [--metric-atol A] [--json] [--jobs N | --ray ADDRESS]
 python -m grpo import {nemo-rl,slime} DIR RUN_DIR [--config FILE]
 
 A run's step file (``steps/000001-000.safetensors``) carries its config: ``eval`` uses it, ``--preset``
@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from grpo._allocator import keep_freed_memory
 from grpo.answer import breakdown_to_json, dumps
-from grpo.check import DEFAULT_METRIC_ATOL, DEFAULT_RTOL, check_run, format_check
+from grpo.check import DEFAULT_METRIC_ATOL, DEFAULT_RTOL, check_pool, check_run, format_check
 from grpo.config import PRESETS, LossConfig
 from grpo.errors import GrpoInputError
 from grpo.examples import ARTICLE_EXAMPLE
@@ -29,6 +30,13 @@ from grpo.io import UPLOAD_FORMATS, load_file
 from grpo.loss import evaluate
 from grpo.requests import batch_from_request, row_lengths
 from grpo.runs import is_step_metadata, load_run, load_step, read_metadata
+
+
+def _jobs(text: str) -> int:
+    jobs = int(text)
+    if jobs < 1:
+        raise argparse.ArgumentTypeError(f"a number of processes >= 1, got {jobs}")
+    return jobs
 
 
 def _value(text: str) -> Any:
@@ -52,6 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help="relative tolerance on each loss")
     check.add_argument("--metric-atol", type=float, default=DEFAULT_METRIC_ATOL, help="absolute tolerance on metrics")
     check.add_argument("--json", action="store_true", help="print the check as JSON")
+    check.add_argument(
+        "--jobs",
+        type=_jobs,
+        default=os.cpu_count() or 1,
+        help="processes evaluating files in parallel (default: cores)",
+    )
+    check.add_argument("--ray", metavar="ADDRESS", help="spread the files over a Ray cluster (auto, ray://..., local)")
     imp = sub.add_parser("import", help="write another trainer's dumps as a new run (nemo-rl, slime)")
     imp.add_argument("trainer", choices=sorted(IMPORTERS))
     imp.add_argument("dir", type=Path, help="the trainer's dump directory")
@@ -95,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
 def _check_run(args: argparse.Namespace) -> int:
     """Exit 0 when every micro-batch and step is within tolerance, 1 when one is not, 2 on bad input."""
     try:
-        result = check_run(load_run(args.run_dir), rtol=args.rtol, metric_atol=args.metric_atol)
+        run = load_run(args.run_dir)
+        with check_pool(min(args.jobs, len(run.steps)), args.ray) as pool:
+            result = check_run(run, rtol=args.rtol, metric_atol=args.metric_atol, pool=pool)
     except (GrpoInputError, OSError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

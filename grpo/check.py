@@ -10,9 +10,14 @@ token-weighted mean beside it, labelled. ``python -m grpo check-run RUN_DIR`` pr
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import multiprocessing
+import os
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+import torch
 
 from grpo.config import LossConfig
 from grpo.loss import Breakdown, evaluate
@@ -134,41 +139,70 @@ def check_micro(ref: StepRef, bd: Breakdown, info: dict[str, Any], rtol: float, 
 
 def step_views(bds: list[Breakdown]) -> tuple[dict[str, float], dict[str, float]]:
     """(plain mean over micro-batches, token-weighted mean) of each metric of a step's breakdowns."""
-    names = set.intersection(*(set(bd.metrics) for bd in bds))
-    mean = {k: sum(bd.metrics[k] for bd in bds) / len(bds) for k in sorted(names)}
-    tokens = [float(bd.tokens.mask.sum()) for bd in bds]
-    total = sum(tokens) or 1.0
-    weighted = {
-        k: sum(bd.metrics[k] * n for bd, n in zip(bds, tokens, strict=True)) / total for k in TOKEN_MEANS if k in names
-    }
+    return metric_views([(bd.metrics, float(bd.tokens.mask.sum())) for bd in bds])
+
+
+def metric_views(micro: list[tuple[dict[str, float], float]]) -> tuple[dict[str, float], dict[str, float]]:
+    """``step_views`` from each micro-batch's (metrics, counted tokens): what outlives its breakdown."""
+    names = set.intersection(*(set(metrics) for metrics, _ in micro))
+    mean = {k: sum(metrics[k] for metrics, _ in micro) / len(micro) for k in sorted(names)}
+    total = sum(n for _, n in micro) or 1.0
+    weighted = {k: sum(metrics[k] * n for metrics, n in micro) / total for k in TOKEN_MEANS if k in names}
     return mean, weighted
+
+
+@dataclass(frozen=True)
+class MicroResult:
+    """What a step's check needs of one micro-batch once its breakdown is gone: small, so it crosses processes
+    and a check's memory stays flat however many files the run holds."""
+
+    check: MicroCheck
+    metrics: dict[str, float]
+    tokens: float
+    loss: float
+
+
+def check_ref(ref: StepRef, rtol: float, metric_atol: float) -> MicroResult:
+    """Load, evaluate and check one step file (a module-level function: a process pool can run it)."""
+    bd, info = evaluate_ref(ref)
+    check = check_micro(ref, bd, info, rtol, metric_atol)
+    return MicroResult(check, dict(bd.metrics), float(bd.tokens.mask.sum()), float(bd.loss))
+
+
+def _check_ref_args(args: tuple[StepRef, float, float]) -> MicroResult:
+    return check_ref(*args)
 
 
 MicroSeen = Callable[[StepRef, Breakdown, dict[str, Any]], None]
 
 
 def check_run(
-    run: Run, rtol: float = DEFAULT_RTOL, metric_atol: float = DEFAULT_METRIC_ATOL, seen: MicroSeen | None = None
+    run: Run,
+    rtol: float = DEFAULT_RTOL,
+    metric_atol: float = DEFAULT_METRIC_ATOL,
+    seen: MicroSeen | None = None,
+    pool: Pool | None = None,
 ) -> RunCheck:
     """Recompute every micro-batch of ``run`` and compare it with the trainer's numbers; ``seen`` gets each
-    micro-batch's breakdown and info as it is computed (a view built beside the check evaluates nothing twice)."""
+    micro-batch's breakdown and info as it is computed (a view built beside the check evaluates nothing twice).
+
+    ``pool``: anything with ``imap`` (``multiprocessing.Pool``, Ray's ``ray.util.multiprocessing.Pool``)
+    evaluates the files in parallel, in order; only each file's small ``MicroResult`` comes back. Serial, or in
+    a pool, one micro-batch's breakdown at a time is alive in a process: memory does not grow with the run."""
     result = RunCheck(run.name, rtol, metric_atol)
     logged_all = run.info.get("logged") or {}
     capture = run.info.get("capture")
     # a byte budget reached in the middle of a step leaves it without its last micro-batches: its per-call
     # checks stand, its step-level comparison with the trainer's log (a mean over all of them) cannot
     incomplete = capture.get("incomplete_step") if isinstance(capture, dict) else None
+    by_step: dict[int, list[MicroResult]] = {}
+    for item in _micro_results(run, rtol, metric_atol, seen, pool):
+        by_step.setdefault(item.check.step, []).append(item)
     for step in run.step_numbers():
-        bds = []
-        checks = []
-        for ref in run.micro_batches(step):
-            bd, info = evaluate_ref(ref)
-            if seen is not None:
-                seen(ref, bd, info)
-            bds.append(bd)
-            checks.append(check_micro(ref, bd, info, rtol, metric_atol))
+        items = by_step.pop(step)
+        checks = [item.check for item in items]
         result.micro.extend(checks)
-        mean, weighted = step_views(bds)
+        mean, weighted = metric_views([(item.metrics, item.tokens) for item in items])
         losses = [c.trainer_loss for c in checks]
         trainer_loss = None if any(v is None for v in losses) else sum(v for v in losses if v is not None)
         # The metrics the loss calls logged (per micro-batch), as the trainer averaged them for the step;
@@ -182,7 +216,7 @@ def check_run(
                 step,
                 len(checks),
                 trainer_loss,
-                sum(float(bd.loss) for bd in bds),
+                sum(item.loss for item in items),
                 logged,
                 mean,
                 weighted,
@@ -191,6 +225,52 @@ def check_run(
             )
         )
     return result
+
+
+def _micro_results(
+    run: Run, rtol: float, metric_atol: float, seen: MicroSeen | None, pool: Pool | None
+) -> Iterator[MicroResult]:
+    if pool is not None:
+        if seen is not None:
+            raise ValueError("check_run: seen needs each breakdown, which a pool does not send back")
+        yield from pool.imap(_check_ref_args, [(ref, rtol, metric_atol) for ref in run.steps])
+        return
+    for ref in run.steps:
+        bd, info = evaluate_ref(ref)
+        if seen is not None:
+            seen(ref, bd, info)
+        check = check_micro(ref, bd, info, rtol, metric_atol)
+        yield MicroResult(check, dict(bd.metrics), float(bd.tokens.mask.sum()), float(bd.loss))
+
+
+@contextmanager
+def check_pool(jobs: int = 1, ray_address: str | None = None) -> Iterator[Pool | None]:
+    """The pool ``check_run`` spreads a run's files over: None for one job; ``jobs`` processes on this machine
+    (spawned: a forked child of a process whose torch started its threads can hang), each with its share of
+    the cores for torch's threads; or, with ``ray_address`` ("auto", "ray://host:port", or "local" to start
+    one here), Ray's multiprocessing Pool over that cluster's workers (the run must sit on a filesystem they
+    all see, and grpo be importable there)."""
+    if ray_address is not None:
+        import ray  # optional: only --ray needs it
+        from ray.util.multiprocessing import Pool as RayPool
+
+        ray.init(address=None if ray_address == "local" else ray_address, ignore_reinit_error=True)
+        ray_pool = RayPool()
+        try:
+            yield ray_pool
+        finally:
+            ray_pool.terminate()  # type: ignore[no-untyped-call]
+        return
+    if jobs <= 1:
+        yield None
+        return
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    with multiprocessing.get_context("spawn").Pool(jobs, initializer=torch.set_num_threads, initargs=(threads,)) as p:
+        yield p
+
+
+class Pool(Protocol):
+    def imap(self, func: Callable[[Any], MicroResult], iterable: Iterable[Any]) -> Iterator[MicroResult]: ...
 
 
 def format_check(check: RunCheck) -> str:

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_check_parallel import same_check
 
 from grpo.capture.verl_plugin import CAPTURE_DIR
-from grpo.check import check_run
+from grpo.check import check_pool, check_run
 from grpo.runs import load_run, load_step
 
 ray = pytest.importorskip("ray")
@@ -57,10 +58,14 @@ class Worker:
         return returned
 
 
+PATHS = os.pathsep.join([str(ROOT), str(ROOT / "tests")])  # this checkout's grpo and the test helpers
+
+
 @pytest.fixture
 def local_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.delenv(CAPTURE_DIR, raising=False)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    job = {"env_vars": {"PYTHONPATH": PATHS}}
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False, runtime_env=job)
     try:
         yield
     finally:
@@ -69,10 +74,9 @@ def local_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def test_ray_workers_capture_through_the_verl_plugin(local_ray: None, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    paths = os.pathsep.join([str(ROOT), str(ROOT / "tests")])  # this checkout's grpo and the test helpers
     workers = {
         rank: Worker.options(  # type: ignore[attr-defined]
-            runtime_env={"env_vars": {CAPTURE_DIR: str(run_dir), "RANK": str(rank), "PYTHONPATH": paths}}
+            runtime_env={"env_vars": {CAPTURE_DIR: str(run_dir), "RANK": str(rank), "PYTHONPATH": PATHS}}
         ).remote()
         for rank in SEEDS
     }
@@ -94,6 +98,10 @@ def test_ray_workers_capture_through_the_verl_plugin(local_ray: None, tmp_path: 
     assert all(m.rel_error is not None and m.rel_error <= 1e-5 for m in check.micro)
     cli = subprocess.run([sys.executable, "-m", "grpo", "check-run", str(run_dir)], cwd=ROOT, capture_output=True)
     assert cli.returncode == 0, cli.stderr[-2000:]
+    # check-run --ray: the same files spread over the cluster's workers (here the local Ray), the same result
+    with check_pool(ray_address="auto") as pool:
+        spread = check_run(run, pool=pool)
+    same_check(spread, check)
 
 
 @pytest.mark.parametrize("capture", [False, True])
