@@ -149,7 +149,9 @@ function pooledHeatmap(data, spec) {
   const x = z[0].map((_, c) => c * ft + (ft - 1) / 2); // each block at its centre, in positions
   const width = pooled.width;
   const ranges = z[0].map((_, c) => POOLED.positions(c * ft, Math.min((c + 1) * ft, width) - 1));
-  const customdata = pooled.counted.map((row) => row.map((n, c) => [ranges[c], n]));
+  // [positions, counted tokens, the cell's value]: the value printed by format.js, as every other hover
+  // prints its numbers (Plotly's own %{z:.4g} printed a GSPO ratio of 1 + 4e-4 as "1")
+  const customdata = pooled.counted.map((row, r) => row.map((n, c) => [ranges[c], n, fmt(z[r][c])]));
   const trace = {
     type: "heatmap",
     z,
