@@ -41,13 +41,24 @@ def wait_for(page: Any, expression: str, timeout: float = 60_000) -> None:
 def shoot(page: Any, selector: str, name: str) -> None:
     """A picture of a whole section. Off-screen sections skip rendering (`.view` has content-visibility:
     auto): a section taller than the window comes out blank below the fold, and the sections above it
-    change size as they render, which moves it. So, for the picture only, every section renders, and the
-    picture waits for two frames painted with that layout."""
-    style = page.add_style_tag(content=".view { content-visibility: visible !important; }")
+    change size as they render, which moves it. So, for the picture only, every section renders (and the
+    sticky top bar stays at the top, not over the section), and the picture waits for two frames painted
+    with that layout."""
+    style = page.add_style_tag(
+        content=".view { content-visibility: visible !important; } .topbar { position: static !important; }"
+    )
     page.locator(selector).scroll_into_view_if_needed()
     page.evaluate("() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
     page.locator(selector).screenshot(path=str(ARTIFACTS / name))
     style.evaluate("(node) => node.remove()")
+
+
+def scroll_through_lab(page: Any, runs: int) -> None:
+    """Each lab chart scrolled to in turn, as a reader would, until it holds every run (a chart is drawn
+    when it is on screen: the picture of the whole section then shows them all)."""
+    for chart in page.evaluate("[...document.querySelectorAll('#lab-charts .lab-chart')].map((n) => n.id)"):
+        page.evaluate(f"document.getElementById('{chart}').scrollIntoView({{block: 'center'}})")
+        wait_for(page, f"document.getElementById('{chart}').data?.length >= {runs}", 60_000)
 
 
 def points(page: Any, chart: str) -> int:
@@ -127,6 +138,7 @@ def test_a_run_grows_its_charts_and_a_point_opens_the_step(page: Any) -> None:
     for chart in (last, "lab-chart-kl"):
         page.locator(f"#{chart}").scroll_into_view_if_needed()
         wait_for(page, f"document.getElementById('{chart}').data?.[0]?.x.length === 40", 60_000)
+    scroll_through_lab(page, 1)
     shoot(page, "#view-lab", "lab-run.png")
 
     # Click the 5th point of the reward chart: the step's batch becomes every view's input.
@@ -154,6 +166,7 @@ def test_a_comparison_overlays_runs_named_by_what_differs(page: Any) -> None:
     names = page.evaluate(f"{kl}.data.map((t) => t.name)")
     assert names == ["beta=0", "beta=0.04"]
     wait_for(page, f"{kl}.data.every((t) => t.x.length >= 5)", 240_000)
+    scroll_through_lab(page, 2)
     shoot(page, "#view-lab", "lab-comparison.png")
     # The form shows what ran (the last run: the article's preset with beta 0.04), not its defaults.
     assert page.input_value("#lab-overrides") == '{"beta":0.04}'
@@ -180,6 +193,7 @@ def test_a_comparison_overlays_runs_named_by_what_differs(page: Any) -> None:
     assert page.evaluate(f"{kl}.data.map((t) => t.name)") == ["beta=0", "beta=0.04"]
     assert "kl grows" in page.text_content("#lab-watch-text")
     assert page.input_value("#lab-overrides") == '{"beta":0.04}'
+    scroll_through_lab(page, 2)
     shoot(page, "#view-lab", "lab-reloaded.png")
     page.click("#lab-clear")
     expect(page.locator("#lab-runs li")).to_have_count(0)

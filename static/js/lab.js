@@ -4,13 +4,13 @@
 // Plotly.react holding every run's points, else one Plotly.extendTraces with the new ones. A chart off
 // screen is drawn when it is scrolled to. (Every chart extended on every frame held a loaded machine's
 // main thread for seconds per frame; building all 18 charts empty, then adding and renaming each run's
-// traces, was 90 full Plotly redraws before a reopened comparison showed a point: 2.9x the time a
-// captured run of the same steps takes to draw. bench/page.py --only reload.) Runs overlay in distinct colours, the legend
-// names what differs between them, and a click on a point opens that step's batch in the breakdown
-// views. The runs on the page are in the link (#lab=ids&comparison=name): reopening it draws them again,
-// from the live stream while this server process knows the run, else from the run's saved steps (a lab
-// run is a run: /api/v1/runs/{id}). The form shows what the last started run ran. The numbers all come
-// from the server; this module only draws them.
+// traces, was 90 full Plotly redraws in one task before a reopened comparison showed a point:
+// bench/page.py --only reload.) Runs overlay in distinct colours, the legend names what differs
+// between them, and a click on a point opens that step's batch in the breakdown views. The runs on the
+// page are in the link (#lab=ids&comparison=name): reopening it draws them again, from the live stream
+// while this server process knows the run, else from the run's saved steps (a lab run is a run:
+// /api/v1/runs/{id}). The form shows what the last started run ran. The numbers all come from the
+// server; this module only draws them.
 
 import { events, getJSON, remove, sendJSON } from "./api.js";
 import { labMetric, labOverlay } from "./charts.js";
@@ -343,7 +343,9 @@ function draw(chart, labels) {
     const spec = chart.metric === null ? labOverlay(lab.runs, labels) : labMetric(chart.metric, lab.runs, labels);
     chart.drawn = new Map(lab.runs.map((run) => [run, run.points.length]));
     Promise.resolve(plot(chart.node, spec)).then(() => {
-      if (!chart.clicks) chart.node.on("plotly_click", openPoint);
+      // once per node (Plotly.react keeps it); not on a node the runs were cleared from meanwhile
+      if (chart.clicks || !chart.node.on) return;
+      chart.node.on("plotly_click", openPoint);
       chart.clicks = true;
     });
     return;
