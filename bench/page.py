@@ -13,7 +13,10 @@ same page and run (issue 11).
   through the API, then the page opened on their link (#lab=a,b), from navigation start to the lab's
   reward-and-loss chart holding both runs' N steps. Beside it: a captured run with the same N steps (a
   ``trl`` run written by RunWriter), from navigation start to its Runs view drawn (the listing loaded
-  and the run picked at once). Target <= 1.2x.
+  and the run picked at once). Target <= 1.2x. Both sides start from about:blank: a navigation from it
+  gets a new renderer process, whose V8 compiles plotly.js afresh (seconds on a loaded 2-core machine),
+  where a navigation from the lab page to the dashboard reused the process and its compiled plotly.js
+  (under 0.1 s). With only the lab side starting cold, that difference alone was most of the ratio.
 
     .venv/bin/python bench/page.py [--repeats 7] [--only reload] [--steps 30]
 
@@ -272,6 +275,7 @@ def measure_reload(page: Any, url: str, ids: list[str], captured: str, steps: in
         page.goto(f"{url}/#lab={','.join(ids)}")
         page.evaluate("window.scrollTo(0, document.getElementById('view-lab').offsetTop)")
         lab_times.append(wait_value(page, LAB_DRAWN, steps))
+        page.goto("about:blank")  # as the lab side: a new renderer process, plotly.js compiled afresh
         page.goto(f"{url}/")
         wait_value(page, f"() => document.querySelector('#run-select option[value={captured}]') ? 1 : 0", None)
         page.select_option("#run-select", captured)

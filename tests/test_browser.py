@@ -517,7 +517,7 @@ def test_a_heatmap_wider_than_its_pixels_is_pooled_and_says_so(page: Page) -> No
     )
     assert "pooled by 3 positions" in figure["title"]
     assert figure["z"] == data["heatmap"]["fields"]["surrogate"] and len(figure["z"][0]) == 434
-    assert "counted tokens" in figure["hover"] and figure["cell"] == ["positions 3–5", 3]
+    assert "counted tokens" in figure["hover"] and figure["cell"][:2] == ["positions 3–5", 3]
     ARTIFACTS.mkdir(exist_ok=True)
     page.page.locator("#heatmaps").screenshot(path=str(ARTIFACTS / "heatmaps-pooled.png"))
     page.check_clean()

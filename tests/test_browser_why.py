@@ -14,7 +14,11 @@ from collections import defaultdict
 from typing import Any
 
 import pytest
+import torch
 from test_browser import ARTIFACTS, Page, browser, page, server  # noqa: F401  (fixtures)
+
+import grpo
+from grpo.examples import SCENARIOS
 
 # Where the page prints numbers of a loss answer (the compare table: the compare answer's).
 NUMBER_VIEWS = (
@@ -82,7 +86,8 @@ def _answer_value(answer: dict[str, Any], quantity: str) -> float | None:
 
 
 # A sample covering every view: sentences of each kind (unbounded, dual clip, delta, GSPO, zero std,
-# negative KL, clamps, length weights), the rows and metrics tables, and Compare with the same preset.
+# negative KL, clamps, length weights), the rows and metrics tables, and Compare with the same preset;
+# every scenario and every preset on screen at least once (test_the_sample_covers_every_scenario_and_preset).
 SAMPLE = [
     "?scenario=article&compare=article,verl-grpo",
     "?scenario=article&preset=article&dual_clip=3&compare=article&compare_edits=1",
@@ -90,7 +95,21 @@ SAMPLE = [
     "?scenario=kl-blowup&preset=verl-grpo&compare=verl-grpo",
     "?scenario=k1-negative&compare=article",
     "?scenario=length-bias&preset=trl-dr_grpo&compare=trl-dr_grpo,article",
+    "?scenario=on-policy&preset=trl-grpo&compare=trl-grpo",
+    "?scenario=all-correct&preset=trl-dapo&compare=trl-dapo",
+    "?scenario=negative-loss&preset=trl-cispo&compare=trl-cispo",
+    "?scenario=off-policy-clipping&preset=trl-sapo&compare=trl-sapo",
+    "?scenario=kl-blowup&preset=verl-dapo&compare=verl-dapo",
+    "?scenario=k1-negative&preset=verl-gspo&compare=verl-gspo",
 ]
+
+
+def test_the_sample_covers_every_scenario_and_preset() -> None:
+    """A scenario or preset added later joins the browser sample (the data-level check, tests/test_consistency.py,
+    takes every pair already)."""
+    pages = [dict(q.split("=", 1) for q in query[1:].split("&")) for query in SAMPLE]
+    assert {p["scenario"] for p in pages} == set(SCENARIOS)
+    assert {p.get("preset", "article") for p in pages} == set(grpo.PRESETS)
 
 
 @pytest.mark.parametrize("query", SAMPLE)
@@ -259,4 +278,51 @@ def test_compare_charts_never_show_other_presets_than_the_table(page: Page) -> N
     names = page.page.evaluate("document.getElementById('compare-grads').data.map(t => t.name)")
     assert heads == names == ["article", "trl-dapo", "verl-grpo"]
     assert page.page.evaluate("document.getElementById('compare-grads').dataset.stale") == "false"
+    page.check_clean()
+
+
+def test_a_pooled_heatmap_hover_prints_each_cell_s_value_as_the_answer_holds_it(page: Page) -> None:
+    """Before: the pooled grid's hover printed its value with Plotly's own format (%{z:.4g}: a GSPO ratio of
+    1 + 4e-4 read "1"), a number no test held to the answer. Now each cell carries its printed value beside
+    its positions and its count of counted tokens, every one equal to the server's pooled grid."""
+    g = torch.Generator().manual_seed(2)
+    old = (-torch.rand(2, 1300, generator=g) * 2 - 0.01).tolist()
+    new = (torch.tensor(old) + 1e-4 * torch.randn(2, 1300, generator=g)).clamp(max=0).tolist()
+    body = {"per_token_logps": new, "old_per_token_logps": old, "rewards": [1.0, 0.0], "config": {"preset": "trl-gspo"}}
+    page.open()
+    data = page.apply_json(body)
+    grid = data["heatmap"]
+    assert grid["factor_tokens"] == 3  # pooled: 1300 positions, at most 600 columns
+    for field in ("ratio", "grad"):
+        page.current_chart(f"heat-{field}")
+        cells = page.page.evaluate(f"document.getElementById('heat-{field}').data[0].customdata")
+        want = grid["fields"][field]
+        assert [len(r) for r in cells] == [len(r) for r in want]
+        for r, row in enumerate(cells):
+            for c, (positions, counted, printed) in enumerate(row):
+                first = c * grid["factor_tokens"]
+                last = min(first + 3, grid["width"]) - 1
+                assert positions == (f"position {first}" if first == last else f"positions {first}–{last}")
+                assert counted == grid["counted"][r][c]
+                if want[r][c] is None:
+                    assert printed == "–"
+                else:  # the digits printed are the value's (1.0004 is not "1")
+                    assert float(printed) == pytest.approx(want[r][c], rel=5e-4, abs=1e-12), (r, c, printed)
+                    assert float(printed) != 1 or want[r][c] == pytest.approx(1, abs=5e-5)
+    # the hover, looked at: a cell of the pooled ratio grid
+    page.page.evaluate("document.getElementById('heat-ratio').scrollIntoView({block: 'center'})")
+    page.current_chart("heat-ratio")
+    box = page.page.locator("#heat-ratio .nsewdrag").first.bounding_box()
+    assert box is not None
+    page.page.mouse.move(box["x"] + box["width"] * 0.3, box["y"] + box["height"] * 0.25)
+    page.wait_for("document.querySelector('#heat-ratio .hoverlayer .hovertext') !== null")
+    hover = page.page.text_content("#heat-ratio .hoverlayer") or ""
+    assert "counted tokens" in hover and "positions" in hover
+    ARTIFACTS.mkdir(exist_ok=True)
+    chart = page.page.locator("#heat-ratio").bounding_box()
+    assert chart is not None
+    page.page.screenshot(
+        path=str(ARTIFACTS / "pooled-hover.png"),
+        clip={"x": chart["x"], "y": chart["y"], "width": chart["width"], "height": chart["height"]},
+    )
     page.check_clean()

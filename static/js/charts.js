@@ -149,7 +149,9 @@ function pooledHeatmap(data, spec) {
   const x = z[0].map((_, c) => c * ft + (ft - 1) / 2); // each block at its centre, in positions
   const width = pooled.width;
   const ranges = z[0].map((_, c) => POOLED.positions(c * ft, Math.min((c + 1) * ft, width) - 1));
-  const customdata = pooled.counted.map((row) => row.map((n, c) => [ranges[c], n]));
+  // [positions, counted tokens, the cell's value]: the value printed by format.js, as every other hover
+  // prints its numbers (Plotly's own %{z:.4g} printed a GSPO ratio of 1 + 4e-4 as "1")
+  const customdata = pooled.counted.map((row, r) => row.map((n, c) => [ranges[c], n, fmt(z[r][c])]));
   const trace = {
     type: "heatmap",
     z,
@@ -685,7 +687,7 @@ export function replayChart(data, preset) {
   return { data: traces, layout: stepsLayout(`These same batches under ${preset}`, x, { height: 320 }) };
 }
 
-// --- the Lab: live runs (lab.js adds each run's traces and extends them step by step) --------------
+// --- the Lab: live runs (lab.js draws each chart with every run's points so far, then extends it) --------
 const LAB_CHART = {
   height: 220,
   margin: { l: 50, r: 50, t: 30, b: 25 },
@@ -694,15 +696,18 @@ const LAB_CHART = {
   hovermode: "closest", // the run list above the charts is the key
 };
 
-// One metric's chart, empty until runs add their traces.
-export function labMetric(metric) {
-  return { data: [], layout: base(metric, LAB_CHART) };
+// One metric's chart: a trace per run ({id, colour, points: [step data]}), named by `labels`.
+export function labMetric(metric, runs, labels) {
+  return { data: runs.map((run, i) => labTrace(run, labels[i], metric)), layout: base(metric, LAB_CHART) };
 }
 
 // Reward and loss of every run on one figure: the loss is not progress.
-export function labOverlay() {
+export function labOverlay(runs, labels) {
   return {
-    data: [],
+    data: runs.flatMap((run, i) => [
+      labTrace(run, `${labels[i]}: reward`, "reward"),
+      labTrace(run, `${labels[i]}: loss`, "loss", "loss"),
+    ]),
     layout: base("reward (solid, left axis) and loss (dotted, right axis): the loss is not progress", {
       ...LAB_CHART,
       height: 300,
@@ -715,12 +720,13 @@ export function labOverlay() {
   };
 }
 
-// One run's (empty) trace on a lab chart: `kind` is "metric", "reward" or "loss" (the overlay's, on its right axis).
-export function labTrace(run, name, kind = "metric") {
+// One run's trace of `field` over its steps: `kind` is "metric", or "loss" (the overlay's, dotted on its
+// right axis). The arrays are the trace's own: lab.js extends them as new steps arrive.
+export function labTrace(run, name, field, kind = "metric") {
   const line = { color: run.colour, width: 2, ...(kind === "loss" ? { dash: "dot" } : {}) };
   return {
-    x: [],
-    y: [],
+    x: run.points.map((d) => d.step),
+    y: run.points.map((d) => d[field]),
     name,
     mode: "lines+markers",
     marker: { size: 4 },

@@ -1,16 +1,19 @@
 // The Lab view: start GRPO runs on the server's synthetic tasks and watch every logged metric grow
-// live. Steps arrive as Server-Sent Events (no polling); each animation frame appends the new points
-// with Plotly.extendTraces to the charts on screen, and a chart off screen keeps its points until it
-// is scrolled to (every chart extended on every frame held a loaded machine's main thread for seconds
-// per frame: the page froze while a comparison trained). Runs overlay in distinct colours, the legend
-// names what differs between them, and a click on a point opens that step's batch in the breakdown
-// views. The runs on the page are in the link (#lab=ids&comparison=name): reopening it draws them again,
-// from the live stream while this server process knows the run, else from the run's saved steps (a lab
-// run is a run: /api/v1/runs/{id}). The form shows what the last started run ran. The numbers all come
-// from the server; this module only draws them.
+// live. Steps arrive as Server-Sent Events (no polling) and are kept with their run; each animation
+// frame draws them on the charts on screen only: a chart not drawn yet (or drawn for other runs) in one
+// Plotly.react holding every run's points, else one Plotly.extendTraces with the new ones. A chart off
+// screen is drawn when it is scrolled to. (Every chart extended on every frame held a loaded machine's
+// main thread for seconds per frame; building all 18 charts empty, then adding and renaming each run's
+// traces, was 90 full Plotly redraws in one task before a reopened comparison showed a point:
+// bench/page.py --only reload.) Runs overlay in distinct colours, the legend names what differs
+// between them, and a click on a point opens that step's batch in the breakdown views. The runs on the
+// page are in the link (#lab=ids&comparison=name): reopening it draws them again, from the live stream
+// while this server process knows the run, else from the run's saved steps (a lab run is a run:
+// /api/v1/runs/{id}). The form shows what the last started run ran. The numbers all come from the
+// server; this module only draws them.
 
 import { events, getJSON, remove, sendJSON } from "./api.js";
-import { labMetric, labOverlay, labTrace } from "./charts.js";
+import { labMetric, labOverlay } from "./charts.js";
 import { $, clear, el, loadPlotly, plot, purge } from "./dom.js";
 import { fmt } from "./format.js";
 
@@ -20,13 +23,13 @@ const OVERLAY = "lab-overlay"; // the "loss is not progress" chart: reward and l
 
 const lab = {
   info: null, // /api/v1/lab/tasks
-  runs: [], // {id, body, colour, status, steps, source, traces: {metric: index}}
-  pending: [], // [run, event data] not drawn yet
-  queued: new Map(), // chart id -> Map(trace index -> {x, y}): points of a chart off screen, not drawn yet
+  runs: [], // {id, body, colour, status, steps (the last step's number), points: [step data], source}
+  // chart id -> {node, metric (null: the overlay), drawn}: `drawn` maps each run to the number of its
+  // points the chart shows; null while the chart is not drawn for the runs on the page
+  charts: new Map(),
   visible: new Set(), // the chart nodes on screen (or within MARGIN of it)
   frame: 0,
   focus: [], // the current comparison's metrics (drawn first)
-  charts: null, // a promise of the charts, built with the first run (null while there is none)
   comparison: null, // the canned comparison whose runs are on the page (null: runs from the form)
   hooks: null,
 };
@@ -38,7 +41,7 @@ const observer = new IntersectionObserver(
       if (!entry.isIntersecting) lab.visible.delete(entry.target);
       else {
         lab.visible.add(entry.target);
-        drawQueued(entry.target.id);
+        schedule();
       }
     }
   },
@@ -95,7 +98,8 @@ function writeLink() {
 }
 
 // The linked runs, drawn again: each one's steps from its live stream (this process knows it), else
-// from its saved run. One that is gone is said under the form.
+// from its saved run; all of them on the page before the first frame draws a chart, so each chart on
+// screen is drawn once, with every run. One that is gone is said under the form.
 async function restore() {
   const { ids, comparison } = linked();
   if (!ids.length) return;
@@ -110,7 +114,7 @@ async function restore() {
       $("#lab-error").textContent = `lab run ${item.id}: ${item.err.message}`;
       continue;
     }
-    await attach(item);
+    attach(item);
   }
   if (lab.runs.length) showForm(lab.runs.at(-1).body);
   document.body.dataset.labRestored = String(lab.runs.length);
@@ -154,40 +158,37 @@ function showForm(body) {
 
 // The charts exist only while there are runs. Before the first one, an empty box per metric would be a
 // wall of blank boxes between the form and the next section; one line (#lab-empty) says what will be
-// drawn instead. `charts()` builds them once for the runs on the page (the current comparison's
-// metrics first) and resolves when they can take traces.
-function charts() {
-  if (!lab.charts) lab.charts = buildCharts();
-  return lab.charts;
-}
-
-async function buildCharts() {
+// drawn instead. The first run adds a box per chart (the current comparison's metrics first); each is
+// drawn once it is on screen.
+function buildCharts() {
+  if (lab.charts.size) return;
   $("#lab-empty").hidden = true;
   const box = clear($("#lab-charts"));
-  const nodes = new Map([[OVERLAY, el("div", { class: "lab-chart", id: OVERLAY })]]);
-  for (const metric of orderedMetrics())
-    nodes.set(chartId(metric), el("div", { class: "lab-chart", id: chartId(metric) }));
-  box.append(...nodes.values());
-  await loadPlotly();
-  await plot(nodes.get(OVERLAY), labOverlay());
-  for (const metric of orderedMetrics()) await plot(nodes.get(chartId(metric)), labMetric(metric));
-  for (const node of nodes.values()) {
-    node.on("plotly_click", openPoint);
-    if (node.isConnected) observer.observe(node); // not one the runs were cleared from meanwhile
+  for (const metric of [null, ...orderedMetrics()]) {
+    const id = metric === null ? OVERLAY : chartId(metric);
+    const node = el("div", { class: "lab-chart", id });
+    lab.charts.set(id, { node, metric, drawn: null });
+    box.append(node);
+    observer.observe(node);
   }
 }
 
 // No run on the page: no charts, the line that says what a run draws.
 function removeCharts() {
-  lab.charts = null;
-  lab.queued.clear();
-  lab.visible.clear();
-  for (const node of $("#lab-charts").children) {
+  for (const { node } of lab.charts.values()) {
     observer.unobserve(node);
     purge(node);
   }
+  lab.charts.clear();
+  lab.visible.clear();
   clear($("#lab-charts"));
   $("#lab-empty").hidden = false;
+}
+
+// The runs on the page changed: every chart is drawn again (for these runs) when next on screen.
+function runsChanged() {
+  for (const chart of lab.charts.values()) chart.drawn = null;
+  schedule();
 }
 
 function orderedMetrics() {
@@ -239,32 +240,23 @@ async function startRun(body) {
     return;
   }
   showForm(data.lab);
-  await attach({ id: data.id, body: data.lab, status: data.status, live: true });
+  attach({ id: data.id, body: data.lab, status: data.status, live: true });
 }
 
-// A run on the page: its traces, then its steps: from the live stream, or (`steps`) all at once.
-async function attach({ id, body, status, live, steps }) {
-  const run = { id, body, colour: COLOURS[lab.runs.length % COLOURS.length], status, steps: 0 };
+// A run on the page, and its steps: from the live stream, or (`steps`) all at once.
+function attach({ id, body, status, live, steps }) {
+  const run = { id, body, colour: COLOURS[lab.runs.length % COLOURS.length], status, steps: 0, points: [] };
   lab.runs.push(run);
   writeLink();
-  renderRunList();
-  try {
-    await charts();
-  } catch (err) {
-    // plotly.js did not load: say so; the next run tries again
-    lab.charts = null;
-    $("#lab-error").textContent = err.message;
-    return;
-  }
-  if (!lab.runs.includes(run)) return; // cleared while the charts were built (its DELETE is sent)
-  addTraces(run);
-  renameTraces();
+  buildCharts();
+  runsChanged();
   if (!live) {
-    for (const step of steps) lab.pending.push([run, step]);
-    flush();
+    run.points = steps;
+    run.steps = steps.at(-1)?.step ?? 0;
+    renderRunList();
     return;
   }
-  // The stream opens once the run has its traces: no step arrives before there is a line to extend.
+  renderRunList();
   const kinds = ["queued", "started", "step", "done", "error", "cancelled", "interrupted"];
   run.source = events(
     `/api/v1/lab/runs/${encodeURIComponent(run.id)}/events`,
@@ -285,7 +277,6 @@ function clearRuns() {
     if (!TERMINAL.has(run.status)) cancel(run);
   }
   lab.runs = [];
-  lab.pending = [];
   writeLink();
   renderRunList();
   removeCharts();
@@ -294,8 +285,9 @@ function clearRuns() {
 // --- events -> charts ---------------------------------------------------------------------------
 function onEvent(run, kind, data) {
   if (kind === "step") {
-    lab.pending.push([run, data]);
-    if (!lab.frame) lab.frame = requestAnimationFrame(flush);
+    run.points.push(data);
+    run.steps = data.step;
+    schedule();
     return;
   }
   if (kind === "queued") run.status = `queued (position ${data.position})`;
@@ -310,81 +302,67 @@ function onEvent(run, kind, data) {
   renderRunList();
 }
 
-// Every point that arrived since the last frame joins its chart's queue; the charts on screen draw
-// theirs, one extendTraces each.
+function schedule() {
+  if (!lab.frame) lab.frame = requestAnimationFrame(flush);
+}
+
+// One frame: each chart on screen shows every point that arrived. The observer's set, and a chart's
+// own place: a page reopened mid-way (a reload keeps the scroll position) lays out its sections after
+// the charts are observed, and may report none intersecting.
 function flush() {
   lab.frame = 0;
-  if (!window.Plotly || !lab.pending.length) return;
-  const batch = lab.pending;
-  lab.pending = [];
-  const byRun = new Map();
-  for (const [run, data] of batch) {
-    if (!lab.runs.includes(run) || !run.traces) continue;
-    if (!byRun.has(run)) byRun.set(run, []);
-    byRun.get(run).push(data);
-    run.steps = data.step;
+  if (!lab.charts.size) return;
+  if (!window.Plotly) {
+    loadPlotly().then(schedule, (err) => {
+      $("#lab-error").textContent = err.message;
+    });
+    return;
   }
-  const add = (id, index, xs, ys) => {
-    if (!lab.queued.has(id)) lab.queued.set(id, new Map());
-    const traces = lab.queued.get(id);
-    if (!traces.has(index)) traces.set(index, { x: [], y: [] });
-    const t = traces.get(index);
-    t.x.push(...xs);
-    t.y.push(...ys);
-  };
-  for (const [run, steps] of byRun) {
-    const xs = steps.map((d) => d.step);
-    for (const metric of lab.info.metrics)
-      add(
-        chartId(metric),
-        run.traces[metric],
-        xs,
-        steps.map((d) => d[metric]),
-      );
-    add(
-      OVERLAY,
-      run.traces.overlayReward,
-      xs,
-      steps.map((d) => d.reward),
-    );
-    add(
-      OVERLAY,
-      run.traces.overlayLoss,
-      xs,
-      steps.map((d) => d.loss),
-    );
-  }
-  // The observer's set, and a chart's own place: a page reopened mid-way (a reload keeps the scroll
-  // position) lays out its sections after the charts are observed, and may report none intersecting.
-  for (const id of [...lab.queued.keys()]) {
-    const node = document.getElementById(id);
-    if (node && (lab.visible.has(node) || nearScreen(node))) drawQueued(id);
-  }
+  const labels = runLabels(lab.runs);
+  for (const chart of lab.charts.values())
+    if (lab.visible.has(chart.node) || nearScreen(chart.node)) draw(chart, labels);
   renderRunList();
-  document.body.dataset.labPoints = String(Number(document.body.dataset.labPoints || 0) + batch.length);
+  const count = String(lab.runs.reduce((n, r) => n + r.points.length, 0));
+  if (document.body.dataset.labPoints !== count) document.body.dataset.labPoints = count;
 }
 
-// A chart's queued points, drawn in one extendTraces.
-function drawQueued(id) {
-  const traces = lab.queued.get(id);
-  if (!traces || !window.Plotly) return;
-  lab.queued.delete(id);
-  const idx = [...traces.keys()];
-  Plotly.extendTraces(id, { x: idx.map((i) => traces.get(i).x), y: idx.map((i) => traces.get(i).y) }, idx);
-}
+// The run's trace indexes on a chart and the step field each draws: one per run on a metric's chart,
+// reward and loss per run on the overlay (the order of charts.js's figures).
+const traces = (chart, i) =>
+  chart.metric === null
+    ? [
+        [2 * i, "reward"],
+        [2 * i + 1, "loss"],
+      ]
+    : [[i, chart.metric]];
 
-function addTraces(run) {
-  run.traces = {};
-  for (const metric of lab.info.metrics) {
-    const node = document.getElementById(chartId(metric));
-    run.traces[metric] = node.data.length;
-    Plotly.addTraces(node, labTrace(run, run.id));
+// A chart not drawn for these runs: one Plotly.react with all their points. Else the points that
+// arrived since, in one extendTraces.
+function draw(chart, labels) {
+  if (!chart.drawn) {
+    const spec = chart.metric === null ? labOverlay(lab.runs, labels) : labMetric(chart.metric, lab.runs, labels);
+    chart.drawn = new Map(lab.runs.map((run) => [run, run.points.length]));
+    Promise.resolve(plot(chart.node, spec)).then(() => {
+      // once per node (Plotly.react keeps it); not on a node the runs were cleared from meanwhile
+      if (chart.clicks || !chart.node.on) return;
+      chart.node.on("plotly_click", openPoint);
+      chart.clicks = true;
+    });
+    return;
   }
-  const overlay = document.getElementById(OVERLAY);
-  run.traces.overlayReward = overlay.data.length;
-  Plotly.addTraces(overlay, labTrace(run, `${run.id}: reward`, "reward"));
-  run.traces.overlayLoss = overlay.data.length;
-  Plotly.addTraces(overlay, labTrace(run, `${run.id}: loss`, "loss"));
+  const update = { x: [], y: [] };
+  const indexes = [];
+  lab.runs.forEach((run, i) => {
+    const fresh = run.points.slice(chart.drawn.get(run));
+    if (!fresh.length) return;
+    chart.drawn.set(run, run.points.length);
+    for (const [index, field] of traces(chart, i)) {
+      indexes.push(index);
+      update.x.push(fresh.map((d) => d.step));
+      update.y.push(fresh.map((d) => d[field]));
+    }
+  });
+  if (indexes.length) Plotly.extendTraces(chart.node, update, indexes);
 }
 
 // The legend names what differs between the runs on the page (their request fields).
@@ -403,24 +381,6 @@ export function runLabels(runs) {
     (k) => k !== "preset" && new Set(flat.map((f) => JSON.stringify(f[k]))).size > 1,
   );
   return runs.map((r, i) => (keys.length ? keys.map((k) => `${k}=${flat[i][k]}`).join(" · ") : r.id));
-}
-
-function renameTraces() {
-  const labels = runLabels(lab.runs);
-  for (const metric of lab.info.metrics) {
-    const node = document.getElementById(chartId(metric));
-    Plotly.restyle(
-      node,
-      { name: labels },
-      lab.runs.map((r) => r.traces[metric]),
-    );
-  }
-  const overlay = document.getElementById(OVERLAY);
-  Plotly.restyle(
-    overlay,
-    { name: lab.runs.flatMap((_, i) => [`${labels[i]}: reward`, `${labels[i]}: loss`]) },
-    lab.runs.flatMap((r) => [r.traces.overlayReward, r.traces.overlayLoss]),
-  );
 }
 
 function renderRunList() {

@@ -52,7 +52,7 @@ export const POOLED = {
   rows: (first, last) => (first === last ? `row ${first}` : `rows ${first}–${last}`),
   positions: (first, last) => (first === last ? `position ${first}` : `positions ${first}–${last}`),
   hover: (field) =>
-    `%{y}, %{customdata[0]}<br>${field} %{z:.4g}: the farthest from the centre of %{customdata[1]} counted tokens<extra></extra>`,
+    `%{y}, %{customdata[0]}<br>${field} %{customdata[2]}: the farthest from the centre of %{customdata[1]} counted tokens<extra></extra>`,
 };
 
 // The heatmaps' hover: the token's why (the server's sentence for its code, with the config's numbers)
