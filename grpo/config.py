@@ -20,6 +20,7 @@ from typing import Any
 
 from grpo.advantages import ADVANTAGES
 from grpo.aggregation import AGGREGATIONS
+from grpo.corrections import CORRECTIONS
 from grpo.errors import GrpoInputError
 from grpo.kl import KL_ESTIMATORS
 from grpo.objectives import OBJECTIVES
@@ -96,6 +97,35 @@ class LossConfig:
     )
     seq_log_ratio_clamp: float | None = _f(
         None, "Upper clamp on the sequence log-ratio before exp (verl GSPO: 10). None = off.", "policy", gt=0.0
+    )
+
+    # --- rollout correction (off-policy: the sampler's log-probs, grpo.corrections) -----------------
+    rollout_correction: str = _f(
+        "none",
+        "How the sampler's log-probs (sampling_per_token_logps) reweight the policy term: TRL's "
+        "vllm_importance_sampling_mode (token or sequence, truncate or mask). none = off.",
+        "policy",
+        choices=CORRECTIONS,
+    )
+    rollout_is_min: float | None = _f(
+        None,
+        "Lower bound C_min of the rollout IS weight: truncate clamps to it, mask zeroes below it "
+        "(TRL vllm_importance_sampling_clip_min). None = no lower bound.",
+        "policy",
+        ge=0.0,
+    )
+    rollout_is_max: float | None = _f(
+        3.0,
+        "Upper bound C_max of the rollout IS weight: truncate clamps to it, mask zeroes above it "
+        "(TRL vllm_importance_sampling_clip_max, default 3). None = no upper bound.",
+        "policy",
+        gt=0.0,
+    )
+    off_policy_mask_threshold: float | None = _f(
+        None,
+        "DeepSeek-V3.2's off-policy sequence mask (TRL): drop the policy term of rows with A < 0 whose mean "
+        "sampler (else old) minus current log-prob is above this. None = off.",
+        "policy",
     )
 
     # --- KL penalty --------------------------------------------------------------------------

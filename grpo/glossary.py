@@ -257,6 +257,29 @@ GLOSSARY: tuple[Term, ...] = (
         "Exactly 1 on-policy; within 1 ± ε for most tokens when updates are well-sized.",
     ),
     _t(
+        ("sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max"),
+        ("sampling/sampling_logp_difference/mean, /max", "rollout_corr/kl (signed, a mean)", "—"),
+        "How far the sampler's log-probs (vLLM's) are from the trainer's old ones on the same tokens: "
+        "|log π_old − log π_sampler| over the counted tokens the sampler scored (mean, max). TRL logs it per "
+        "generation batch, when use_vllm and its importance-sampling correction are on.",
+        "Small: about 1e-3 to 1e-2 per token for bf16 engines. Larger means the two engines disagree (a "
+        "kernel or precision mismatch, stale weights) and the correction has much to fix.",
+    ),
+    _t(
+        (
+            "sampling/importance_sampling_ratio/min",
+            "sampling/importance_sampling_ratio/mean",
+            "sampling/importance_sampling_ratio/max",
+        ),
+        ("sampling/importance_sampling_ratio/min, /mean, /max", "rollout_corr/rollout_is_min, _mean, _max", "—"),
+        "The rollout-correction weight TRL applied to the policy term, after truncation or masking: "
+        "w = π_old / π_sampler per token (token_* modes, over the counted tokens) or Π_t of it per row "
+        "(sequence_* modes, over the rows); truncate clamps w to [C_min, C_max], mask sets it to 0 outside. "
+        "A min of 0 means whole tokens or rows were dropped.",
+        "Near 1. A mean well above 1 or a min of 0 at every step means the sampler and trainer disagree "
+        "by more than the bounds allow (raise the cap, or fix the mismatch).",
+    ),
+    _t(
         ("lens/advantage/mean", "lens/advantage/std"),
         ("—", "critic/advantages/mean", "advantages"),
         "GRPO Lens: mean (and std) of the advantages over the rows; group-normalised advantages average 0 "

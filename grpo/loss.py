@@ -18,6 +18,7 @@ from grpo.advantages import ADVANTAGES, group_std_mean, unbiased_std
 from grpo.aggregation import AGGREGATIONS
 from grpo.batch import Batch
 from grpo.config import REGISTRIES, LossConfig
+from grpo.corrections import CORRECTION_CODES, NOT_COUNTED, Applied, correct, sampler_log_ratio, sampling_metrics
 from grpo.errors import GrpoInputError
 from grpo.kl import KL_ESTIMATORS
 from grpo.objectives import OBJECTIVES, REGIONS, TRUST, ObjectiveTerms, above
@@ -66,6 +67,18 @@ class TokenBreakdown:
     """log pi - log pi_old (after log_ratio_clamp)."""
     mask: Tensor
     """bool: the positions that count."""
+    sampler_log_ratio: Tensor
+    """log pi_old - log pi_sampler (0 without sampler log-probs, where it did not score a token, or where
+    nothing counts): the mismatch the rollout correction weighs."""
+    is_weight: Tensor
+    """The rollout correction's importance weight on the policy term (1 where none applies; 0 where
+    nothing counts); the sequence mask is in ``correction``, not here."""
+    correction: Tensor
+    """int8 codes into CORRECTION_CODES: kept, truncated, masked, not_scored, sequence_masked (0: does not
+    count)."""
+
+    def correction_names(self) -> list[list[str]]:
+        return [[CORRECTION_CODES[c] for c in row] for row in self.correction.tolist()]
 
     def region_names(self) -> list[list[str]]:
         return [[REGIONS[c] for c in row] for row in self.region.tolist()]
@@ -117,6 +130,9 @@ class Breakdown:
     device: str
     dtype: str
     zero_std_groups: tuple[int, ...]
+    loss_without_correction: Tensor
+    """0-d: the same batch's loss with the rollout correction and the sequence mask off (= loss when none
+    is chosen), so a user sees what the correction did to the number."""
 
 
 def resolve_device(name: str, input_device: torch.device) -> torch.device:
@@ -244,6 +260,8 @@ class _Inputs:
     ref: Tensor
     entropies: Tensor | None
     """(B, T) as the batch holds them (their dtype: TRL compares them as they are), or None."""
+    sampler: Tensor | None
+    """(B, T) the sampler's log-probs (NaN where it did not score a counted token), or None."""
     adv: _Advantages
     width: int
     """The padded completion width (T minus the shortest prompt)."""
@@ -267,6 +285,7 @@ def _inputs(batch: Batch, config: LossConfig) -> _Inputs:
         old=logp.detach() if old is None else old,  # on-policy: old is the current policy, held constant
         ref=logp.detach() if ref is None else ref,
         entropies=None if batch.entropies is None else batch.entropies.to(device),
+        sampler=load(batch.sampling_per_token_logps),
         adv=compute_advantages(batch, config, device, dtype),
         width=int(batch.shape[1] - int(batch.prompt_length_tensor().min())),
     )
@@ -287,6 +306,8 @@ class _Terms:
     touched: Touched
     kept: Tensor | None
     """The token mask on the policy term (None: every counted token keeps it)."""
+    correction: Applied | None
+    """The rollout correction on the policy term (None: none chosen)."""
 
 
 def high_entropy_mask(entropies: Tensor, counted: Tensor, quantile: float) -> Tensor:
@@ -318,6 +339,11 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
     kept = policy_kept(inp, config)
     if kept is not None:  # a token mask on the policy term only (TRL multiplies the per-token loss by it)
         objective = replace(objective, surrogate=objective.surrogate * kept)
+    # The rollout correction, in this one place: the IS weight (constant) and the off-policy sequence mask
+    # multiply the policy term only, as TRL's per_token_loss * importance_sampling_ratio, before the KL.
+    correction = correct(inp.old, inp.sampler, logp_policy, A, inp.mask, config)
+    if correction is not None:
+        objective = replace(objective, surrogate=objective.surrogate * correction.factor)
     kl = kl_penalty(logp_kl, inp.ref, inp.old, inp.mask, config, touched) if want_kl or config.beta else None
     weight = AGGREGATIONS.get(config.aggregation)(inp.mask, config, inp.width)
     if config.gradient_accumulation_steps != 1:  # the trainer's scaling of one micro-batch's loss
@@ -326,7 +352,7 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
     # beta = 0 leaves the KL out of the loss entirely, as TRL does (so an overflowed KL cannot
     # turn the loss into NaN through 0 · inf); the KL is still reported.
     kl_tokens = weight * (config.beta * kl) if config.beta and kl is not None else torch.zeros_like(weight)
-    return _Terms(ratio, log_ratio, objective, kl, weight, policy_tokens, kl_tokens, touched, kept)
+    return _Terms(ratio, log_ratio, objective, kl, weight, policy_tokens, kl_tokens, touched, kept, correction)
 
 
 def compute_loss(batch: Batch, config: LossConfig | None = None) -> Tensor:
@@ -376,9 +402,12 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         policy_kept=mask if t.kept is None else t.kept * mask,
         log_ratio=t.log_ratio.detach(),
         mask=inp.counted,
+        **_correction_tokens(t.correction, inp),
     )
     rows = _rows(tokens, adv, mask)
     metrics = _metrics(batch, config, t.objective.flags, tokens, rows, adv, mask, t.ratio.detach())
+    if t.correction is not None and inp.sampler is not None and config.rollout_correction != "none":
+        metrics |= sampling_metrics(t.correction, inp.old, inp.sampler, mask)  # TRL logs them only then
     return Breakdown(
         loss=loss.detach(),
         objective=0.0 - loss.detach(),  # 0.0 - x, not -x: no -0.0 for a zero loss
@@ -394,7 +423,30 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         device=str(inp.device),
         dtype=config.dtype,
         zero_std_groups=adv.zero_std_groups,
+        loss_without_correction=loss.detach() if t.correction is None else _uncorrected_loss(inp, config),
     )
+
+
+def _correction_tokens(applied: Applied | None, inp: _Inputs) -> dict[str, Tensor]:
+    """The breakdown's per-token view of the rollout correction (the identity when none is chosen)."""
+    mask = inp.mask
+    if applied is None:
+        log_ratio = torch.zeros_like(mask) if inp.sampler is None else sampler_log_ratio(inp.old, inp.sampler, mask)
+        code = torch.where(inp.counted, CORRECTION_CODES.index("kept"), NOT_COUNTED).to(torch.int8)
+        return {"sampler_log_ratio": log_ratio, "is_weight": mask, "correction": code}
+    return {
+        "sampler_log_ratio": applied.log_ratio,
+        "is_weight": applied.is_weight.expand(mask.shape) * mask,
+        "correction": applied.code,
+    }
+
+
+def _uncorrected_loss(inp: _Inputs, config: LossConfig) -> Tensor:
+    """The loss of the same inputs with the rollout correction and the sequence mask off."""
+    off = replace(config, rollout_correction="none", off_policy_mask_threshold=None)
+    with torch.no_grad():
+        t = _terms(inp, inp.logp.detach(), inp.logp.detach(), off, want_kl=False)
+        return (t.policy_tokens + t.kl_tokens).sum()
 
 
 def _rows(tokens: TokenBreakdown, adv: _Advantages, mask: Tensor) -> RowBreakdown:

@@ -46,6 +46,12 @@ METRICS: dict[str, Metric] = {
         Metric("frac_reward_zero_std", lab=True),
         Metric("grad_norm", lab=True),
         Metric("lens/grad_norm_logps", series=True),
+        # TRL's rollout-correction metrics, over its generation batch (present when a correction is chosen)
+        Metric("sampling/sampling_logp_difference/mean"),
+        Metric("sampling/sampling_logp_difference/max"),
+        Metric("sampling/importance_sampling_ratio/min"),
+        Metric("sampling/importance_sampling_ratio/mean"),
+        Metric("sampling/importance_sampling_ratio/max"),
     )
 }
 TOKEN_MEANS = tuple(name for name, m in METRICS.items() if m.token_mean)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo.config import PRESETS, LossConfig, Preset, register_preset
+from grpo.corrections import CORRECTIONS
 from grpo.errors import GrpoInputError
 
 # TRL 1.16.0 GRPOConfig defaults for the fields that matter to the loss (spec §1.11); a dict given to
@@ -38,6 +39,10 @@ TRL_DEFAULTS: dict[str, Any] = {
     "off_policy_mask_threshold": None,
     "use_vllm": False,
     "vllm_importance_sampling_correction": True,
+    "vllm_importance_sampling_mode": "sequence_mask",
+    "vllm_importance_sampling_clip_min": None,
+    "vllm_importance_sampling_clip_max": 3.0,
+    "vllm_importance_sampling_cap": None,
     "entropy_coef": 0.0,
     "use_adaptive_entropy": False,
     "router_aux_loss_coef": None,
@@ -191,23 +196,51 @@ def map_trl(args: Any) -> TrainerMapping:
     settings["top_entropy_quantile"] = float(a["top_entropy_quantile"])
     mapped["top_entropy_quantile"] = "top_entropy_quantile (the quantile over one rank's entropies: on several, TRL's "
     "is over all ranks')"
-    if a["off_policy_mask_threshold"] is not None:
-        unsupported["off_policy_mask_threshold"] = "the off-policy sequence mask is not applied"
-    if a["use_vllm"] and a["vllm_importance_sampling_correction"]:
-        unsupported["vllm_importance_sampling_correction"] = "vLLM importance-sampling weights are not applied"
+    _map_trl_rollout_correction(a, settings, mapped)
     if a["entropy_coef"] or a["use_adaptive_entropy"]:
         unsupported["entropy_coef"] = "the entropy bonus is not part of GRPO Lens's loss"
     if a["router_aux_loss_coef"] is not None:
         unsupported["router_aux_loss_coef"] = "a MoE load-balancing loss is not part of GRPO Lens's loss"
-    for name in (
-        "off_policy_mask_threshold",
-        "vllm_importance_sampling_correction",
-        "entropy_coef",
-    ):
+    for name in ("entropy_coef",):
         if name in given and name not in unsupported:
             mapped[name] = "nothing: at its default it leaves the loss unchanged"
     captured = {k: v for k, v in TRL_CAPTURED.items() if k in given}
     return _finish(given, settings, mapped, unsupported, captured=captured)
+
+
+def _map_trl_rollout_correction(a: dict[str, Any], settings: dict[str, Any], mapped: dict[str, str]) -> None:
+    """TRL's vLLM importance-sampling correction and off-policy sequence mask (grpo.corrections).
+
+    TRL applies the IS weights only with ``use_vllm`` and ``vllm_importance_sampling_correction`` (both its
+    defaults but the first); the deprecated ``vllm_importance_sampling_cap`` sets clip_max, as GRPOConfig
+    does. (loss_type="vespo" takes the weight inside its own phi instead of multiplying the loss by it.)
+    """
+    mode = a["vllm_importance_sampling_mode"]
+    if mode not in CORRECTIONS or mode == "none":
+        raise GrpoInputError(
+            "vllm_importance_sampling_mode",
+            "token_truncate, token_mask, sequence_truncate or sequence_mask",
+            got=repr(mode),
+        )
+    high = a["vllm_importance_sampling_clip_max"]
+    high = a["vllm_importance_sampling_cap"] if a["vllm_importance_sampling_cap"] is not None else high
+    on = bool(a["use_vllm"] and a["vllm_importance_sampling_correction"])
+    settings |= {
+        "rollout_correction": mode if on else "none",
+        "rollout_is_min": a["vllm_importance_sampling_clip_min"],
+        "rollout_is_max": high,
+        "off_policy_mask_threshold": a["off_policy_mask_threshold"],
+    }
+    applied = "" if on else " (off: TRL applies it only with use_vllm and vllm_importance_sampling_correction)"
+    mapped |= {
+        "use_vllm": "rollout_correction (TRL weighs the sampler's log-probs only with vLLM)",
+        "vllm_importance_sampling_correction": "rollout_correction" + applied,
+        "vllm_importance_sampling_mode": "rollout_correction" + applied,
+        "vllm_importance_sampling_clip_min": "rollout_is_min",
+        "vllm_importance_sampling_clip_max": "rollout_is_max",
+        "vllm_importance_sampling_cap": "rollout_is_max (deprecated spelling of clip_max)",
+        "off_policy_mask_threshold": "off_policy_mask_threshold (against the sampler's log-probs, else the old ones)",
+    }
 
 
 # verl 0.9.1: policy_loss.loss_mode -> LossConfig settings (spec §2.3)
