@@ -121,6 +121,26 @@ class LossConfig:
         "policy",
         gt=0.0,
     )
+    rollout_is_log_ratio_clamp: float | None = _f(
+        None,
+        "Clamp old - sampler (per token, or the row's sum at sequence level) to [-c, c] before exp "
+        "(verl: 20, its SAFETY_BOUND). None = off (TRL).",
+        "policy",
+        gt=0.0,
+    )
+    rollout_is_batch_normalize: bool = _f(
+        False,
+        "Divide the rollout IS weights by their batch mean, over counted tokens (token level) or non-empty "
+        "rows (sequence level), when it is above 1e-8 (verl rollout_is_batch_normalize).",
+        "policy",
+    )
+    rollout_is_normalizer: float | None = _f(
+        None,
+        "The batch mean verl divided the IS weights by, computed on the driver over the whole batch (a "
+        "micro-batch cannot recompute it; set by a capture). None = this batch's own mean.",
+        "policy",
+        gt=0.0,
+    )
     off_policy_mask_threshold: float | None = _f(
         None,
         "DeepSeek-V3.2's off-policy sequence mask (TRL): drop the policy term of rows with A < 0 whose mean "

@@ -35,6 +35,8 @@ from grpo.registry import Registry
 # What the correction did to each token, as int codes (the breakdown's ``correction``).
 CORRECTION_CODES: tuple[str, ...] = ("not_counted", "kept", "truncated", "masked", "not_scored", "sequence_masked")
 NOT_COUNTED, KEPT, TRUNCATED, MASKED, NOT_SCORED, SEQUENCE_MASKED = range(len(CORRECTION_CODES))
+VERL_MEAN_EPSILON = 1e-8
+"""verl's ``masked_mean`` divides by the mask's sum + 1e-8; its batch normalisation reproduces that."""
 CORRECTION_WHY: dict[str, str] = {
     "not_counted": "does not count (prompt, padding or masked out)",
     "kept": "the importance weight is applied as it is (inside its bounds), or no correction is chosen",
@@ -53,6 +55,8 @@ class CorrectionSettings(Protocol):
     def rollout_is_min(self) -> float | None: ...
     @property
     def rollout_is_max(self) -> float | None: ...
+    @property
+    def rollout_is_log_ratio_clamp(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -93,9 +97,15 @@ def masked(ratio: Tensor, settings: CorrectionSettings) -> Weights:
     return Weights(ratio.masked_fill(acted.bool(), 0.0), ratio, acted, MASKED)
 
 
-def sequence_ratio(log_ratio: Tensor) -> Tensor:
+def clamped_exp(log_ratio: Tensor, settings: CorrectionSettings) -> Tensor:
+    """exp of the log-ratio, clamped first to ±rollout_is_log_ratio_clamp when set (verl's SAFETY_BOUND)."""
+    bound = settings.rollout_is_log_ratio_clamp
+    return (log_ratio if bound is None else log_ratio.clamp(-bound, bound)).exp()
+
+
+def sequence_ratio(log_ratio: Tensor, settings: CorrectionSettings) -> Tensor:
     """exp of the row's summed log-ratio (a product of token ratios, not GSPO's mean). (B, T) -> (B, 1)"""
-    return log_ratio.sum(dim=-1, keepdim=True).exp()
+    return clamped_exp(log_ratio.sum(dim=-1, keepdim=True), settings)
 
 
 @CORRECTIONS.register("none", label="no correction")
@@ -119,7 +129,7 @@ def token_truncate(log_ratio: Tensor, mask: Tensor, settings: CorrectionSettings
     bounded weight (biased, low variance).
     Paper: https://fengyao.notion.site/off-policy-rl
     """
-    return truncated(log_ratio.exp(), settings)
+    return truncated(clamped_exp(log_ratio, settings), settings)
 
 
 @CORRECTIONS.register("token_mask", label="token IS, masked")
@@ -130,7 +140,7 @@ def token_mask(log_ratio: Tensor, mask: Tensor, settings: CorrectionSettings) ->
     ρ_t = π_old(t) / π_sampler(t): a token the two engines disagree on too much is dropped from the policy term.
     Paper: https://fengyao.notion.site/off-policy-rl
     """
-    return masked(log_ratio.exp(), settings)
+    return masked(clamped_exp(log_ratio, settings), settings)
 
 
 @CORRECTIONS.register("sequence_truncate", label="sequence IS, truncated")
@@ -141,7 +151,7 @@ def sequence_truncate(log_ratio: Tensor, mask: Tensor, settings: CorrectionSetti
     (the product of the token ratios, i.e. the exp of their summed logs, not GSPO's mean).
     Paper: https://fengyao.notion.site/off-policy-rl
     """
-    return truncated(sequence_ratio(log_ratio), settings)
+    return truncated(sequence_ratio(log_ratio, settings), settings)
 
 
 @CORRECTIONS.register("sequence_mask", label="sequence IS, masked")
@@ -153,7 +163,7 @@ def sequence_mask(log_ratio: Tensor, mask: Tensor, settings: CorrectionSettings)
     term when its small per-token gaps add up past a bound.
     Paper: https://fengyao.notion.site/off-policy-rl
     """
-    return masked(sequence_ratio(log_ratio), settings)
+    return masked(sequence_ratio(log_ratio, settings), settings)
 
 
 def sampler_log_ratio(old: Tensor, sampler: Tensor, mask: Tensor) -> Tensor:
@@ -181,6 +191,10 @@ class RolloutSettings(CorrectionSettings, Protocol):
     def rollout_correction(self) -> str: ...
     @property
     def off_policy_mask_threshold(self) -> float | None: ...
+    @property
+    def rollout_is_batch_normalize(self) -> bool: ...
+    @property
+    def rollout_is_normalizer(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -222,13 +236,33 @@ def correct(
     scored = None if sampler is None else (mask.bool() & ~torch.isnan(sampler))
     if scored is not None and w.weight.shape[-1] != 1:  # per token: an unscored token keeps weight 1
         code = torch.where(mask.bool() & ~scored, NOT_SCORED, code).to(torch.int8)
-    factor = w.weight
+    weight = w.weight
+    if use_is and settings.rollout_is_batch_normalize:
+        weight = weight / batch_normalizer(weight, mask, settings.rollout_is_normalizer)
+    factor = weight
     if threshold is not None:
         keep, _ = off_policy_keep(advantages, logp, old if sampler is None else sampler, mask, threshold)
         factor = factor * keep
         code = torch.where(keep.bool().expand_as(mask), code, SEQUENCE_MASKED).to(torch.int8)
     code = torch.where(mask.bool(), code, NOT_COUNTED).to(torch.int8)
-    return Applied(factor, w.weight, w.ratio, log_ratio, code, w.weight.shape[-1] == 1, scored)
+    return Applied(factor, weight, w.ratio, log_ratio, code, weight.shape[-1] == 1, scored)
+
+
+def batch_normalizer(weight: Tensor, mask: Tensor, given: float | None) -> Tensor | float:
+    """verl's rollout_is_batch_normalize divisor: ``given`` (the driver's, over the whole batch), else the
+    mean weight over the counted tokens (per token) or over the rows with a counted token (per sequence),
+    or 1 when that mean is not above 1e-8 (verl: ``if weights_mean > 1e-8``). The means divide as verl's
+    ``masked_mean`` does, by the count + VERL_MEAN_EPSILON."""
+    if given is not None:
+        return given
+    eps = VERL_MEAN_EPSILON
+    if weight.shape[-1] != 1:
+        mean = (weight * mask).sum() / (mask.sum() + eps)
+    else:  # each row's masked mean of its (repeated) weight, then the mean over rows with a token
+        lengths = mask.sum(-1, keepdim=True)
+        rows = (lengths > 0).to(weight.dtype)
+        mean = (weight * lengths / (lengths + eps) * rows).sum() / rows.sum().clamp(min=eps)
+    return mean if bool(mean > eps) else 1.0
 
 
 def sampling_metrics(applied: Applied, old: Tensor, sampler: Tensor, mask: Tensor) -> dict[str, float]:

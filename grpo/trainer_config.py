@@ -327,6 +327,66 @@ def _map_verl_algorithm(
     else:
         need = VERL_ADVANTAGES_NEED.get(name, "an estimator verl 0.9.1 does not register")
         unsupported["adv_estimator"] = f"{name!r} needs {need}; given advantages are reproduced as they are"
+    correction = alg.get("rollout_correction")
+    if isinstance(correction, dict):
+        _map_verl_rollout_correction(correction, settings, mapped, unsupported)
+
+
+def parse_rollout_is_threshold(spec: Any) -> tuple[float, float | None]:
+    """verl 0.9.1's ``rollout_is_threshold``: (upper, lower). A number or a number's string truncates at
+    upper (TIS); ``"lower_upper"`` (``"1e-4_3.0"``) zeroes weights outside [lower, upper] (IcePop). Both
+    positive and lower <= upper, or GrpoInputError naming the field and saying what was expected."""
+    expected = "a positive number (truncate at it) or 'lower_upper' with 0 < lower <= upper (IcePop mask)"
+    field_name = "rollout_correction.rollout_is_threshold"
+    if isinstance(spec, bool) or not isinstance(spec, int | float | str):
+        raise GrpoInputError(field_name, expected, got=repr(spec)[:80])
+    text = str(spec).strip()
+    try:
+        lower_text, upper_text = text.split("_", 1) if "_" in text else (None, text)
+        upper = float(upper_text)
+        lower = None if lower_text is None else float(lower_text)
+    except ValueError:
+        raise GrpoInputError(field_name, expected, got=repr(spec)[:80]) from None
+    if not 0 < upper < float("inf") or (lower is not None and not 0 < lower <= upper):
+        raise GrpoInputError(field_name, expected, got=repr(spec)[:80])
+    return upper, lower
+
+
+VERL_ROLLOUT_IS = {"token": "token", "sequence": "sequence"}
+
+
+def _map_verl_rollout_correction(
+    rc: dict[str, Any], settings: dict[str, Any], mapped: dict[str, str], unsupported: dict[str, str]
+) -> None:
+    """verl's ``algorithm.rollout_correction``: IS weights (token or sequence, truncated or IcePop-masked,
+    batch-normalised) from ``compute_rollout_correction_and_rejection_mask``, read with verl's ``.get``
+    defaults. The weights multiply the policy loss (``pg_losses * rollout_is_weights``), never the KL."""
+    level = rc.get("rollout_is")
+    if level is not None:
+        if level not in VERL_ROLLOUT_IS:
+            raise GrpoInputError("rollout_correction.rollout_is", "token, sequence or null", got=repr(level)[:80])
+        upper, lower = parse_rollout_is_threshold(rc.get("rollout_is_threshold", 2.0))
+        settings |= {
+            "rollout_correction": f"{level}_{'truncate' if lower is None else 'mask'}",
+            "rollout_is_min": lower,
+            "rollout_is_max": upper,
+            "rollout_is_log_ratio_clamp": 20.0,
+            "rollout_is_batch_normalize": bool(rc.get("rollout_is_batch_normalize", False)),
+        }
+    mapped |= {
+        "rollout_correction.rollout_is": "rollout_correction (token_/sequence_; truncate or, for 'lower_upper', "
+        "mask) with verl's ±20 log-ratio clamp",
+        "rollout_correction.rollout_is_threshold": "rollout_is_max (and rollout_is_min for 'lower_upper')",
+        "rollout_correction.rollout_is_batch_normalize": "rollout_is_batch_normalize (the driver's factor over "
+        "the whole batch: rollout_is_normalizer)",
+    }
+    if rc.get("rollout_rs") is not None:
+        unsupported["rollout_correction.rollout_rs"] = (
+            "rejection sampling changes the response_mask on the driver: reproduced only as captured (the "
+            "mask after rejection), not recomputed"
+        )
+    if rc.get("bypass_mode"):
+        unsupported["rollout_correction.bypass_mode"] = "bypass mode (rollout log-probs as old) is not reproduced"
 
 
 def map_verl(actor_config: Any, algorithm: Any = None) -> TrainerMapping:

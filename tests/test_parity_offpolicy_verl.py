@@ -1,0 +1,155 @@
+"""verl 0.9.1's rollout correction through GRPO Lens, against verl's own functions on the same tensors.
+
+verl computes the IS weights on the driver with ``rollout_corr_helper.compute_rollout_correction_and_rejection_mask``
+(old vs rollout log-probs: token or sequence, truncated at a float threshold or IcePop-masked outside
+"lower_upper", optionally divided by their batch mean) and its policy losses multiply ``pg_losses`` by
+``rollout_is_weights``. ``map_verl(actor, {"rollout_correction": ...})`` gives a LossConfig whose loss, gradient
+and per-token weights equal verl's to float64 round-off, on ragged batches with an empty row and log-ratios
+past verl's ±20 safety bound; a bad threshold spec is a clear error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from reference import random_inputs
+
+import grpo
+from grpo.trainer_config import map_verl, parse_rollout_is_threshold
+
+helper = pytest.importorskip("verl.trainer.ppo.rollout_corr_helper")
+core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
+pytestmark = pytest.mark.numerical
+
+RTOL, ATOL = 1e-10, 1e-12
+
+
+def actor(loss_mode: str, **fields: Any) -> Any:
+    from verl.workers.config import ActorConfig, PolicyLossConfig
+
+    return ActorConfig(
+        strategy="fsdp",
+        rollout_n=3,
+        ppo_mini_batch_size=6,
+        ppo_micro_batch_size_per_gpu=6,
+        policy_loss=PolicyLossConfig(loss_mode=loss_mode),
+        **fields,
+    )
+
+
+def inputs(seed: int, scale: float) -> tuple[torch.Tensor, ...]:
+    """(logp, old, rollout, mask, advantages (B,)): ragged, one empty row, padding holding garbage, the
+    rollout log-probs old + N(0, scale) with one token 25 nats off (past verl's ±20 bound)."""
+    x = random_inputs(seed, B=6, T=9, garbage=None)
+    g = torch.Generator().manual_seed(seed + 100)
+    rollout = (x.old + scale * torch.randn(x.old.shape, generator=g, dtype=torch.float64)).clamp(max=-1e-3)
+    first = int(x.mask.sum(-1).argmax())
+    rollout[first, 0] = x.old[first, 0] - 25.0  # the trainer far likelier than the sampler: ratio e^25
+    return x.logp, x.old, rollout, x.mask, x.advantages
+
+
+def run_verl(case: dict[str, Any], tensors: tuple[torch.Tensor, ...], loss_mode: str, agg: str) -> dict[str, Any]:
+    logp, old, rollout, mask, adv = tensors
+    proto, _, metrics = helper.compute_rollout_correction_and_rejection_mask(
+        old_log_prob=old,
+        rollout_log_prob=rollout,
+        response_mask=mask,
+        rollout_is=case["rollout_is"],
+        rollout_is_threshold=case["rollout_is_threshold"],
+        rollout_is_batch_normalize=case.get("rollout_is_batch_normalize", False),
+    )
+    weights = proto.batch["rollout_is_weights"]
+    leaf = logp.clone().requires_grad_(True)
+    loss_fn = core_algos.get_policy_loss_fn(loss_mode)
+    loss, _ = loss_fn(
+        old_log_prob=old,
+        log_prob=leaf,
+        advantages=adv[:, None] * mask,
+        response_mask=mask,
+        loss_agg_mode=agg,
+        config=actor(loss_mode),
+        rollout_is_weights=weights,
+    )
+    (grad,) = torch.autograd.grad(loss, leaf)
+    return {"loss": loss.detach(), "grad": grad, "weights": weights, "metrics": metrics}
+
+
+def run_lens(case: dict[str, Any], tensors: tuple[torch.Tensor, ...], loss_mode: str, agg: str) -> grpo.Breakdown:
+    logp, old, rollout, mask, adv = tensors
+    mapping = map_verl({"policy_loss": {"loss_mode": loss_mode}, "loss_agg_mode": agg}, {"rollout_correction": case})
+    assert mapping.unsupported == {}
+    batch = grpo.Batch(
+        per_token_logps=logp,
+        old_per_token_logps=old,
+        completion_mask=mask,
+        advantages=adv,
+        rollout_log_probs=rollout,
+    )
+    return grpo.evaluate(batch, mapping.config.replace(dtype="float64"))
+
+
+CASES = [
+    {"rollout_is": level, "rollout_is_threshold": threshold, "rollout_is_batch_normalize": normalize}
+    for level in ("token", "sequence")
+    for threshold in (2.0, "1.5", "0.5_2.0", "1e-4_3.0")
+    for normalize in (False, True)
+]
+LOSSES = [("vanilla", "token-mean"), ("vanilla", "seq-mean-token-mean"), ("gspo", "seq-mean-token-mean")]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(str(v) for v in c.values()))
+@pytest.mark.parametrize(("loss_mode", "agg"), LOSSES, ids=lambda v: str(v))
+@pytest.mark.parametrize("scale", [0.05, 0.5])
+def test_value_gradient_weights_float64(case: dict[str, Any], loss_mode: str, agg: str, scale: float) -> None:
+    if loss_mode == "gspo" and case["rollout_is"] == "token":
+        # verl's GSPO is the token form sg(s)·π/sg(π): a per-token weight then weighs each token's own
+        # gradient, where GRPO Lens (and TRL) take the gradient through the row's mean. Same value; the
+        # gradient differs: not reproduced yet (test_verl_gspo_with_token_weights_differs_in_gradient_only).
+        pytest.skip("verl's GSPO token form under token-level IS weights: see the test below")
+    tensors = inputs(int(scale * 100), scale)
+    mask = tensors[3].bool()
+    verl = run_verl(case, tensors, loss_mode, agg)
+    bd = run_lens(case, tensors, loss_mode, agg)
+    torch.testing.assert_close(bd.tokens.is_weight[mask], verl["weights"][mask], rtol=RTOL, atol=0.0)
+    torch.testing.assert_close(bd.loss, verl["loss"], rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(bd.tokens.grad[mask], verl["grad"][mask], rtol=RTOL, atol=ATOL)
+    if case["rollout_is_batch_normalize"]:  # the factor verl logged is the one a capture would carry
+        factor = verl["metrics"]["rollout_corr/rollout_is_batch_norm_factor"]
+        config = bd.config.replace(rollout_is_normalizer=factor)
+        logp, old, rollout, _, adv = tensors
+        batch = grpo.Batch(logp, old, completion_mask=tensors[3], advantages=adv, sampling_per_token_logps=rollout)
+        torch.testing.assert_close(grpo.evaluate(batch, config).loss, verl["loss"], rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("spec", [2.0, 3, "2.5", " 0.5_2.0", "1e-4_3.0", "2_2"])
+def test_threshold_specs_parse_as_verl_parses_them(spec: Any) -> None:
+    assert parse_rollout_is_threshold(spec) == helper._parse_rollout_is_threshold(spec)
+
+
+@pytest.mark.parametrize("spec", ["3_1", "0_2", "-1", "abc", "1_x", "", True, None])
+def test_bad_threshold_specs_are_refused_by_both(spec: Any) -> None:
+    with pytest.raises((ValueError, TypeError)):
+        helper._parse_rollout_is_threshold(spec)
+    with pytest.raises(grpo.GrpoInputError) as caught:
+        map_verl({}, {"rollout_correction": {"rollout_is": "token", "rollout_is_threshold": spec}})
+    assert caught.value.field == "rollout_correction.rollout_is_threshold"
+    assert "lower <= upper" in str(caught.value)
+
+
+def test_what_map_verl_does_not_reproduce_yet_is_said() -> None:
+    mapping = map_verl({}, {"rollout_correction": {"rollout_rs": "token_k1", "rollout_rs_threshold": "0.5_2.0"}})
+    assert "rollout_correction.rollout_rs" in mapping.unsupported
+    assert map_verl({}, {"rollout_correction": {"rollout_is": None}}).config.rollout_correction == "none"
+
+
+def test_verl_gspo_with_token_weights_differs_in_gradient_only() -> None:
+    """The one combination not reproduced: its value agrees, its gradient does not (said in docs/variants.md)."""
+    case = {"rollout_is": "token", "rollout_is_threshold": 2.0}
+    tensors = inputs(5, 0.5)
+    mask = tensors[3].bool()
+    verl = run_verl(case, tensors, "gspo", "seq-mean-token-mean")
+    bd = run_lens(case, tensors, "gspo", "seq-mean-token-mean")
+    torch.testing.assert_close(bd.loss, verl["loss"], rtol=RTOL, atol=ATOL)
+    assert not torch.allclose(bd.tokens.grad[mask], verl["grad"][mask], rtol=1e-6, atol=1e-9)
