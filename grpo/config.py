@@ -141,6 +141,18 @@ class LossConfig:
         "policy",
         gt=0.0,
     )
+    rollout_rs: str | None = _f(
+        None,
+        "verl's rejection (rollout_rs): comma-chained criteria among token_k1..3, seq_sum_k1..3, seq_mean_k1..3, "
+        "seq_max_k2..3 on old - sampler; a rejected token leaves the batch (policy, KL, counts). None = off.",
+        "policy",
+    )
+    rollout_rs_threshold: str | None = _f(
+        None,
+        "Thresholds of rollout_rs: one for all or one per criterion, comma-separated; k1 takes 'lower_upper' "
+        "ratio bounds (or an upper, its inverse the lower), the others an upper bound.",
+        "policy",
+    )
     off_policy_mask_threshold: float | None = _f(
         None,
         "DeepSeek-V3.2's off-policy sequence mask (TRL): drop the policy term of rows with A < 0 whose mean "

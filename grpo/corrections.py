@@ -30,12 +30,23 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from grpo.errors import GrpoInputError
 from grpo.registry import Registry
 
 # What the correction did to each token, as int codes (the breakdown's ``correction``).
-CORRECTION_CODES: tuple[str, ...] = ("not_counted", "kept", "truncated", "masked", "not_scored", "sequence_masked")
-NOT_COUNTED, KEPT, TRUNCATED, MASKED, NOT_SCORED, SEQUENCE_MASKED = range(len(CORRECTION_CODES))
+CORRECTION_CODES: tuple[str, ...] = (
+    "not_counted",
+    "kept",
+    "truncated",
+    "masked",
+    "not_scored",
+    "sequence_masked",
+    "rejected",
+)
+NOT_COUNTED, KEPT, TRUNCATED, MASKED, NOT_SCORED, SEQUENCE_MASKED, REJECTED = range(len(CORRECTION_CODES))
 VERL_MEAN_EPSILON = 1e-8
+SAFETY_BOUND = 20.0
+"""verl's bound on the log-ratio of its rejection statistics (exp(±20))."""
 """verl's ``masked_mean`` divides by the mask's sum + 1e-8; its batch normalisation reproduces that."""
 CORRECTION_WHY: dict[str, str] = {
     "not_counted": "does not count (prompt, padding or masked out)",
@@ -45,6 +56,8 @@ CORRECTION_WHY: dict[str, str] = {
     "not_scored": "the sampler did not score this token (NaN): no correction, weight 1",
     "sequence_masked": "the off-policy sequence mask dropped the row: A < 0 and its mean sampler - current "
     "log-prob is above off_policy_mask_threshold",
+    "rejected": "rejected by verl's rollout_rs: the token (or its row) failed a criterion, so it leaves the batch "
+    "(policy term, KL and the aggregation's counts)",
 }
 
 
@@ -287,3 +300,81 @@ def sampling_metrics(applied: Applied, old: Tensor, sampler: Tensor, mask: Tenso
         "sampling/importance_sampling_ratio/mean": stat(flat, torch.mean),
         "sampling/importance_sampling_ratio/max": stat(flat, torch.max),
     }
+
+
+# --- rejection (verl rollout_rs): tokens or rows whose mismatch is too large leave the batch ---------------
+RS_STATISTICS = ("k1", "k2", "k3")
+RS_LEVELS = ("token", "seq_sum", "seq_mean", "seq_max")
+RS_CRITERIA: tuple[str, ...] = tuple(
+    f"{level}_{k}" for level in RS_LEVELS for k in RS_STATISTICS if (level, k) != ("seq_max", "k1")
+)
+"""verl 0.9.1's eleven rollout_rs options: a divergence (k1 = -log r, k2 = ½(log r)², k3 = r - 1 - log r, with
+log r = old - sampler clamped to ±20) per token, or its sum, mean or max over the row."""
+
+
+@dataclass(frozen=True)
+class Criterion:
+    name: str
+    lower: float | None
+    """k1 only: the ratio's lower bound (its log bounds -log r from below)."""
+    upper: float
+
+
+def rs_criteria(rollout_rs: str, threshold: str | float | None) -> list[Criterion]:
+    """verl's comma-chained ``rollout_rs`` with ``rollout_rs_threshold`` (one for all, or one per option; a k1
+    option takes "lower_upper" or an upper whose inverse is the lower), as verl 0.9.1 parses them, or
+    GrpoInputError naming the field."""
+    names = list(dict.fromkeys(part.strip() for part in rollout_rs.split(",") if part.strip()))
+    unknown = [n for n in names if n not in RS_CRITERIA]
+    if not names or unknown:
+        raise GrpoInputError("rollout_rs", f"comma-separated options among {', '.join(RS_CRITERIA)}", got=rollout_rs)
+    specs = [] if threshold is None else [p.strip() for p in str(threshold).split(",") if p.strip()]
+    if len(specs) not in (1, len(names)):
+        raise GrpoInputError("rollout_rs_threshold", f"one threshold, or one per rollout_rs option ({len(names)})")
+    specs = specs * len(names) if len(specs) == 1 else specs
+    out = []
+    for name, spec in zip(names, specs, strict=True):
+        expected = (
+            "'lower_upper' or an upper bound, both > 0, lower <= upper" if name.endswith("k1") else "a number > 0"
+        )
+        try:
+            if name.endswith("k1"):
+                low_text, high_text = spec.split("_", 1) if "_" in spec else (str(1.0 / float(spec)), spec)
+                lower, upper = float(low_text), float(high_text)
+            elif "_" in spec:
+                raise ValueError(spec)
+            else:
+                lower, upper = None, float(spec)
+        except (ValueError, ZeroDivisionError):
+            raise GrpoInputError("rollout_rs_threshold", f"{name}: {expected}", got=repr(spec)) from None
+        if upper <= 0 or (lower is not None and not 0 < lower <= upper):
+            raise GrpoInputError("rollout_rs_threshold", f"{name}: {expected}", got=repr(spec))
+        out.append(Criterion(name, lower, upper))
+    return out
+
+
+def within(stat: Tensor, c: Criterion) -> Tensor:
+    """bool: k1's -log r inside [log lower, log upper]; the other statistics at most ``upper``."""
+    if c.lower is None:
+        return stat <= c.upper
+    return (stat >= math.log(c.lower)) & (stat <= math.log(c.upper))
+
+
+def rejection_keep(log_ratio: Tensor, mask: Tensor, criteria: list[Criterion]) -> Tensor:
+    """(B, T) 1.0 where every criterion keeps the token (verl's ``compute_rollout_rejection_mask``; sums and
+    means over the counted tokens, a mean dividing by the count + 1e-8, an empty row's max 0)."""
+    safe = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    stats = {"k1": -safe, "k2": 0.5 * safe**2, "k3": safe.exp() - 1.0 - safe}
+    keep = torch.ones_like(mask)
+    for c in criteria:
+        level, k = c.name.rsplit("_", 1)
+        stat = stats[k]
+        if level == "seq_sum":
+            stat = (stat * mask).sum(-1, keepdim=True)
+        elif level == "seq_mean":
+            stat = (stat * mask).sum(-1, keepdim=True) / (mask.sum(-1, keepdim=True) + VERL_MEAN_EPSILON)
+        elif level == "seq_max":
+            stat = stat.masked_fill(mask == 0, -math.inf).amax(-1, keepdim=True)
+            stat = torch.where(torch.isinf(stat), 0.0, stat)  # a row without a counted token: 0
+        keep = keep * within(stat, c).to(mask.dtype)
+    return keep

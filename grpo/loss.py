@@ -18,7 +18,17 @@ from grpo.advantages import ADVANTAGES, group_std_mean, unbiased_std
 from grpo.aggregation import AGGREGATIONS
 from grpo.batch import Batch
 from grpo.config import REGISTRIES, LossConfig
-from grpo.corrections import CORRECTION_CODES, NOT_COUNTED, Applied, correct, sampler_log_ratio, sampling_metrics
+from grpo.corrections import (
+    CORRECTION_CODES,
+    NOT_COUNTED,
+    REJECTED,
+    Applied,
+    correct,
+    rejection_keep,
+    rs_criteria,
+    sampler_log_ratio,
+    sampling_metrics,
+)
 from grpo.errors import GrpoInputError
 from grpo.kl import KL_ESTIMATORS
 from grpo.objectives import OBJECTIVES, REGIONS, TRUST, ObjectiveTerms, above
@@ -262,6 +272,10 @@ class _Inputs:
     """(B, T) as the batch holds them (their dtype: TRL compares them as they are), or None."""
     sampler: Tensor | None
     """(B, T) the sampler's log-probs (NaN where it did not score a counted token), or None."""
+    before_rejection: Tensor
+    """(B, T) 0.0 / 1.0: the counted positions before verl's rollout_rs (its IS weights read these)."""
+    rejected: Tensor | None
+    """(B, T) bool: counted positions rollout_rs took out of the batch (None: no rejection)."""
     adv: _Advantages
     width: int
     """The padded completion width (T minus the shortest prompt)."""
@@ -276,16 +290,26 @@ def _inputs(batch: Batch, config: LossConfig) -> _Inputs:
 
     logp = batch.logp.to(device, dtype)
     old, ref = load(batch.old_per_token_logps), load(batch.ref_per_token_logps)
+    old = logp.detach() if old is None else old  # on-policy: old is the current policy, held constant
+    sampler = load(batch.sampling_per_token_logps)
+    counted, before = batch.mask.to(device), batch.mask_float.to(device, dtype)
+    rejected = None
+    if config.rollout_rs is not None and sampler is not None:  # verl: the response mask after rejection
+        criteria = rs_criteria(config.rollout_rs, config.rollout_rs_threshold)
+        keep = rejection_keep(sampler_log_ratio(old, sampler, before), before, criteria).bool()
+        rejected, counted = counted & ~keep, counted & keep
     return _Inputs(
         device=device,
         dtype=dtype,
-        counted=batch.mask.to(device),
-        mask=batch.mask_float.to(device, dtype),
+        counted=counted,
+        mask=before if rejected is None else counted.to(dtype),
         logp=logp,
-        old=logp.detach() if old is None else old,  # on-policy: old is the current policy, held constant
+        old=old,
         ref=logp.detach() if ref is None else ref,
         entropies=None if batch.entropies is None else batch.entropies.to(device),
-        sampler=load(batch.sampling_per_token_logps),
+        sampler=sampler,
+        before_rejection=before,
+        rejected=rejected,
         adv=compute_advantages(batch, config, device, dtype),
         width=int(batch.shape[1] - int(batch.prompt_length_tensor().min())),
     )
@@ -341,7 +365,7 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
         objective = replace(objective, surrogate=objective.surrogate * kept)
     # The rollout correction, in this one place: the IS weight (constant) and the off-policy sequence mask
     # multiply the policy term only, as TRL's per_token_loss * importance_sampling_ratio, before the KL.
-    correction = correct(inp.old, inp.sampler, logp_policy, A, inp.mask, config)
+    correction = correct(inp.old, inp.sampler, logp_policy, A, inp.before_rejection, config)
     if correction is not None:
         objective = replace(objective, surrogate=objective.surrogate * correction.factor)
     kl = kl_penalty(logp_kl, inp.ref, inp.old, inp.mask, config, touched) if want_kl or config.beta else None
@@ -423,7 +447,9 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         device=str(inp.device),
         dtype=config.dtype,
         zero_std_groups=adv.zero_std_groups,
-        loss_without_correction=loss.detach() if t.correction is None else _uncorrected_loss(inp, config),
+        loss_without_correction=loss.detach()
+        if t.correction is None and inp.rejected is None
+        else _uncorrected_loss(batch, config),
     )
 
 
@@ -433,17 +459,19 @@ def _correction_tokens(applied: Applied | None, inp: _Inputs) -> dict[str, Tenso
     if applied is None:
         log_ratio = torch.zeros_like(mask) if inp.sampler is None else sampler_log_ratio(inp.old, inp.sampler, mask)
         code = torch.where(inp.counted, CORRECTION_CODES.index("kept"), NOT_COUNTED).to(torch.int8)
-        return {"sampler_log_ratio": log_ratio, "is_weight": mask, "correction": code}
-    return {
-        "sampler_log_ratio": applied.log_ratio,
-        "is_weight": applied.is_weight.expand(mask.shape) * mask,
-        "correction": applied.code,
-    }
+        is_weight = mask
+    else:
+        log_ratio, code = applied.log_ratio * mask, applied.code
+        is_weight = applied.is_weight.expand(mask.shape) * mask
+    if inp.rejected is not None:  # rows and tokens verl's rollout_rs took out of the batch
+        code = torch.where(inp.rejected, REJECTED, torch.where(inp.counted, code, NOT_COUNTED)).to(torch.int8)
+    return {"sampler_log_ratio": log_ratio, "is_weight": is_weight, "correction": code}
 
 
-def _uncorrected_loss(inp: _Inputs, config: LossConfig) -> Tensor:
-    """The loss of the same inputs with the rollout correction and the sequence mask off."""
-    off = replace(config, rollout_correction="none", off_policy_mask_threshold=None)
+def _uncorrected_loss(batch: Batch, config: LossConfig) -> Tensor:
+    """The loss of the same batch with the rollout correction, the sequence mask and the rejection off."""
+    off = replace(config, rollout_correction="none", off_policy_mask_threshold=None, rollout_rs=None)
+    inp = _inputs(batch, off)
     with torch.no_grad():
         t = _terms(inp, inp.logp.detach(), inp.logp.detach(), off, want_kl=False)
         return (t.policy_tokens + t.kl_tokens).sum()

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo.config import PRESETS, LossConfig, Preset, register_preset
-from grpo.corrections import CORRECTIONS
+from grpo.corrections import CORRECTIONS, rs_criteria
 from grpo.errors import GrpoInputError
 
 # TRL 1.16.0 GRPOConfig defaults for the fields that matter to the loss (spec §1.11); a dict given to
@@ -381,10 +381,16 @@ def _map_verl_rollout_correction(
         "the whole batch: rollout_is_normalizer)",
     }
     if rc.get("rollout_rs") is not None:
-        unsupported["rollout_correction.rollout_rs"] = (
-            "rejection sampling changes the response_mask on the driver: reproduced only as captured (the "
-            "mask after rejection), not recomputed"
-        )
+        rs, threshold = str(rc["rollout_rs"]), rc.get("rollout_rs_threshold")
+        try:
+            rs_criteria(rs, threshold)
+        except GrpoInputError as exc:
+            raise GrpoInputError(f"rollout_correction.{exc.field}", exc.expected, got=exc.got) from exc
+        settings |= {"rollout_rs": rs, "rollout_rs_threshold": str(threshold)}
+    mapped |= {
+        "rollout_correction.rollout_rs": "rollout_rs (a rejected token leaves the batch, as verl's response mask)",
+        "rollout_correction.rollout_rs_threshold": "rollout_rs_threshold",
+    }
     if rc.get("bypass_mode"):
         unsupported["rollout_correction.bypass_mode"] = "bypass mode (rollout log-probs as old) is not reproduced"
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import grpo
-from grpo.corrections import CORRECTION_CODES, CORRECTIONS, off_policy_keep, sampler_log_ratio
+from grpo.corrections import CORRECTION_CODES, CORRECTION_WHY, CORRECTIONS, off_policy_keep, sampler_log_ratio
 from grpo.glossary import metric_meanings
 from grpo.metrics import METRICS
 from grpo.trainer_config import map_trl
@@ -52,7 +52,16 @@ def test_every_mode_is_registered_documented_and_offered() -> None:
         assert entry.doc and entry.label and entry.paper.startswith("https://")
     spec = next(s for s in grpo.FIELDS if s.name == "rollout_correction")
     assert spec.choice_names() == CORRECTIONS.names()
-    assert set(CORRECTION_CODES) == {"not_counted", "kept", "truncated", "masked", "not_scored", "sequence_masked"}
+    assert set(CORRECTION_CODES) == {
+        "not_counted",
+        "kept",
+        "truncated",
+        "masked",
+        "not_scored",
+        "sequence_masked",
+        "rejected",
+    }
+    assert set(CORRECTION_WHY) == set(CORRECTION_CODES)
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ import torch
 from reference import random_inputs
 
 import grpo
+from grpo.corrections import CORRECTION_CODES
 from grpo.trainer_config import map_verl, parse_rollout_is_threshold
 
 helper = pytest.importorskip("verl.trainer.ppo.rollout_corr_helper")
@@ -52,15 +53,18 @@ def inputs(seed: int, scale: float) -> tuple[torch.Tensor, ...]:
 
 def run_verl(case: dict[str, Any], tensors: tuple[torch.Tensor, ...], loss_mode: str, agg: str) -> dict[str, Any]:
     logp, old, rollout, mask, adv = tensors
-    proto, _, metrics = helper.compute_rollout_correction_and_rejection_mask(
+    proto, kept, metrics = helper.compute_rollout_correction_and_rejection_mask(
         old_log_prob=old,
         rollout_log_prob=rollout,
         response_mask=mask,
-        rollout_is=case["rollout_is"],
-        rollout_is_threshold=case["rollout_is_threshold"],
+        rollout_is=case.get("rollout_is"),
+        rollout_is_threshold=case.get("rollout_is_threshold", 2.0),
         rollout_is_batch_normalize=case.get("rollout_is_batch_normalize", False),
+        rollout_rs=case.get("rollout_rs"),
+        rollout_rs_threshold=case.get("rollout_rs_threshold"),
     )
-    weights = proto.batch["rollout_is_weights"]
+    weights = None if proto is None else proto.batch["rollout_is_weights"]
+    mask = kept  # the driver's response mask after rejection: what the actor's loss sees
     leaf = logp.clone().requires_grad_(True)
     loss_fn = core_algos.get_policy_loss_fn(loss_mode)
     loss, _ = loss_fn(
@@ -73,7 +77,7 @@ def run_verl(case: dict[str, Any], tensors: tuple[torch.Tensor, ...], loss_mode:
         rollout_is_weights=weights,
     )
     (grad,) = torch.autograd.grad(loss, leaf)
-    return {"loss": loss.detach(), "grad": grad, "weights": weights, "metrics": metrics}
+    return {"loss": loss.detach(), "grad": grad, "weights": weights, "metrics": metrics, "kept": kept}
 
 
 def run_lens(case: dict[str, Any], tensors: tuple[torch.Tensor, ...], loss_mode: str, agg: str) -> grpo.Breakdown:
@@ -138,9 +142,64 @@ def test_bad_threshold_specs_are_refused_by_both(spec: Any) -> None:
     assert "lower <= upper" in str(caught.value)
 
 
+RS_CASES = [
+    {"rollout_rs": "token_k1", "rollout_rs_threshold": "0.5_2.0"},
+    {"rollout_rs": "token_k2", "rollout_rs_threshold": 0.3},
+    {"rollout_rs": "seq_sum_k3", "rollout_rs_threshold": "1.5"},
+    {"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "1.2"},
+    {"rollout_rs": "seq_max_k2", "rollout_rs_threshold": "2.0"},
+    {"rollout_rs": "token_k3,seq_mean_k2, seq_sum_k1", "rollout_rs_threshold": "2.0,0.1,0.2_4"},
+    {"rollout_rs": "token_k1,seq_max_k3,seq_mean_k3", "rollout_rs_threshold": "3.0"},
+    {
+        "rollout_is": "sequence",
+        "rollout_is_threshold": "0.5_4.0",
+        "rollout_is_batch_normalize": True,
+        "rollout_rs": "token_k2,seq_mean_k3",
+        "rollout_rs_threshold": "1.0,0.2",
+    },
+]
+
+
+@pytest.mark.parametrize("case", RS_CASES, ids=lambda c: c["rollout_rs"].replace(" ", ""))
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_rejection_chains_float64(case: dict[str, Any], agg: str) -> None:
+    """verl's rollout_rs takes tokens and rows out of the response mask on the driver; the actor's loss
+    then sees the rest. GRPO Lens marks them rejected and leaves them out the same way."""
+    tensors = inputs(7, 0.5)
+    verl = run_verl(case, tensors, "vanilla", agg)
+    bd = run_lens(case, tensors, "vanilla", agg)
+    mask, kept = tensors[3].bool(), verl["kept"].bool()
+    assert (mask & ~kept).any() and kept.any()  # the criteria rejected some tokens and kept some
+    rejected = bd.tokens.correction == CORRECTION_CODES.index("rejected")
+    assert torch.equal(rejected, mask & ~kept) and torch.equal(bd.tokens.mask, kept)
+    torch.testing.assert_close(bd.loss, verl["loss"], rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(bd.tokens.grad, verl["grad"] * kept, rtol=RTOL, atol=ATOL)
+    if verl["weights"] is not None:
+        torch.testing.assert_close(bd.tokens.is_weight[kept], verl["weights"][kept], rtol=RTOL, atol=0.0)
+    assert float(bd.loss_without_correction) != float(bd.loss)
+
+
+@pytest.mark.parametrize(
+    ("rs", "threshold", "field"),
+    [
+        ("token_k4", "1.0", "rollout_correction.rollout_rs"),
+        ("seq_max_k1", "1.0", "rollout_correction.rollout_rs"),
+        ("token_k2", "0.5_2.0", "rollout_correction.rollout_rs_threshold"),
+        ("token_k1,token_k2", "1,2,3", "rollout_correction.rollout_rs_threshold"),
+        ("token_k1", "3_1", "rollout_correction.rollout_rs_threshold"),
+        ("token_k2", None, "rollout_correction.rollout_rs_threshold"),
+    ],
+)
+def test_bad_rejection_specs_name_the_field(rs: str, threshold: Any, field: str) -> None:
+    with pytest.raises((ValueError, TypeError)):
+        helper.compute_rollout_rejection_mask(torch.zeros(1, 2), torch.ones(1, 2), rs, threshold)
+    with pytest.raises(grpo.GrpoInputError) as caught:
+        map_verl({}, {"rollout_correction": {"rollout_rs": rs, "rollout_rs_threshold": threshold}})
+    assert caught.value.field == field
+
+
 def test_what_map_verl_does_not_reproduce_yet_is_said() -> None:
-    mapping = map_verl({}, {"rollout_correction": {"rollout_rs": "token_k1", "rollout_rs_threshold": "0.5_2.0"}})
-    assert "rollout_correction.rollout_rs" in mapping.unsupported
+    assert "rollout_correction.bypass_mode" in map_verl({}, {"rollout_correction": {"bypass_mode": True}}).unsupported
     assert map_verl({}, {"rollout_correction": {"rollout_is": None}}).config.rollout_correction == "none"
 
 
