@@ -153,6 +153,12 @@ class LossConfig:
         "ratio bounds (or an upper, its inverse the lower), the others an upper bound.",
         "policy",
     )
+    rollout_bypass: bool = _f(
+        False,
+        "verl's bypass mode: the sampler's log-probs stand in for the old policy, and the IS weights and the "
+        "rejection compare the current policy with the sampler (ppo_clip: clip only; reinforce: gpg x weights).",
+        "policy",
+    )
     off_policy_mask_threshold: float | None = _f(
         None,
         "DeepSeek-V3.2's off-policy sequence mask (TRL): drop the policy term of rows with A < 0 whose mean "

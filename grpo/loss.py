@@ -272,6 +272,8 @@ class _Inputs:
     """(B, T) as the batch holds them (their dtype: TRL compares them as they are), or None."""
     sampler: Tensor | None
     """(B, T) the sampler's log-probs (NaN where it did not score a counted token), or None."""
+    base: Tensor
+    """(B, T): the log-probs the sampler's are compared with: old, or in bypass mode the current ones (constant)."""
     before_rejection: Tensor
     """(B, T) 0.0 / 1.0: the counted positions before verl's rollout_rs (its IS weights read these)."""
     rejected: Tensor | None
@@ -292,11 +294,16 @@ def _inputs(batch: Batch, config: LossConfig) -> _Inputs:
     old, ref = load(batch.old_per_token_logps), load(batch.ref_per_token_logps)
     old = logp.detach() if old is None else old  # on-policy: old is the current policy, held constant
     sampler = load(batch.sampling_per_token_logps)
+    base = old
+    if config.rollout_bypass:  # verl: old_log_probs = rollout_log_probs; corrections weigh current vs sampler
+        if sampler is None:
+            raise GrpoInputError("sampling_per_token_logps", "the sampler's log-probs: rollout_bypass uses them as old")
+        old, base = torch.where(torch.isnan(sampler), logp.detach(), sampler), logp.detach()
     counted, before = batch.mask.to(device), batch.mask_float.to(device, dtype)
     rejected = None
     if config.rollout_rs is not None and sampler is not None:  # verl: the response mask after rejection
         criteria = rs_criteria(config.rollout_rs, config.rollout_rs_threshold)
-        keep = rejection_keep(sampler_log_ratio(old, sampler, before), before, criteria).bool()
+        keep = rejection_keep(sampler_log_ratio(base, sampler, before), before, criteria).bool()
         rejected, counted = counted & ~keep, counted & keep
     return _Inputs(
         device=device,
@@ -308,6 +315,7 @@ def _inputs(batch: Batch, config: LossConfig) -> _Inputs:
         ref=logp.detach() if ref is None else ref,
         entropies=None if batch.entropies is None else batch.entropies.to(device),
         sampler=sampler,
+        base=base,
         before_rejection=before,
         rejected=rejected,
         adv=compute_advantages(batch, config, device, dtype),
@@ -365,7 +373,7 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
         objective = replace(objective, surrogate=objective.surrogate * kept)
     # The rollout correction, in this one place: the IS weight (constant) and the off-policy sequence mask
     # multiply the policy term only, as TRL's per_token_loss * importance_sampling_ratio, before the KL.
-    correction = correct(inp.old, inp.sampler, logp_policy, A, inp.before_rejection, config)
+    correction = correct(inp.base, inp.sampler, logp_policy, A, inp.before_rejection, config)
     if correction is not None:
         objective = replace(objective, surrogate=objective.surrogate * correction.factor)
     kl = kl_penalty(logp_kl, inp.ref, inp.old, inp.mask, config, touched) if want_kl or config.beta else None
@@ -431,7 +439,7 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
     rows = _rows(tokens, adv, mask)
     metrics = _metrics(batch, config, t.objective.flags, tokens, rows, adv, mask, t.ratio.detach())
     if t.correction is not None and inp.sampler is not None and config.rollout_correction != "none":
-        metrics |= sampling_metrics(t.correction, inp.old, inp.sampler, mask)  # TRL logs them only then
+        metrics |= sampling_metrics(t.correction, inp.base, inp.sampler, mask)  # TRL logs them only then
     return Breakdown(
         loss=loss.detach(),
         objective=0.0 - loss.detach(),  # 0.0 - x, not -x: no -0.0 for a zero loss
@@ -457,7 +465,7 @@ def _correction_tokens(applied: Applied | None, inp: _Inputs) -> dict[str, Tenso
     """The breakdown's per-token view of the rollout correction (the identity when none is chosen)."""
     mask = inp.mask
     if applied is None:
-        log_ratio = torch.zeros_like(mask) if inp.sampler is None else sampler_log_ratio(inp.old, inp.sampler, mask)
+        log_ratio = torch.zeros_like(mask) if inp.sampler is None else sampler_log_ratio(inp.base, inp.sampler, mask)
         code = torch.where(inp.counted, CORRECTION_CODES.index("kept"), NOT_COUNTED).to(torch.int8)
         is_weight = mask
     else:

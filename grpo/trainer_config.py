@@ -329,7 +329,7 @@ def _map_verl_algorithm(
         unsupported["adv_estimator"] = f"{name!r} needs {need}; given advantages are reproduced as they are"
     correction = alg.get("rollout_correction")
     if isinstance(correction, dict):
-        _map_verl_rollout_correction(correction, settings, mapped, unsupported)
+        _map_verl_rollout_correction(correction, settings, mapped)
 
 
 def parse_rollout_is_threshold(spec: Any) -> tuple[float, float | None]:
@@ -356,7 +356,7 @@ VERL_ROLLOUT_IS = {"token": "token", "sequence": "sequence"}
 
 
 def _map_verl_rollout_correction(
-    rc: dict[str, Any], settings: dict[str, Any], mapped: dict[str, str], unsupported: dict[str, str]
+    rc: dict[str, Any], settings: dict[str, Any], mapped: dict[str, str], bypass: bool = False
 ) -> None:
     """verl's ``algorithm.rollout_correction``: IS weights (token or sequence, truncated or IcePop-masked,
     batch-normalised) from ``compute_rollout_correction_and_rejection_mask``, read with verl's ``.get``
@@ -391,8 +391,20 @@ def _map_verl_rollout_correction(
         "rollout_correction.rollout_rs": "rollout_rs (a rejected token leaves the batch, as verl's response mask)",
         "rollout_correction.rollout_rs_threshold": "rollout_rs_threshold",
     }
-    if rc.get("bypass_mode"):
-        unsupported["rollout_correction.bypass_mode"] = "bypass mode (rollout log-probs as old) is not reproduced"
+    if rc.get("bypass_mode") or bypass:
+        loss_type = rc.get("loss_type", "ppo_clip")
+        if loss_type not in ("ppo_clip", "reinforce"):
+            raise GrpoInputError("rollout_correction.loss_type", "ppo_clip or reinforce", got=repr(loss_type)[:80])
+        settings["rollout_bypass"] = True
+        if loss_type == "ppo_clip":  # the clip's ratio pi / pi_rollout is the correction: no IS weights
+            settings["rollout_correction"] = "none"
+        else:  # -A · log pi · sg(w), w from the current policy against the sampler
+            settings["objective"] = "gpg"
+    mapped |= {
+        "rollout_correction.bypass_mode": "rollout_bypass (the sampler's log-probs as old)",
+        "rollout_correction.loss_type": "rollout_bypass's loss: ppo_clip (vanilla clip, no IS weights) or "
+        "reinforce (gpg times the IS weights)",
+    }
 
 
 def map_verl(actor_config: Any, algorithm: Any = None) -> TrainerMapping:
@@ -407,6 +419,8 @@ def map_verl(actor_config: Any, algorithm: Any = None) -> TrainerMapping:
     unsupported: dict[str, str] = {}
     policy = a.get("policy_loss") or {}
     loss_mode = policy.get("loss_mode", "vanilla") if isinstance(policy, dict) else "vanilla"
+    bypass = loss_mode == "bypass_mode"  # verl's apply_bypass_mode: vanilla's clip (or reinforce) on rollout
+    loss_mode = "vanilla" if bypass else loss_mode
     if loss_mode not in VERL_LOSS_MODES:
         raise GrpoInputError(
             "policy_loss.loss_mode",
@@ -467,6 +481,9 @@ def map_verl(actor_config: Any, algorithm: Any = None) -> TrainerMapping:
         mapped["entropy_coeff"] = "nothing: 0 leaves the loss unchanged"
     if algorithm is not None:
         _map_verl_algorithm(_fields(algorithm), settings, mapped, unsupported)
+    if bypass:  # the rollout_correction config apply_bypass_mode copied into policy_loss
+        correction = policy.get("rollout_correction")
+        _map_verl_rollout_correction(correction if isinstance(correction, dict) else {}, settings, mapped, True)
     captured = {k: v for k, v in VERL_CAPTURED.items() if k in a}
     return _finish(a, settings, mapped, unsupported, captured=captured)
 

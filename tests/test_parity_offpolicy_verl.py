@@ -198,8 +198,7 @@ def test_bad_rejection_specs_name_the_field(rs: str, threshold: Any, field: str)
     assert caught.value.field == field
 
 
-def test_what_map_verl_does_not_reproduce_yet_is_said() -> None:
-    assert "rollout_correction.bypass_mode" in map_verl({}, {"rollout_correction": {"bypass_mode": True}}).unsupported
+def test_no_rollout_is_means_no_weights() -> None:
     assert map_verl({}, {"rollout_correction": {"rollout_is": None}}).config.rollout_correction == "none"
 
 
@@ -212,3 +211,64 @@ def test_verl_gspo_with_token_weights_differs_in_gradient_only() -> None:
     bd = run_lens(case, tensors, "gspo", "seq-mean-token-mean")
     torch.testing.assert_close(bd.loss, verl["loss"], rtol=RTOL, atol=ATOL)
     assert not torch.allclose(bd.tokens.grad[mask], verl["grad"][mask], rtol=1e-6, atol=1e-9)
+
+
+BYPASS_CASES = [
+    {"loss_type": "ppo_clip", "rollout_is": None, "rollout_rs": None},
+    {"loss_type": "ppo_clip", "rollout_is": "sequence", "rollout_rs": "token_k1", "rollout_rs_threshold": "0.6_1.8"},
+    {"loss_type": "reinforce", "rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": None},
+    {
+        "loss_type": "reinforce",
+        "rollout_is": "sequence",
+        "rollout_is_threshold": "0.5_2.0",
+        "rollout_is_batch_normalize": True,
+        "rollout_rs": "seq_mean_k3",
+        "rollout_rs_threshold": 0.3,
+    },
+]
+
+
+@pytest.mark.parametrize("case", BYPASS_CASES, ids=lambda c: "-".join(str(v) for v in c.values()))
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_bypass_mode_float64(case: dict[str, Any], agg: str) -> None:
+    """verl's bypass mode: old = rollout log-probs; IS weights and rejection from the current policy against
+    the sampler, inside the loss (``compute_policy_loss_bypass_mode``): ppo_clip is the vanilla clip without
+    weights, reinforce -A·log π·sg(w)."""
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+    from verl.workers.config import ActorConfig, PolicyLossConfig
+
+    rc = {"rollout_is_threshold": 2.0, "rollout_is_batch_normalize": False, "bypass_mode": True, **case}
+    logp, _, rollout, mask, adv = inputs(11, 0.3)
+    config = ActorConfig(
+        strategy="fsdp",
+        rollout_n=3,
+        ppo_mini_batch_size=6,
+        ppo_micro_batch_size_per_gpu=6,
+        policy_loss=PolicyLossConfig(loss_mode="bypass_mode", rollout_correction=RolloutCorrectionConfig(**rc)),
+    )
+    leaf = logp.clone().requires_grad_(True)
+    loss, _ = core_algos.compute_policy_loss_bypass_mode(
+        old_log_prob=rollout,
+        log_prob=leaf,
+        advantages=adv[:, None] * mask,
+        response_mask=mask,
+        loss_agg_mode=agg,
+        config=config,
+    )
+    (grad,) = torch.autograd.grad(loss, leaf)
+    mapping = map_verl({"policy_loss": {"loss_mode": "bypass_mode", "rollout_correction": rc}, "loss_agg_mode": agg})
+    assert mapping.unsupported == {} and mapping.config.rollout_bypass
+    batch = grpo.Batch(logp, completion_mask=mask, advantages=adv, rollout_log_probs=rollout)
+    bd = grpo.evaluate(batch, mapping.config.replace(dtype="float64"))
+    torch.testing.assert_close(bd.loss, loss.detach(), rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(bd.tokens.grad, grad * bd.tokens.mask, rtol=RTOL, atol=ATOL)
+    if case["rollout_rs"]:
+        assert (bd.tokens.correction == CORRECTION_CODES.index("rejected")).any()
+
+
+def test_bypass_needs_the_sampler_log_probs() -> None:
+    config = map_verl({"policy_loss": {"loss_mode": "bypass_mode"}}).config
+    with pytest.raises(grpo.GrpoInputError, match="sampling_per_token_logps"):
+        grpo.evaluate(grpo.Batch([[-1.0]], advantages=[1.0]), config)
+    with pytest.raises(grpo.GrpoInputError, match=r"rollout_correction\.loss_type"):
+        map_verl({}, {"rollout_correction": {"bypass_mode": True, "loss_type": "dpo"}})
