@@ -20,7 +20,7 @@ from typing import Any
 
 from grpo.advantages import ADVANTAGES
 from grpo.aggregation import AGGREGATIONS
-from grpo.corrections import CORRECTIONS
+from grpo.corrections import CORRECTIONS, rs_criteria
 from grpo.errors import GrpoInputError
 from grpo.kl import KL_ESTIMATORS
 from grpo.objectives import OBJECTIVES
@@ -247,6 +247,11 @@ class LossConfig:
     def __post_init__(self) -> None:
         for spec in FIELDS:
             spec.check(getattr(self, spec.name))
+        if self.rollout_rs is not None:  # the criteria and their thresholds, checked once here
+            rs_criteria(self.rollout_rs, self.rollout_rs_threshold)
+        low, high = self.rollout_is_min, self.rollout_is_max
+        if low is not None and high is not None and low > high:
+            raise GrpoInputError("rollout_is_min", f"a number <= rollout_is_max ({high})", got=repr(low))
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> LossConfig:

@@ -599,6 +599,19 @@ def _warnings(
             "ref_per_token_logps given but beta = 0: the KL is reported but left out of the loss "
             "(TRL's and verl's presets default to beta 0; set beta to include it)."
         )
+    sampler = batch.sampling_per_token_logps
+    if sampler is None and (config.rollout_correction != "none" or config.rollout_rs is not None):
+        out.append(
+            f"rollout_correction {config.rollout_correction} / rollout_rs {config.rollout_rs} weigh the sampler's "
+            "log-probs, and the batch has none (sampling_per_token_logps): no IS weight or rejection is applied."
+        )
+    unscored = 0 if sampler is None else int(torch.isnan(sampler).sum())  # NaN only at counted tokens
+    if unscored:
+        out.append(
+            f"{unscored} tokens were not scored by the sampler (NaN): TRL gives them no correction (weight 1, a "
+            "log-ratio of 0 in sequence sums and in the off-policy mask) and leaves them out of "
+            "sampling/sampling_logp_difference; verl has no such case (its rollout_log_probs hold no NaN)."
+        )
     if adv.zero_std_groups:
         out.append(
             f"Groups {list(adv.zero_std_groups)} have zero reward std: their advantages are 0, "

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from api_fixtures import client
 
 import grpo
 from grpo.corrections import CORRECTION_CODES, CORRECTION_WHY, CORRECTIONS, off_policy_keep, sampler_log_ratio
@@ -207,3 +208,40 @@ def test_bad_settings_name_the_field() -> None:
         grpo.LossConfig(rollout_correction="icepop")
     with pytest.raises(grpo.GrpoInputError, match="rollout_is_max"):
         grpo.LossConfig(rollout_is_max=0.0)
+
+
+def test_warnings_say_what_happens_without_or_with_unscored_sampler_tokens() -> None:
+    plain = grpo.from_rows([[-1.0, -2.0]], advantages=[1.0])
+    (said,) = [w for w in grpo.evaluate(plain, config(rollout_correction="token_mask")).warnings if "sampler" in w]
+    assert "no IS weight or rejection is applied" in said
+    (unscored,) = [w for w in grpo.evaluate(batch(), config()).warnings if "not scored" in w]
+    assert unscored.startswith("1 tokens were not scored")
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        ({"rollout_rs": "token_k9"}, "rollout_rs"),
+        ({"rollout_rs": "token_k2"}, "rollout_rs_threshold"),
+        ({"rollout_rs": "token_k1", "rollout_rs_threshold": "3_1"}, "rollout_rs_threshold"),
+        ({"rollout_is_min": 4.0, "rollout_is_max": 3.0}, "rollout_is_min"),
+    ],
+)
+def test_config_cross_checks_name_the_field(settings: dict[str, Any], field: str) -> None:
+    with pytest.raises(grpo.GrpoInputError) as caught:
+        grpo.LossConfig(**settings)
+    assert caught.value.field == field
+
+
+def test_api_bad_correction_settings_are_422_naming_the_config_field() -> None:
+    body = {"per_token_logps": [[-1.0, -2.0]], "advantages": [1.0], "rollout_log_probs": [[-1.0, None]]}
+    for settings, field in (
+        ({"rollout_rs": "token_k1", "rollout_rs_threshold": "3_1"}, "rollout_rs_threshold"),
+        ({"rollout_correction": "icepop"}, "rollout_correction"),
+        ({"rollout_is_max": -1}, "rollout_is_max"),
+    ):
+        response = client(raise_server_exceptions=False).post("/api/v1/loss", json={**body, "config": settings})
+        assert response.status_code == 422
+        assert response.json()["detail"][0]["loc"] == ["body", "config", field]
+    ok = client().post("/api/v1/loss", json={**body, "config": {"rollout_correction": "token_mask"}})
+    assert ok.status_code == 200 and any("not scored" in w for w in ok.json()["warnings"])
