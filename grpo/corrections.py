@@ -378,3 +378,60 @@ def rejection_keep(log_ratio: Tensor, mask: Tensor, criteria: list[Criterion]) -
             stat = torch.where(torch.isinf(stat), 0.0, stat)  # a row without a counted token: 0
         keep = keep * within(stat, c).to(mask.dtype)
     return keep
+
+
+VERL_MISMATCH_METRICS = (
+    "training_ppl",
+    "training_log_ppl",
+    "kl",
+    "k3_kl",
+    "rollout_ppl",
+    "rollout_log_ppl",
+    "log_ppl_diff",
+    "log_ppl_abs_diff",
+    "log_ppl_diff_max",
+    "log_ppl_diff_min",
+    "ppl_ratio",
+    "chi2_token",
+    "chi2_seq",
+)
+"""verl 0.9.1's ``compute_offpolicy_metrics`` names (logged under ``rollout_corr/``)."""
+
+
+def verl_mismatch_metrics(old: Tensor, sampler: Tensor, mask: Tensor) -> dict[str, float]:
+    """verl 0.9.1's ``rollout_corr/*`` mismatch diagnostics (``compute_offpolicy_metrics``), old vs sampler
+    over the counted tokens the sampler scored: perplexities (a per-row mean log-prob, exp'd, averaged over
+    every row), the KL and k3 estimates of KL(π_sampler ‖ π_old), the per-row log-perplexity gap, and the
+    chi-squared divergences E[ρ²] - 1 per token and per row (ρ = π_old / π_sampler, logs clamped to ±20).
+    Means divide by the count + 1e-8, as verl's ``masked_mean``."""
+    scored = mask * ~torch.isnan(sampler)
+    old, sampler = old * scored, torch.nan_to_num(sampler, nan=0.0) * scored
+    eps = VERL_MEAN_EPSILON
+
+    def mean(x: Tensor, dim: int | None = None) -> Tensor:
+        if dim is None:
+            return (x * scored).sum() / (scored.sum() + eps)
+        return (x * scored).sum(dim) / (scored.sum(dim) + eps)
+
+    train, roll = mean(old, -1), mean(sampler, -1)  # (B,) mean log-prob per row
+    log_ratio = old - sampler
+    gap = roll - train
+    safe = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    seq = ((log_ratio * scored).sum(-1)).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    values = {
+        "training_ppl": torch.exp(-train).mean(),
+        "training_log_ppl": (-train).mean(),
+        "kl": mean(sampler - old),
+        "k3_kl": mean(log_ratio.exp() - log_ratio - 1),
+        "rollout_ppl": torch.exp(-roll).mean(),
+        "rollout_log_ppl": (-roll).mean(),
+        "log_ppl_diff": gap.mean(),
+        "log_ppl_abs_diff": gap.abs().mean(),
+        "log_ppl_diff_max": gap.max(),
+        "log_ppl_diff_min": gap.min(),
+        "ppl_ratio": gap.exp().mean(),
+        "chi2_token": mean(safe.exp().square()) - 1.0,
+        "chi2_seq": (2.0 * seq).exp().mean() - 1.0,
+    }
+    assert tuple(values) == VERL_MISMATCH_METRICS
+    return {f"rollout_corr/{name}": float(value) for name, value in values.items()}

@@ -28,6 +28,7 @@ from grpo.corrections import (
     rs_criteria,
     sampler_log_ratio,
     sampling_metrics,
+    verl_mismatch_metrics,
 )
 from grpo.errors import GrpoInputError
 from grpo.kl import KL_ESTIMATORS
@@ -440,6 +441,8 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
     metrics = _metrics(batch, config, t.objective.flags, tokens, rows, adv, mask, t.ratio.detach())
     if t.correction is not None and inp.sampler is not None and config.rollout_correction != "none":
         metrics |= sampling_metrics(t.correction, inp.base, inp.sampler, mask)  # TRL logs them only then
+    if inp.sampler is not None:  # verl's mismatch diagnostics, over the tokens before its rejection
+        metrics |= verl_mismatch_metrics(inp.base, inp.sampler, inp.before_rejection)
     return Breakdown(
         loss=loss.detach(),
         objective=0.0 - loss.detach(),  # 0.0 - x, not -x: no -0.0 for a zero loss

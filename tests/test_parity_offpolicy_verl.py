@@ -272,3 +272,18 @@ def test_bypass_needs_the_sampler_log_probs() -> None:
         grpo.evaluate(grpo.Batch([[-1.0]], advantages=[1.0]), config)
     with pytest.raises(grpo.GrpoInputError, match=r"rollout_correction\.loss_type"):
         map_verl({}, {"rollout_correction": {"bypass_mode": True, "loss_type": "dpo"}})
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_rollout_corr_mismatch_metrics_are_verls(seed: int) -> None:
+    """verl's compute_offpolicy_metrics on the same tensors: perplexities, KL, k3, log-ppl gaps, chi-squared."""
+    logp, old, rollout, mask, adv = inputs(seed, 0.3)
+    expected = helper.compute_offpolicy_metrics(old_log_prob=old, rollout_log_prob=rollout, response_mask=mask)
+    batch = grpo.Batch(logp, old, completion_mask=mask, advantages=adv, rollout_log_probs=rollout)
+    config = map_verl({}, {"rollout_correction": {"rollout_rs": "token_k2", "rollout_rs_threshold": 0.2}}).config
+    bd = grpo.evaluate(batch, config.replace(dtype="float64"))
+    assert (bd.tokens.correction == CORRECTION_CODES.index("rejected")).any()  # read before the rejection
+    got = {k.removeprefix("rollout_corr/"): v for k, v in bd.metrics.items() if k.startswith("rollout_corr/")}
+    assert set(got) == set(expected)
+    for name, value in expected.items():
+        assert got[name] == pytest.approx(value, rel=1e-10, abs=1e-12), name
