@@ -407,22 +407,19 @@ def verl_mismatch_metrics(old: Tensor, sampler: Tensor, mask: Tensor) -> dict[st
     scored = mask * ~torch.isnan(sampler)
     old, sampler = old * scored, torch.nan_to_num(sampler, nan=0.0) * scored
     eps = VERL_MEAN_EPSILON
-
-    def mean(x: Tensor, dim: int | None = None) -> Tensor:
-        if dim is None:
-            return (x * scored).sum() / (scored.sum() + eps)
-        return (x * scored).sum(dim) / (scored.sum(dim) + eps)
-
-    train, roll = mean(old, -1), mean(sampler, -1)  # (B,) mean log-prob per row
-    log_ratio = old - sampler
+    # Every statistic from a few passes over (B, T): the row sums, then the two that need exp.
+    lengths, row_old, row_sampler = scored.sum(-1), old.sum(-1), sampler.sum(-1)  # (B,)
+    count = lengths.sum() + eps
+    train, roll = row_old / (lengths + eps), row_sampler / (lengths + eps)  # mean log-prob per row
+    log_ratio = old - sampler  # 0 where not scored
     gap = roll - train
     safe = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
-    seq = ((log_ratio * scored).sum(-1)).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    seq = (row_old - row_sampler).clamp(-SAFETY_BOUND, SAFETY_BOUND)
     values = {
         "training_ppl": torch.exp(-train).mean(),
         "training_log_ppl": (-train).mean(),
-        "kl": mean(sampler - old),
-        "k3_kl": mean(log_ratio.exp() - log_ratio - 1),
+        "kl": (row_sampler - row_old).sum() / count,
+        "k3_kl": ((log_ratio.exp() - log_ratio - 1) * scored).sum() / count,
         "rollout_ppl": torch.exp(-roll).mean(),
         "rollout_log_ppl": (-roll).mean(),
         "log_ppl_diff": gap.mean(),
@@ -430,7 +427,7 @@ def verl_mismatch_metrics(old: Tensor, sampler: Tensor, mask: Tensor) -> dict[st
         "log_ppl_diff_max": gap.max(),
         "log_ppl_diff_min": gap.min(),
         "ppl_ratio": gap.exp().mean(),
-        "chi2_token": mean(safe.exp().square()) - 1.0,
+        "chi2_token": ((2 * safe).exp() * scored).sum() / count - 1.0,
         "chi2_seq": (2.0 * seq).exp().mean() - 1.0,
     }
     assert tuple(values) == VERL_MISMATCH_METRICS

@@ -341,6 +341,8 @@ class _Terms:
     """The token mask on the policy term (None: every counted token keeps it)."""
     correction: Applied | None
     """The rollout correction on the policy term (None: none chosen)."""
+    uncorrected: Tensor | None
+    """(B, T) or (B, 1): the surrogate before the correction (None when there is none), for the loss without it."""
 
 
 def high_entropy_mask(entropies: Tensor, counted: Tensor, quantile: float) -> Tensor:
@@ -375,6 +377,7 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
     # The rollout correction, in this one place: the IS weight (constant) and the off-policy sequence mask
     # multiply the policy term only, as TRL's per_token_loss * importance_sampling_ratio, before the KL.
     correction = correct(inp.base, inp.sampler, logp_policy, A, inp.before_rejection, config)
+    uncorrected = None if correction is None else objective.surrogate.detach()
     if correction is not None:
         objective = replace(objective, surrogate=objective.surrogate * correction.factor)
     kl = kl_penalty(logp_kl, inp.ref, inp.old, inp.mask, config, touched) if want_kl or config.beta else None
@@ -385,7 +388,9 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
     # beta = 0 leaves the KL out of the loss entirely, as TRL does (so an overflowed KL cannot
     # turn the loss into NaN through 0 · inf); the KL is still reported.
     kl_tokens = weight * (config.beta * kl) if config.beta and kl is not None else torch.zeros_like(weight)
-    return _Terms(ratio, log_ratio, objective, kl, weight, policy_tokens, kl_tokens, touched, kept, correction)
+    return _Terms(
+        ratio, log_ratio, objective, kl, weight, policy_tokens, kl_tokens, touched, kept, correction, uncorrected
+    )
 
 
 def compute_loss(batch: Batch, config: LossConfig | None = None) -> Tensor:
@@ -458,9 +463,7 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         device=str(inp.device),
         dtype=config.dtype,
         zero_std_groups=adv.zero_std_groups,
-        loss_without_correction=loss.detach()
-        if t.correction is None and inp.rejected is None
-        else _uncorrected_loss(batch, config),
+        loss_without_correction=_uncorrected_loss(batch, config, t, inp),
     )
 
 
@@ -479,8 +482,13 @@ def _correction_tokens(applied: Applied | None, inp: _Inputs) -> dict[str, Tenso
     return {"sampler_log_ratio": log_ratio, "is_weight": is_weight, "correction": code}
 
 
-def _uncorrected_loss(batch: Batch, config: LossConfig) -> Tensor:
-    """The loss of the same batch with the rollout correction, the sequence mask and the rejection off."""
+def _uncorrected_loss(batch: Batch, config: LossConfig, t: _Terms, inp: _Inputs) -> Tensor:
+    """The loss of the same batch with the rollout correction, the sequence mask and the rejection off: from
+    this pass's terms when no rejection changed the counted tokens, else from a second pass without it."""
+    if inp.rejected is None:
+        if t.uncorrected is None:
+            return (t.policy_tokens + t.kl_tokens).sum().detach()
+        return (t.weight * -t.uncorrected).sum() + t.kl_tokens.detach().sum()
     off = replace(config, rollout_correction="none", off_policy_mask_threshold=None, rollout_rs=None)
     inp = _inputs(batch, off)
     with torch.no_grad():
