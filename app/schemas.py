@@ -43,7 +43,8 @@ def _value_type(spec: BatchField) -> Any:
     Per-row floats are strict (no true/false); per-token ones lax, as the vectorised reader is."""
     if spec.dtype in ("mask", "int"):
         return Annotated[int, Field(**_bounds(spec))]
-    return Annotated[float, Field(allow_inf_nan=spec.nan_ok, strict=spec.shape != "token", **_bounds(spec))]
+    number = Annotated[float, Field(allow_inf_nan=spec.nan_ok, strict=spec.shape != "token", **_bounds(spec))]
+    return number | None if spec.nan_ok else number  # null: JSON's "not scored", read as NaN
 
 
 def _request_type(spec: BatchField) -> Any:

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from grpo.errors import GrpoInputError
-from grpo.fields import BATCH_FIELDS, LOGP_HIGH, BatchField, fields_of, padded, present
+from grpo.fields import ALIASES, BATCH_FIELDS, LOGP_HIGH, BatchField, fields_of, padded, present
 
 TensorLike = Tensor | np.ndarray | Sequence[Any]
 LOGP_FIELDS = tuple(name for name, f in BATCH_FIELDS.items() if f.expected == LOGP_HIGH)
@@ -70,6 +70,8 @@ class Batch:
     rewards: Tensor | None
     group_size: int | None
     entropies: Tensor | None
+    sampling_per_token_logps: Tensor | None
+    """(B, T) the sampler's log-probs (vLLM's), NaN at a counted token it did not score; None when not given."""
     extra: dict[str, Tensor]
     """Registered fields beyond these (``grpo.fields.register_field``), checked like their kind."""
 
@@ -84,9 +86,13 @@ class Batch:
         rewards: TensorLike | None = None,
         group_size: int | None = None,
         entropies: TensorLike | None = None,
+        sampling_per_token_logps: TensorLike | None = None,
         extra: Mapping[str, TensorLike] | None = None,
         **more: TensorLike,
     ) -> None:
+        given = _canonical({**(extra or {}), **more}, sampling_per_token_logps is not None)
+        if "sampling_per_token_logps" in given:  # verl's rollout_log_probs, NeMo RL's generation_logprobs
+            sampling_per_token_logps = given.pop("sampling_per_token_logps")
         logp = _as_tensor("per_token_logps", per_token_logps, keep_graph=True)
         if logp.dim() != 2 or logp.shape[0] == 0 or logp.shape[1] == 0:
             raise GrpoInputError(
@@ -110,6 +116,7 @@ class Batch:
         set_(self, "old_per_token_logps", per_token("old_per_token_logps", old_per_token_logps))
         set_(self, "ref_per_token_logps", per_token("ref_per_token_logps", ref_per_token_logps))
         set_(self, "entropies", per_token("entropies", entropies))
+        set_(self, "sampling_per_token_logps", per_token("sampling_per_token_logps", sampling_per_token_logps))
         set_(self, "completion_mask", mask)
         set_(self, "prompt_lengths", prompt)
         set_(self, "_mask_float", weights)
@@ -124,7 +131,6 @@ class Batch:
         ):
             raise GrpoInputError("group_size", f"a positive divisor of the number of rows ({B})", got=repr(group_size))
         set_(self, "group_size", None if group_size is None else int(group_size))
-        given = {**(extra or {}), **more}
         set_(self, "extra", {name: _extra(name, value, logp, mask, weights) for name, value in given.items()})
 
     @property
@@ -157,6 +163,17 @@ OWN_FIELDS = frozenset(f.name for f in fields(Batch)) - {"extra"}
 
 
 # --- checks ---------------------------------------------------------------------------------------
+def _canonical(given: Mapping[str, TensorLike], sampler_given: bool) -> dict[str, TensorLike]:
+    """Extra fields under their table names (aliases accepted); a field named twice is an error."""
+    out: dict[str, TensorLike] = {}
+    for key, value in given.items():
+        name = ALIASES.get(key, key)
+        if name in out or (name == "sampling_per_token_logps" and sampler_given):
+            raise GrpoInputError(key, f"one of {name} or its aliases, not both")
+        out[name] = value
+    return out
+
+
 def _same_shape(name: str, value: Tensor, logp: Tensor) -> Tensor:
     if value.shape != logp.shape:
         raise GrpoInputError(name, f"shape {tuple(logp.shape)} like per_token_logps", got=f"shape {tuple(value.shape)}")
@@ -281,6 +298,7 @@ def from_rows(per_token_logps: Sequence[Sequence[float]], **rest: Any) -> Batch:
         row = lengths.index(0) if lengths else None
         raise GrpoInputError("per_token_logps", "at least one row, each with at least one token", row=row)
     counted = present(lengths).astype(np.float64)
+    rest = dict[str, Any](_canonical(rest, sampler_given=False))
     given = {name: rest.pop(name, None) for name in fields_of("token") if name != "per_token_logps"}
     grids: dict[str, Any] = {name: padded(name, value, lengths) for name, value in given.items() if value is not None}
     mask = grids.pop("completion_mask", None)

@@ -20,6 +20,7 @@ from typing import Any
 
 from grpo.advantages import ADVANTAGES
 from grpo.aggregation import AGGREGATIONS
+from grpo.corrections import CORRECTIONS, rs_criteria
 from grpo.errors import GrpoInputError
 from grpo.kl import KL_ESTIMATORS
 from grpo.objectives import OBJECTIVES
@@ -96,6 +97,73 @@ class LossConfig:
     )
     seq_log_ratio_clamp: float | None = _f(
         None, "Upper clamp on the sequence log-ratio before exp (verl GSPO: 10). None = off.", "policy", gt=0.0
+    )
+
+    # --- rollout correction (off-policy: the sampler's log-probs, grpo.corrections) -----------------
+    rollout_correction: str = _f(
+        "none",
+        "How the sampler's log-probs (sampling_per_token_logps) reweight the policy term: TRL's "
+        "vllm_importance_sampling_mode (token or sequence, truncate or mask). none = off.",
+        "policy",
+        choices=CORRECTIONS,
+    )
+    rollout_is_min: float | None = _f(
+        None,
+        "Lower bound C_min of the rollout IS weight: truncate clamps to it, mask zeroes below it "
+        "(TRL vllm_importance_sampling_clip_min). None = no lower bound.",
+        "policy",
+        ge=0.0,
+    )
+    rollout_is_max: float | None = _f(
+        3.0,
+        "Upper bound C_max of the rollout IS weight: truncate clamps to it, mask zeroes above it "
+        "(TRL vllm_importance_sampling_clip_max, default 3). None = no upper bound.",
+        "policy",
+        gt=0.0,
+    )
+    rollout_is_log_ratio_clamp: float | None = _f(
+        None,
+        "Clamp old - sampler (per token, or the row's sum at sequence level) to [-c, c] before exp "
+        "(verl: 20, its SAFETY_BOUND). None = off (TRL).",
+        "policy",
+        gt=0.0,
+    )
+    rollout_is_batch_normalize: bool = _f(
+        False,
+        "Divide the rollout IS weights by their batch mean, over counted tokens (token level) or non-empty "
+        "rows (sequence level), when it is above 1e-8 (verl rollout_is_batch_normalize).",
+        "policy",
+    )
+    rollout_is_normalizer: float | None = _f(
+        None,
+        "The batch mean verl divided the IS weights by, computed on the driver over the whole batch (a "
+        "micro-batch cannot recompute it; set by a capture). None = this batch's own mean.",
+        "policy",
+        gt=0.0,
+    )
+    rollout_rs: str | None = _f(
+        None,
+        "verl's rejection (rollout_rs): comma-chained criteria among token_k1..3, seq_sum_k1..3, seq_mean_k1..3, "
+        "seq_max_k2..3 on old - sampler; a rejected token leaves the batch (policy, KL, counts). None = off.",
+        "policy",
+    )
+    rollout_rs_threshold: str | None = _f(
+        None,
+        "Thresholds of rollout_rs: one for all or one per criterion, comma-separated; k1 takes 'lower_upper' "
+        "ratio bounds (or an upper, its inverse the lower), the others an upper bound.",
+        "policy",
+    )
+    rollout_bypass: bool = _f(
+        False,
+        "verl's bypass mode: the sampler's log-probs stand in for the old policy, and the IS weights and the "
+        "rejection compare the current policy with the sampler (ppo_clip: clip only; reinforce: gpg x weights).",
+        "policy",
+    )
+    off_policy_mask_threshold: float | None = _f(
+        None,
+        "DeepSeek-V3.2's off-policy sequence mask (TRL): drop the policy term of rows with A < 0 whose mean "
+        "sampler (else old) minus current log-prob is above this. None = off.",
+        "policy",
     )
 
     # --- KL penalty --------------------------------------------------------------------------
@@ -179,6 +247,11 @@ class LossConfig:
     def __post_init__(self) -> None:
         for spec in FIELDS:
             spec.check(getattr(self, spec.name))
+        if self.rollout_rs is not None:  # the criteria and their thresholds, checked once here
+            rs_criteria(self.rollout_rs, self.rollout_rs_threshold)
+        low, high = self.rollout_is_min, self.rollout_is_max
+        if low is not None and high is not None and low > high:
+            raise GrpoInputError("rollout_is_min", f"a number <= rollout_is_max ({high})", got=repr(low))
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> LossConfig:

@@ -146,6 +146,19 @@ for _field in (
         low=0.0,
         expected="entropies >= 0",
     ),
+    # The only field where NaN may stand at a counted token: vLLM gives NaN (JSON null) for a token it could
+    # not score; TRL then applies no correction there (ratio 1) and leaves it out of its sampling/* metrics.
+    BatchField(
+        "sampling_per_token_logps",
+        "token",
+        "float",
+        "The sampler's (vLLM's, SGLang's) log-probs of the same tokens, for the rollout correction; "
+        "NaN or null where it did not score a token. Default: none (no correction).",
+        ("rollout_log_probs", "generation_logprobs"),
+        high=0.0,
+        expected=LOGP_HIGH,
+        nan_ok=True,
+    ),
 ):
     register_field(_field)
 

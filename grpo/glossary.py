@@ -17,6 +17,7 @@ from typing import Any
 
 from grpo.advantages import ADVANTAGES, group_std_mean
 from grpo.config import LossConfig
+from grpo.corrections import VERL_MISMATCH_METRICS
 from grpo.explain import mark, parts_of, plain
 
 
@@ -255,6 +256,41 @@ GLOSSARY: tuple[Term, ...] = (
         ("— (sampling/importance_sampling_ratio is vLLM's)", "—", "—"),
         "GRPO Lens: importance ratio π_θ / π_old over the tokens (min, mean, max).",
         "Exactly 1 on-policy; within 1 ± ε for most tokens when updates are well-sized.",
+    ),
+    _t(
+        ("sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max"),
+        ("sampling/sampling_logp_difference/mean, /max", "rollout_corr/kl (signed, a mean)", "—"),
+        "How far the sampler's log-probs (vLLM's) are from the trainer's old ones on the same tokens: "
+        "|log π_old − log π_sampler| over the counted tokens the sampler scored (mean, max). TRL logs it per "
+        "generation batch, when use_vllm and its importance-sampling correction are on.",
+        "Small: about 1e-3 to 1e-2 per token for bf16 engines. Larger means the two engines disagree (a "
+        "kernel or precision mismatch, stale weights) and the correction has much to fix.",
+    ),
+    _t(
+        (
+            "sampling/importance_sampling_ratio/min",
+            "sampling/importance_sampling_ratio/mean",
+            "sampling/importance_sampling_ratio/max",
+        ),
+        ("sampling/importance_sampling_ratio/min, /mean, /max", "rollout_corr/rollout_is_min, _mean, _max", "—"),
+        "The rollout-correction weight TRL applied to the policy term, after truncation or masking: "
+        "w = π_old / π_sampler per token (token_* modes, over the counted tokens) or Π_t of it per row "
+        "(sequence_* modes, over the rows); truncate clamps w to [C_min, C_max], mask sets it to 0 outside. "
+        "A min of 0 means whole tokens or rows were dropped.",
+        "Near 1. A mean well above 1 or a min of 0 at every step means the sampler and trainer disagree "
+        "by more than the bounds allow (raise the cap, or fix the mismatch).",
+    ),
+    _t(
+        tuple(f"rollout_corr/{name}" for name in VERL_MISMATCH_METRICS),
+        ("— (sampling/sampling_logp_difference)", "rollout_corr/*", "—"),
+        "verl's mismatch diagnostics, old vs sampler log-probs over the counted tokens the sampler scored: "
+        "training_ppl / rollout_ppl = the mean over rows of exp(−mean log-prob of the row) (log_ppl: without the "
+        "exp); kl = mean(log π_sampler − log π_old); k3_kl = mean(ρ − log ρ − 1) with ρ = π_old / π_sampler; "
+        "log_ppl_diff = per row mean log π_sampler − mean log π_old (mean, mean of |·|, max, min); ppl_ratio = "
+        "mean over rows of exp(log_ppl_diff); chi2_token = mean(ρ²) − 1; chi2_seq = mean over rows of "
+        "(Π_t ρ_t)² − 1 (logs clamped to ±20).",
+        "kl and k3_kl near 0 and ppl_ratio near 1 when the engines agree; chi2_seq grows with length and "
+        "explodes first: sequence-level IS weights then need a tight threshold or a mask.",
     ),
     _t(
         ("lens/advantage/mean", "lens/advantage/std"),

@@ -18,6 +18,18 @@ from grpo.advantages import ADVANTAGES, group_std_mean, unbiased_std
 from grpo.aggregation import AGGREGATIONS
 from grpo.batch import Batch
 from grpo.config import REGISTRIES, LossConfig
+from grpo.corrections import (
+    CORRECTION_CODES,
+    NOT_COUNTED,
+    REJECTED,
+    Applied,
+    correct,
+    rejection_keep,
+    rs_criteria,
+    sampler_log_ratio,
+    sampling_metrics,
+    verl_mismatch_metrics,
+)
 from grpo.errors import GrpoInputError
 from grpo.kl import KL_ESTIMATORS
 from grpo.objectives import OBJECTIVES, REGIONS, TRUST, ObjectiveTerms, above
@@ -66,6 +78,18 @@ class TokenBreakdown:
     """log pi - log pi_old (after log_ratio_clamp)."""
     mask: Tensor
     """bool: the positions that count."""
+    sampler_log_ratio: Tensor
+    """log pi_old - log pi_sampler (0 without sampler log-probs, where it did not score a token, or where
+    nothing counts): the mismatch the rollout correction weighs."""
+    is_weight: Tensor
+    """The rollout correction's importance weight on the policy term (1 where none applies; 0 where
+    nothing counts); the sequence mask is in ``correction``, not here."""
+    correction: Tensor
+    """int8 codes into CORRECTION_CODES: kept, truncated, masked, not_scored, sequence_masked (0: does not
+    count)."""
+
+    def correction_names(self) -> list[list[str]]:
+        return [[CORRECTION_CODES[c] for c in row] for row in self.correction.tolist()]
 
     def region_names(self) -> list[list[str]]:
         return [[REGIONS[c] for c in row] for row in self.region.tolist()]
@@ -117,6 +141,9 @@ class Breakdown:
     device: str
     dtype: str
     zero_std_groups: tuple[int, ...]
+    loss_without_correction: Tensor
+    """0-d: the same batch's loss with the rollout correction and the sequence mask off (= loss when none
+    is chosen), so a user sees what the correction did to the number."""
 
 
 def resolve_device(name: str, input_device: torch.device) -> torch.device:
@@ -244,6 +271,14 @@ class _Inputs:
     ref: Tensor
     entropies: Tensor | None
     """(B, T) as the batch holds them (their dtype: TRL compares them as they are), or None."""
+    sampler: Tensor | None
+    """(B, T) the sampler's log-probs (NaN where it did not score a counted token), or None."""
+    base: Tensor
+    """(B, T): the log-probs the sampler's are compared with: old, or in bypass mode the current ones (constant)."""
+    before_rejection: Tensor
+    """(B, T) 0.0 / 1.0: the counted positions before verl's rollout_rs (its IS weights read these)."""
+    rejected: Tensor | None
+    """(B, T) bool: counted positions rollout_rs took out of the batch (None: no rejection)."""
     adv: _Advantages
     width: int
     """The padded completion width (T minus the shortest prompt)."""
@@ -258,15 +293,32 @@ def _inputs(batch: Batch, config: LossConfig) -> _Inputs:
 
     logp = batch.logp.to(device, dtype)
     old, ref = load(batch.old_per_token_logps), load(batch.ref_per_token_logps)
+    old = logp.detach() if old is None else old  # on-policy: old is the current policy, held constant
+    sampler = load(batch.sampling_per_token_logps)
+    base = old
+    if config.rollout_bypass:  # verl: old_log_probs = rollout_log_probs; corrections weigh current vs sampler
+        if sampler is None:
+            raise GrpoInputError("sampling_per_token_logps", "the sampler's log-probs: rollout_bypass uses them as old")
+        old, base = torch.where(torch.isnan(sampler), logp.detach(), sampler), logp.detach()
+    counted, before = batch.mask.to(device), batch.mask_float.to(device, dtype)
+    rejected = None
+    if config.rollout_rs is not None and sampler is not None:  # verl: the response mask after rejection
+        criteria = rs_criteria(config.rollout_rs, config.rollout_rs_threshold)
+        keep = rejection_keep(sampler_log_ratio(base, sampler, before), before, criteria).bool()
+        rejected, counted = counted & ~keep, counted & keep
     return _Inputs(
         device=device,
         dtype=dtype,
-        counted=batch.mask.to(device),
-        mask=batch.mask_float.to(device, dtype),
+        counted=counted,
+        mask=before if rejected is None else counted.to(dtype),
         logp=logp,
-        old=logp.detach() if old is None else old,  # on-policy: old is the current policy, held constant
+        old=old,
         ref=logp.detach() if ref is None else ref,
         entropies=None if batch.entropies is None else batch.entropies.to(device),
+        sampler=sampler,
+        base=base,
+        before_rejection=before,
+        rejected=rejected,
         adv=compute_advantages(batch, config, device, dtype),
         width=int(batch.shape[1] - int(batch.prompt_length_tensor().min())),
     )
@@ -287,6 +339,10 @@ class _Terms:
     touched: Touched
     kept: Tensor | None
     """The token mask on the policy term (None: every counted token keeps it)."""
+    correction: Applied | None
+    """The rollout correction on the policy term (None: none chosen)."""
+    uncorrected: Tensor | None
+    """(B, T) or (B, 1): the surrogate before the correction (None when there is none), for the loss without it."""
 
 
 def high_entropy_mask(entropies: Tensor, counted: Tensor, quantile: float) -> Tensor:
@@ -318,6 +374,12 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
     kept = policy_kept(inp, config)
     if kept is not None:  # a token mask on the policy term only (TRL multiplies the per-token loss by it)
         objective = replace(objective, surrogate=objective.surrogate * kept)
+    # The rollout correction, in this one place: the IS weight (constant) and the off-policy sequence mask
+    # multiply the policy term only, as TRL's per_token_loss * importance_sampling_ratio, before the KL.
+    correction = correct(inp.base, inp.sampler, logp_policy, A, inp.before_rejection, config)
+    uncorrected = None if correction is None else objective.surrogate.detach()
+    if correction is not None:
+        objective = replace(objective, surrogate=objective.surrogate * correction.factor)
     kl = kl_penalty(logp_kl, inp.ref, inp.old, inp.mask, config, touched) if want_kl or config.beta else None
     weight = AGGREGATIONS.get(config.aggregation)(inp.mask, config, inp.width)
     if config.gradient_accumulation_steps != 1:  # the trainer's scaling of one micro-batch's loss
@@ -326,7 +388,9 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
     # beta = 0 leaves the KL out of the loss entirely, as TRL does (so an overflowed KL cannot
     # turn the loss into NaN through 0 · inf); the KL is still reported.
     kl_tokens = weight * (config.beta * kl) if config.beta and kl is not None else torch.zeros_like(weight)
-    return _Terms(ratio, log_ratio, objective, kl, weight, policy_tokens, kl_tokens, touched, kept)
+    return _Terms(
+        ratio, log_ratio, objective, kl, weight, policy_tokens, kl_tokens, touched, kept, correction, uncorrected
+    )
 
 
 def compute_loss(batch: Batch, config: LossConfig | None = None) -> Tensor:
@@ -376,9 +440,14 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         policy_kept=mask if t.kept is None else t.kept * mask,
         log_ratio=t.log_ratio.detach(),
         mask=inp.counted,
+        **_correction_tokens(t.correction, inp),
     )
     rows = _rows(tokens, adv, mask)
     metrics = _metrics(batch, config, t.objective.flags, tokens, rows, adv, mask, t.ratio.detach())
+    if t.correction is not None and inp.sampler is not None and config.rollout_correction != "none":
+        metrics |= sampling_metrics(t.correction, inp.base, inp.sampler, mask)  # TRL logs them only then
+    if inp.sampler is not None:  # verl's mismatch diagnostics, over the tokens before its rejection
+        metrics |= verl_mismatch_metrics(inp.base, inp.sampler, inp.before_rejection)
     return Breakdown(
         loss=loss.detach(),
         objective=0.0 - loss.detach(),  # 0.0 - x, not -x: no -0.0 for a zero loss
@@ -394,7 +463,37 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         device=str(inp.device),
         dtype=config.dtype,
         zero_std_groups=adv.zero_std_groups,
+        loss_without_correction=_uncorrected_loss(batch, config, t, inp),
     )
+
+
+def _correction_tokens(applied: Applied | None, inp: _Inputs) -> dict[str, Tensor]:
+    """The breakdown's per-token view of the rollout correction (the identity when none is chosen)."""
+    mask = inp.mask
+    if applied is None:
+        log_ratio = torch.zeros_like(mask) if inp.sampler is None else sampler_log_ratio(inp.base, inp.sampler, mask)
+        code = torch.where(inp.counted, CORRECTION_CODES.index("kept"), NOT_COUNTED).to(torch.int8)
+        is_weight = mask
+    else:
+        log_ratio, code = applied.log_ratio * mask, applied.code
+        is_weight = applied.is_weight.expand(mask.shape) * mask
+    if inp.rejected is not None:  # rows and tokens verl's rollout_rs took out of the batch
+        code = torch.where(inp.rejected, REJECTED, torch.where(inp.counted, code, NOT_COUNTED)).to(torch.int8)
+    return {"sampler_log_ratio": log_ratio, "is_weight": is_weight, "correction": code}
+
+
+def _uncorrected_loss(batch: Batch, config: LossConfig, t: _Terms, inp: _Inputs) -> Tensor:
+    """The loss of the same batch with the rollout correction, the sequence mask and the rejection off: from
+    this pass's terms when no rejection changed the counted tokens, else from a second pass without it."""
+    if inp.rejected is None:
+        if t.uncorrected is None:
+            return (t.policy_tokens + t.kl_tokens).sum().detach()
+        return (t.weight * -t.uncorrected).sum() + t.kl_tokens.detach().sum()
+    off = replace(config, rollout_correction="none", off_policy_mask_threshold=None, rollout_rs=None)
+    inp = _inputs(batch, off)
+    with torch.no_grad():
+        t = _terms(inp, inp.logp.detach(), inp.logp.detach(), off, want_kl=False)
+        return (t.policy_tokens + t.kl_tokens).sum()
 
 
 def _rows(tokens: TokenBreakdown, adv: _Advantages, mask: Tensor) -> RowBreakdown:
@@ -510,6 +609,19 @@ def _warnings(
         out.append(
             "ref_per_token_logps given but beta = 0: the KL is reported but left out of the loss "
             "(TRL's and verl's presets default to beta 0; set beta to include it)."
+        )
+    sampler = batch.sampling_per_token_logps
+    if sampler is None and (config.rollout_correction != "none" or config.rollout_rs is not None):
+        out.append(
+            f"rollout_correction {config.rollout_correction} / rollout_rs {config.rollout_rs} weigh the sampler's "
+            "log-probs, and the batch has none (sampling_per_token_logps): no IS weight or rejection is applied."
+        )
+    unscored = 0 if sampler is None else int(torch.isnan(sampler).sum())  # NaN only at counted tokens
+    if unscored:
+        out.append(
+            f"{unscored} tokens were not scored by the sampler (NaN): TRL gives them no correction (weight 1, a "
+            "log-ratio of 0 in sequence sums and in the off-policy mask) and leaves them out of "
+            "sampling/sampling_logp_difference; verl has no such case (its rollout_log_probs hold no NaN)."
         )
     if adv.zero_std_groups:
         out.append(

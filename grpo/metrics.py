@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from grpo.corrections import VERL_MISMATCH_METRICS
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -46,6 +48,14 @@ METRICS: dict[str, Metric] = {
         Metric("frac_reward_zero_std", lab=True),
         Metric("grad_norm", lab=True),
         Metric("lens/grad_norm_logps", series=True),
+        # TRL's rollout-correction metrics, over its generation batch (present when a correction is chosen)
+        Metric("sampling/sampling_logp_difference/mean"),
+        Metric("sampling/sampling_logp_difference/max"),
+        Metric("sampling/importance_sampling_ratio/min"),
+        Metric("sampling/importance_sampling_ratio/mean"),
+        Metric("sampling/importance_sampling_ratio/max"),
+        # verl's mismatch diagnostics (rollout_corr/*), present when the batch has the sampler's log-probs
+        *(Metric(f"rollout_corr/{name}") for name in VERL_MISMATCH_METRICS),
     )
 }
 TOKEN_MEANS = tuple(name for name, m in METRICS.items() if m.token_mean)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo.config import PRESETS, LossConfig, Preset, register_preset
+from grpo.corrections import CORRECTIONS, rs_criteria
 from grpo.errors import GrpoInputError
 
 # TRL 1.16.0 GRPOConfig defaults for the fields that matter to the loss (spec §1.11); a dict given to
@@ -38,6 +39,10 @@ TRL_DEFAULTS: dict[str, Any] = {
     "off_policy_mask_threshold": None,
     "use_vllm": False,
     "vllm_importance_sampling_correction": True,
+    "vllm_importance_sampling_mode": "sequence_mask",
+    "vllm_importance_sampling_clip_min": None,
+    "vllm_importance_sampling_clip_max": 3.0,
+    "vllm_importance_sampling_cap": None,
     "entropy_coef": 0.0,
     "use_adaptive_entropy": False,
     "router_aux_loss_coef": None,
@@ -191,23 +196,51 @@ def map_trl(args: Any) -> TrainerMapping:
     settings["top_entropy_quantile"] = float(a["top_entropy_quantile"])
     mapped["top_entropy_quantile"] = "top_entropy_quantile (the quantile over one rank's entropies: on several, TRL's "
     "is over all ranks')"
-    if a["off_policy_mask_threshold"] is not None:
-        unsupported["off_policy_mask_threshold"] = "the off-policy sequence mask is not applied"
-    if a["use_vllm"] and a["vllm_importance_sampling_correction"]:
-        unsupported["vllm_importance_sampling_correction"] = "vLLM importance-sampling weights are not applied"
+    _map_trl_rollout_correction(a, settings, mapped)
     if a["entropy_coef"] or a["use_adaptive_entropy"]:
         unsupported["entropy_coef"] = "the entropy bonus is not part of GRPO Lens's loss"
     if a["router_aux_loss_coef"] is not None:
         unsupported["router_aux_loss_coef"] = "a MoE load-balancing loss is not part of GRPO Lens's loss"
-    for name in (
-        "off_policy_mask_threshold",
-        "vllm_importance_sampling_correction",
-        "entropy_coef",
-    ):
+    for name in ("entropy_coef",):
         if name in given and name not in unsupported:
             mapped[name] = "nothing: at its default it leaves the loss unchanged"
     captured = {k: v for k, v in TRL_CAPTURED.items() if k in given}
     return _finish(given, settings, mapped, unsupported, captured=captured)
+
+
+def _map_trl_rollout_correction(a: dict[str, Any], settings: dict[str, Any], mapped: dict[str, str]) -> None:
+    """TRL's vLLM importance-sampling correction and off-policy sequence mask (grpo.corrections).
+
+    TRL applies the IS weights only with ``use_vllm`` and ``vllm_importance_sampling_correction`` (both its
+    defaults but the first); the deprecated ``vllm_importance_sampling_cap`` sets clip_max, as GRPOConfig
+    does. (loss_type="vespo" takes the weight inside its own phi instead of multiplying the loss by it.)
+    """
+    mode = a["vllm_importance_sampling_mode"]
+    if mode not in CORRECTIONS or mode == "none":
+        raise GrpoInputError(
+            "vllm_importance_sampling_mode",
+            "token_truncate, token_mask, sequence_truncate or sequence_mask",
+            got=repr(mode),
+        )
+    high = a["vllm_importance_sampling_clip_max"]
+    high = a["vllm_importance_sampling_cap"] if a["vllm_importance_sampling_cap"] is not None else high
+    on = bool(a["use_vllm"] and a["vllm_importance_sampling_correction"])
+    settings |= {
+        "rollout_correction": mode if on else "none",
+        "rollout_is_min": a["vllm_importance_sampling_clip_min"],
+        "rollout_is_max": high,
+        "off_policy_mask_threshold": a["off_policy_mask_threshold"],
+    }
+    applied = "" if on else " (off: TRL applies it only with use_vllm and vllm_importance_sampling_correction)"
+    mapped |= {
+        "use_vllm": "rollout_correction (TRL weighs the sampler's log-probs only with vLLM)",
+        "vllm_importance_sampling_correction": "rollout_correction" + applied,
+        "vllm_importance_sampling_mode": "rollout_correction" + applied,
+        "vllm_importance_sampling_clip_min": "rollout_is_min",
+        "vllm_importance_sampling_clip_max": "rollout_is_max",
+        "vllm_importance_sampling_cap": "rollout_is_max (deprecated spelling of clip_max)",
+        "off_policy_mask_threshold": "off_policy_mask_threshold (against the sampler's log-probs, else the old ones)",
+    }
 
 
 # verl 0.9.1: policy_loss.loss_mode -> LossConfig settings (spec §2.3)
@@ -294,6 +327,84 @@ def _map_verl_algorithm(
     else:
         need = VERL_ADVANTAGES_NEED.get(name, "an estimator verl 0.9.1 does not register")
         unsupported["adv_estimator"] = f"{name!r} needs {need}; given advantages are reproduced as they are"
+    correction = alg.get("rollout_correction")
+    if isinstance(correction, dict):
+        _map_verl_rollout_correction(correction, settings, mapped)
+
+
+def parse_rollout_is_threshold(spec: Any) -> tuple[float, float | None]:
+    """verl 0.9.1's ``rollout_is_threshold``: (upper, lower). A number or a number's string truncates at
+    upper (TIS); ``"lower_upper"`` (``"1e-4_3.0"``) zeroes weights outside [lower, upper] (IcePop). Both
+    positive and lower <= upper, or GrpoInputError naming the field and saying what was expected."""
+    expected = "a positive number (truncate at it) or 'lower_upper' with 0 < lower <= upper (IcePop mask)"
+    field_name = "rollout_correction.rollout_is_threshold"
+    if isinstance(spec, bool) or not isinstance(spec, int | float | str):
+        raise GrpoInputError(field_name, expected, got=repr(spec)[:80])
+    text = str(spec).strip()
+    try:
+        lower_text, upper_text = text.split("_", 1) if "_" in text else (None, text)
+        upper = float(upper_text)
+        lower = None if lower_text is None else float(lower_text)
+    except ValueError:
+        raise GrpoInputError(field_name, expected, got=repr(spec)[:80]) from None
+    if not 0 < upper < float("inf") or (lower is not None and not 0 < lower <= upper):
+        raise GrpoInputError(field_name, expected, got=repr(spec)[:80])
+    return upper, lower
+
+
+VERL_ROLLOUT_IS = {"token": "token", "sequence": "sequence"}
+
+
+def _map_verl_rollout_correction(
+    rc: dict[str, Any], settings: dict[str, Any], mapped: dict[str, str], bypass: bool = False
+) -> None:
+    """verl's ``algorithm.rollout_correction``: IS weights (token or sequence, truncated or IcePop-masked,
+    batch-normalised) from ``compute_rollout_correction_and_rejection_mask``, read with verl's ``.get``
+    defaults. The weights multiply the policy loss (``pg_losses * rollout_is_weights``), never the KL."""
+    level = rc.get("rollout_is")
+    if level is not None:
+        if level not in VERL_ROLLOUT_IS:
+            raise GrpoInputError("rollout_correction.rollout_is", "token, sequence or null", got=repr(level)[:80])
+        upper, lower = parse_rollout_is_threshold(rc.get("rollout_is_threshold", 2.0))
+        settings |= {
+            "rollout_correction": f"{level}_{'truncate' if lower is None else 'mask'}",
+            "rollout_is_min": lower,
+            "rollout_is_max": upper,
+            "rollout_is_log_ratio_clamp": 20.0,
+            "rollout_is_batch_normalize": bool(rc.get("rollout_is_batch_normalize", False)),
+        }
+    mapped |= {
+        "rollout_correction.rollout_is": "rollout_correction (token_/sequence_; truncate or, for 'lower_upper', "
+        "mask) with verl's ±20 log-ratio clamp",
+        "rollout_correction.rollout_is_threshold": "rollout_is_max (and rollout_is_min for 'lower_upper')",
+        "rollout_correction.rollout_is_batch_normalize": "rollout_is_batch_normalize (the driver's factor over "
+        "the whole batch: rollout_is_normalizer)",
+    }
+    if rc.get("rollout_rs") is not None:
+        rs, threshold = str(rc["rollout_rs"]), rc.get("rollout_rs_threshold")
+        try:
+            rs_criteria(rs, threshold)
+        except GrpoInputError as exc:
+            raise GrpoInputError(f"rollout_correction.{exc.field}", exc.expected, got=exc.got) from exc
+        settings |= {"rollout_rs": rs, "rollout_rs_threshold": str(threshold)}
+    mapped |= {
+        "rollout_correction.rollout_rs": "rollout_rs (a rejected token leaves the batch, as verl's response mask)",
+        "rollout_correction.rollout_rs_threshold": "rollout_rs_threshold",
+    }
+    if rc.get("bypass_mode") or bypass:
+        loss_type = rc.get("loss_type", "ppo_clip")
+        if loss_type not in ("ppo_clip", "reinforce"):
+            raise GrpoInputError("rollout_correction.loss_type", "ppo_clip or reinforce", got=repr(loss_type)[:80])
+        settings["rollout_bypass"] = True
+        if loss_type == "ppo_clip":  # the clip's ratio pi / pi_rollout is the correction: no IS weights
+            settings["rollout_correction"] = "none"
+        else:  # -A · log pi · sg(w), w from the current policy against the sampler
+            settings["objective"] = "gpg"
+    mapped |= {
+        "rollout_correction.bypass_mode": "rollout_bypass (the sampler's log-probs as old)",
+        "rollout_correction.loss_type": "rollout_bypass's loss: ppo_clip (vanilla clip, no IS weights) or "
+        "reinforce (gpg times the IS weights)",
+    }
 
 
 def map_verl(actor_config: Any, algorithm: Any = None) -> TrainerMapping:
@@ -308,6 +419,8 @@ def map_verl(actor_config: Any, algorithm: Any = None) -> TrainerMapping:
     unsupported: dict[str, str] = {}
     policy = a.get("policy_loss") or {}
     loss_mode = policy.get("loss_mode", "vanilla") if isinstance(policy, dict) else "vanilla"
+    bypass = loss_mode == "bypass_mode"  # verl's apply_bypass_mode: vanilla's clip (or reinforce) on rollout
+    loss_mode = "vanilla" if bypass else loss_mode
     if loss_mode not in VERL_LOSS_MODES:
         raise GrpoInputError(
             "policy_loss.loss_mode",
@@ -368,6 +481,9 @@ def map_verl(actor_config: Any, algorithm: Any = None) -> TrainerMapping:
         mapped["entropy_coeff"] = "nothing: 0 leaves the loss unchanged"
     if algorithm is not None:
         _map_verl_algorithm(_fields(algorithm), settings, mapped, unsupported)
+    if bypass:  # the rollout_correction config apply_bypass_mode copied into policy_loss
+        correction = policy.get("rollout_correction")
+        _map_verl_rollout_correction(correction if isinstance(correction, dict) else {}, settings, mapped, True)
     captured = {k: v for k, v in VERL_CAPTURED.items() if k in a}
     return _finish(a, settings, mapped, unsupported, captured=captured)
 

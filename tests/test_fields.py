@@ -31,6 +31,7 @@ def test_every_reader_and_writer_takes_its_fields_from_the_table() -> None:
         "rewards",
         "group_size",
         "entropies",
+        "sampling_per_token_logps",
     ]
     assert io.ALIASES is ALIASES and ALIASES["pi_old_logprob"] == "old_per_token_logps" and ALIASES["input_len"]
     assert set(PER_TOKEN) == set(fields_of("token")) == {*export.PER_TOKEN, "completion_mask"}
