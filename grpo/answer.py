@@ -149,13 +149,31 @@ def breakdown_to_json(
         "tokens_complete": len(rows) == B,
         "heatmap": pooled_heatmaps(bd, lengths, list(range(B)) if every_row else rows, len(rows) == B),
         "num_positions": total,
-        "curves": objective_curves(bd),
+        "curves": drawn_curves(objective_curves(bd)),
         "clamp_counts": bd.clamp_counts,
         "zero_std_groups": list(bd.zero_std_groups),
         "config": config,
         "device": bd.device,
         "dtype": bd.dtype,
         "warnings": list(bd.warnings),
+    }
+
+
+def drawn_curves(curves: dict[str, Any]) -> dict[str, Any]:
+    """The clip view's curves with their numbers as float32 (numbers to draw: float64's 17 digits were a
+    quarter of a small answer) and the points' signs as integers. Flat spans keep float64 ends."""
+    f32 = np.float32
+    points = curves["points"]
+    return {
+        **curves,
+        "x": np.asarray(curves["x"], f32),
+        **{name: {**curves[name], "y": np.asarray(curves[name]["y"], f32)} for name in ("positive", "negative")},
+        "points": {
+            **points,
+            "ratio": np.asarray(points["ratio"], f32),
+            "y": np.asarray(points["y"], f32),
+            "sign": np.asarray(points["sign"], np.int8),
+        },
     }
 
 
