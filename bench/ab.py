@@ -36,7 +36,7 @@ class Phase(NamedTuple):
     p99: float
     cpu_per_request: float
     requests: int
-    errors: int
+    errors: list[str]
 
 
 def phase(base: str, pid: int, body: bytes, clients: int, seconds: float) -> Phase:
@@ -46,7 +46,7 @@ def phase(base: str, pid: int, body: bytes, clients: int, seconds: float) -> Pha
     seen = asyncio.run(api.small_clients(base, clients, seconds, body))
     after = api.cpu_seconds(pid)
     cpu = (after - before) / max(len(seen.times), 1) if before is not None and after is not None else float("nan")
-    return Phase(api.pct(seen.times, 50), api.pct(seen.times, 99), cpu, len(seen.times), len(seen.errors))
+    return Phase(api.pct(seen.times, 50), api.pct(seen.times, 99), cpu, len(seen.times), seen.errors)
 
 
 def answer_bytes(base: str, body: bytes) -> int:
@@ -89,7 +89,8 @@ def main() -> None:
                 seen[name].append(got)
                 print(
                     f"round {r + 1} {name}: p50 {api.ms(got.p50)}  p99 {api.ms(got.p99)}  "
-                    f"main CPU/request {api.ms(got.cpu_per_request)}  requests {got.requests}  errors {got.errors}",
+                    f"main CPU/request {api.ms(got.cpu_per_request)}  requests {got.requests}  "
+                    f"errors {len(got.errors)} {sorted(set(got.errors))}",
                     flush=True,
                 )
     print(f"\nA = {sides['A']}\nB = {sides['B']}")
