@@ -82,8 +82,11 @@ STATE: dict[str, Any] = {"pid": None, "auth": {}}
 
 # --- the server and its memory ------------------------------------------------------------------------
 @contextmanager
-def server(url: str | None, cap_gb: float, port: int, http: str = "app.server:HeaderTimeoutHttpTools") -> Iterator[str]:
-    """``url`` as given, or a fresh uvicorn on loopback (``port``, or a free one) stopped afterwards."""
+def server(
+    url: str | None, cap_gb: float, port: int, http: str = "app.server:HeaderTimeoutHttpTools", root: Path = ROOT
+) -> Iterator[str]:
+    """``url`` as given, or a fresh uvicorn on loopback (``port``, or a free one) stopped afterwards, serving
+    the checkout at ``root`` (default: this one; bench/ab.py serves two)."""
     if url:
         yield url.rstrip("/")
         return
@@ -98,7 +101,7 @@ def server(url: str | None, cap_gb: float, port: int, http: str = "app.server:He
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port), "--http", http],
-        cwd=ROOT,
+        cwd=root,
         env=os.environ.copy(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

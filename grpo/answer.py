@@ -16,7 +16,7 @@ from torch import Tensor
 from grpo.curves import objective_curves
 from grpo.explain import explain_parts, number, token_why
 from grpo.fields import ragged
-from grpo.glossary import metric_meaning_parts, metric_meanings
+from grpo.glossary import metric_meaning_parts
 from grpo.loss import Breakdown
 from grpo.objectives import REGIONS
 from grpo.pooling import pool_extreme, pool_factors
@@ -115,7 +115,10 @@ def breakdown_to_json(
     row_data = {name: getattr(bd.rows, name) for name in ROW_FIELDS}
     why = token_why(bd)
     explained = explain_parts(bd, why)
-    token_data["why"] = [[why.names[c] for c in row] for row in ragged(why.codes.cpu().numpy(), lengths, rows)]
+    # a code per token into why.names (the page maps codes to names): a name per token was a string
+    # per position, a sixth of the answer's bytes on a small batch
+    token_data["why"] = ragged(why.codes.to(torch.int8).cpu().numpy(), lengths, rows)
+    config = bd.config.to_dict()
     if bd.config.importance_sampling_level == "sequence":  # the token's own ratio beside its row's (GSPO)
         token_data["token_ratio"] = _rows_of(bd.tokens.log_ratio.exp() * bd.tokens.mask, lengths, rows)
     return {
@@ -128,16 +131,17 @@ def breakdown_to_json(
         "explanation_keys": [key for key, _ in explained],  # what each sentence is about (explain_items)
         # the same sentences with each number apart, tagged with the quantity it shows
         "explanation_parts": [parts for _, parts in explained],
-        # each token's why (tokens.why), what each code means under this config, and the counts
+        # each token's why (tokens.why: codes into names), what each name means under this config, and the counts
         "why": {
+            "names": list(why.names),
             "texts": why.texts,
             "counts": why.counts(),
             "no_gradient": sorted(why.no_gradient),
         },
-        "metric_meanings": {k: v for k, v in metric_meanings(bd.config).items() if k in bd.metrics},
+        # each metric's meaning under this config, its numbers apart (the text is the parts joined)
         "metric_meaning_parts": {k: v for k, v in metric_meaning_parts(bd.config).items() if k in bd.metrics},
         # the numbers as the page prints them: enough digits to tell a value from 1 (GSPO's 1 + 4e-4)
-        "config_text": {k: number(v) for k, v in bd.config.to_dict().items() if _is_number(v)},
+        "config_text": {k: number(v) for k, v in config.items() if _is_number(v)},
         "advantages": bd.advantages.cpu().numpy(),
         "rows": {k: (v.cpu().numpy() if isinstance(v, Tensor) else v) for k, v in row_data.items()},
         "tokens": token_data,
@@ -145,13 +149,31 @@ def breakdown_to_json(
         "tokens_complete": len(rows) == B,
         "heatmap": pooled_heatmaps(bd, lengths, list(range(B)) if every_row else rows, len(rows) == B),
         "num_positions": total,
-        "curves": objective_curves(bd),
+        "curves": drawn_curves(objective_curves(bd)),
         "clamp_counts": bd.clamp_counts,
         "zero_std_groups": list(bd.zero_std_groups),
-        "config": bd.config.to_dict(),
+        "config": config,
         "device": bd.device,
         "dtype": bd.dtype,
         "warnings": list(bd.warnings),
+    }
+
+
+def drawn_curves(curves: dict[str, Any]) -> dict[str, Any]:
+    """The clip view's curves with their numbers as float32 (numbers to draw: float64's 17 digits were a
+    quarter of a small answer) and the points' signs as integers. Flat spans keep float64 ends."""
+    f32 = np.float32
+    points = curves["points"]
+    return {
+        **curves,
+        "x": np.asarray(curves["x"], f32),
+        **{name: {**curves[name], "y": np.asarray(curves[name]["y"], f32)} for name in ("positive", "negative")},
+        "points": {
+            **points,
+            "ratio": np.asarray(points["ratio"], f32),
+            "y": np.asarray(points["y"], f32),
+            "sign": np.asarray(points["sign"], np.int8),
+        },
     }
 
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from grpo.config import LossConfig
 from grpo.loss import Breakdown
 from grpo.objectives import OBJECTIVES, REGIONS
 
@@ -116,6 +118,17 @@ class TokenWhy:
         return [[self.names[c] for c in row] for row in self.codes.tolist()]
 
 
+@lru_cache(maxsize=256)
+def _filled(
+    config: LossConfig, values: Callable[[Any], Mapping[str, float | None]], templates: tuple[tuple[str, str], ...]
+) -> tuple[tuple[str, str], ...]:
+    """A rule's sentences under ``config``: the same for every batch, so filled once per config (an answer
+    is built per request). The rule's ``values`` and templates are part of the key: a plugin that registers
+    an objective again gets its own sentences."""
+    numbers = values(config)
+    return tuple((name, fill(text, numbers)) for name, text in templates)
+
+
 def token_why(bd: Breakdown) -> TokenWhy:
     """Which bound acted on each token, from the objective's own rule (its registry entry's ``why``),
     plus A = 0 (no policy gradient under any objective, since each scales by A)."""
@@ -128,7 +141,7 @@ def token_why(bd: Breakdown) -> TokenWhy:
         texts, no_gradient = dict(REGION_TEXTS), frozenset[str]()
     else:
         names, codes = rule.names, rule.codes(t.ratio, a, region, config)
-        texts = {name: fill(rule.texts[name], rule.values(config)) for name in rule.names}
+        texts = dict(_filled(config, rule.values, tuple((name, rule.texts[name]) for name in rule.names)))
         no_gradient = rule.no_gradient
     names = (*names, ZERO_ADVANTAGE, ENTROPY_MASKED)
     zero = t.mask & (a == 0) & (codes == names.index("trust"))

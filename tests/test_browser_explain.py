@@ -137,7 +137,7 @@ def test_7_clipped_cells_are_marked_and_hover_names_a_bound_only_where_it_acted(
     clipped = [(j, k) for k, row in enumerate(regions) for j, g in enumerate(row) if g not in ("trust", "masked")]
     labels = chart["data"][0]["y"]
     assert sorted(zip(marks["x"], marks["y"], strict=True)) == sorted((j, labels[k]) for j, k in clipped)
-    why = data["tokens"]["why"]
+    why = [[data["why"]["names"][c] for c in row] for row in data["tokens"]["why"]]
     for k, row in enumerate(chart["data"][0]["customdata"]):
         for j, cell in enumerate(row):
             named = "clipped" in cell[9] and "flat in the ratio" in cell[9]

@@ -163,8 +163,8 @@ def test_the_why_of_each_token_counts_once_and_names_what_would_bound_it(page: P
     assert "2 token(s) with A < 0 have a ratio above 1 + ε_high = 1.2 (up to 52.49) and nothing bounds them" in text
     page.current_chart("heat-ratio")
     cells = page.page.evaluate("document.getElementById('heat-ratio').data[0].customdata")
-    why = answer["tokens"]["why"]
-    k, j = next((k, j) for k, row in enumerate(why) for j, c in enumerate(row) if c == "unbounded")
+    why, names = answer["tokens"]["why"], answer["why"]["names"]
+    k, j = next((k, j) for k, row in enumerate(why) for j, c in enumerate(row) if names[c] == "unbounded")
     assert "unbounded" in cells[k][j][9] and "dual_clip = off" in cells[k][j][9]
 
     before = page.drawn()
@@ -182,8 +182,8 @@ def test_the_why_of_each_token_counts_once_and_names_what_would_bound_it(page: P
     assert "count only the clipped ones" in sentence.inner_text()
     page.current_chart("heat-ratio")
     cells = page.page.evaluate("document.getElementById('heat-ratio').data[0].customdata")
-    why = page.last()["tokens"]["why"]
-    k, j = next((k, j) for k, row in enumerate(why) for j, code in enumerate(row) if code == "dual_clip")
+    why, names = page.last()["tokens"]["why"], page.last()["why"]["names"]
+    k, j = next((k, j) for k, row in enumerate(why) for j, code in enumerate(row) if names[code] == "dual_clip")
     assert f"dual_clip = {c:g}" in cells[k][j][9] and f"held at {c:g}·A" in cells[k][j][9]
     # the hover, looked at: the dual-clip token's cell
     page.page.evaluate("document.getElementById('heat-ratio').scrollIntoView({block: 'center'})")

@@ -81,7 +81,7 @@ def test_every_number_agrees_across_the_answer(scenario: str, preset: str) -> No
             if value is not None:
                 assert p["value"] == pytest.approx(value, rel=1e-12, abs=1e-15), p
     # the why: one code per counted token, counted once; the counts are the answer's
-    codes = [c for row in answer["tokens"]["why"] for c in row]
+    codes = [answer["why"]["names"][c] for row in answer["tokens"]["why"] for c in row]
     assert {k: codes.count(k) for k in answer["why"]["counts"]} == answer["why"]["counts"]
     assert sum(answer["why"]["counts"].values()) == answer["metrics"]["lens/num_tokens"]
     # "no policy gradient" means it: those tokens get none, the others (with a weight and A != 0) do
@@ -99,7 +99,7 @@ def test_every_number_agrees_across_the_answer(scenario: str, preset: str) -> No
         if bd.config.dual_clip is not None:
             assert bd.metrics["actor/pg_clipfrac_lower"] == pytest.approx(counts["dual_clip"] / n)
     # one meaning per metric key, under this config
-    assert set(answer["metric_meanings"]) <= set(answer["metrics"])
+    assert set(answer["metric_meaning_parts"]) <= set(answer["metrics"])
 
 
 def test_each_metric_has_one_meaning() -> None:

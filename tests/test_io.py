@@ -21,7 +21,10 @@ from reference import close
 import grpo
 import grpo.io
 from grpo.answer import breakdown_to_json, dumps
+from grpo.curves import objective_curves
 from grpo.examples import ARTICLE_EXAMPLE
+from grpo.explain import token_why
+from grpo.glossary import metric_meanings
 from grpo.io import ALIASES, load_file
 from grpo.requests import batch_from_request, row_lengths
 
@@ -231,6 +234,35 @@ def test_json_round_trip(article: tuple[grpo.Breakdown, list[int]]) -> None:
     assert data["rows"]["reward"] is None
     assert grpo.LossConfig(**data["config"]) == bd.config
     assert data["explanation"] and isinstance(data["warnings"], list)
+
+
+def test_each_token_why_is_a_code_into_one_names_table_and_meanings_come_once(
+    article: tuple[grpo.Breakdown, list[int]],
+) -> None:
+    """Before: tokens.why held a name string per token, metric meanings came twice (text and parts) and the
+    clip view's numbers had float64's 17 digits: 137.6 KB per small answer (an 8 x 64 batch), 118.6 KB
+    before the why and the meanings were added, 116.2 KB now."""
+    bd, lengths = article
+    data = orjson.loads(dumps(breakdown_to_json(bd, lengths=lengths)))
+    why, names = data["tokens"]["why"], data["why"]["names"]
+    assert all(isinstance(c, int) for row in why for c in row)
+    expected = token_why(bd)
+    assert names == list(expected.names)
+    named = [[names[c] for c in row] for row in why]
+    assert named == [row[:n] for row, n in zip(expected.code_names(), lengths, strict=True)]
+    counts = data["why"]["counts"]
+    assert counts == {name: sum(row.count(name) for row in named) for name in counts}
+    # one copy of each metric's meaning: its parts, whose text joined is the library's sentence
+    assert "metric_meanings" not in data
+    meanings = metric_meanings(bd.config)
+    for key, parts in data["metric_meaning_parts"].items():
+        assert "".join(p if isinstance(p, str) else p["text"] for p in parts) == meanings[key], key
+    # the clip view's numbers as float32 (to draw), the same curves and points to float32's precision
+    curves, exact = data["curves"], objective_curves(bd)
+    pairs = ((curves["x"], exact["x"]), (curves["positive"]["y"], exact["positive"]["y"]))
+    for got, want in (*pairs, (curves["points"]["ratio"], exact["points"]["ratio"])):
+        assert np.array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))  # shortest float32 text
+    assert curves["points"]["sign"] == [int(s) for s in exact["points"]["sign"]]
 
 
 def test_per_token_arrays_are_ragged_like_the_input() -> None:

@@ -47,8 +47,9 @@ function wrap(text) {
 }
 
 // Per cell: the numbers as format.js prints them (Plotly's own "%{x:.4g}" would print 1 + 4e-4 as
-// "1"), the token, and its why: the server's code and sentence (data.why.texts, with the config's
-// numbers). Under GSPO the ratio shown is the row's; the token's own is added beside it.
+// "1"), the token, and its why: the server's code (tokens.why holds indices into data.why.names) and
+// sentence (data.why.texts, with the config's numbers). Under GSPO the ratio shown is the row's; the
+// token's own is added beside it.
 export function hoverData(data) {
   const t = data.tokens;
   const columns = HOVER_FIELDS.map((f) => t[f]);
@@ -57,7 +58,7 @@ export function hoverData(data) {
   );
   return t.ratio.map((row, k) =>
     row.map((_, j) => {
-      const code = t.why[k][j];
+      const code = data.why.names[t.why[k][j]];
       const ratio = HOVER.ratio(fmt(t.ratio[k][j]), t.token_ratio ? fmt(t.token_ratio[k][j]) : null);
       return [
         ...columns.map((c) => fmt(c[k][j])),

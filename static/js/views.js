@@ -22,6 +22,9 @@ export function sentence(parts, tag = "li", attrs = {}) {
   );
 }
 
+// A sentence's text: its pieces and its numbers' text, joined (what the page shows).
+const sentenceText = (parts) => parts.map((p) => (typeof p === "string" ? p : p.text)).join("");
+
 export function renderSummary(data) {
   const card = (key, label) =>
     el(
@@ -38,7 +41,8 @@ export function renderSummary(data) {
   const explained = new Set();
   clear($("#metrics-table tbody")).append(
     ...Object.entries(data.metrics).map(([name, value]) => {
-      const meaning = data.metric_meanings[name] || "";
+      const parts = data.metric_meaning_parts[name] || [];
+      const meaning = sentenceText(parts);
       const text = explained.has(meaning) ? "" : meaning;
       explained.add(meaning);
       return el(
@@ -46,7 +50,7 @@ export function renderSummary(data) {
         { title: meaning || undefined },
         el("td", { text: name }),
         el("td", { class: "num", text: fmt(value, 5), ...tagged(`metrics/${name}`, value) }),
-        text ? sentence(data.metric_meaning_parts[name], "td", { class: "muted" }) : el("td", { class: "muted" }),
+        text ? sentence(parts, "td", { class: "muted" }) : el("td", { class: "muted" }),
       );
     }),
   );
