@@ -256,6 +256,7 @@ def run_overview(run: Run, rtol: float = DEFAULT_RTOL, metric_atol: float = DEFA
             {
                 "step": s.step,
                 "micro_batches": s.micro_batches,
+                "ranks": s.ranks,
                 "micro": f.micro,
                 "trainer_loss": s.trainer_loss,
                 "lens_loss": s.lens_loss,

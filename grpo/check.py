@@ -14,7 +14,7 @@ import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -64,7 +64,8 @@ class StepCheck:
     step: int
     micro_batches: int
     trainer_loss: float | None
-    """The sum of the trainer's returned micro-batch losses (None: a micro-batch did not record one)."""
+    """The sum of the trainer's returned micro-batch losses, over several ranks their mean (None: a
+    micro-batch did not record one)."""
     lens_loss: float
     logged: dict[str, float]
     """What the trainer logged for the step (run.json ``logged``), when it was captured."""
@@ -76,6 +77,9 @@ class StepCheck:
     """The trainer's logged metrics against ``lens_mean``."""
     ok: bool
     """Every logged metric within tolerance."""
+    ranks: int = 1
+    """The processes whose loss calls make the step. Several: the losses are joined as DDP joins them (each
+    rank's sum over its micro-batches, averaged over the ranks: what the trainer logs as the step's loss)."""
 
 
 @dataclass(frozen=True)
@@ -198,33 +202,78 @@ def check_run(
     by_step: dict[int, list[MicroResult]] = {}
     for item in _micro_results(run, rtol, metric_atol, seen, pool):
         by_step.setdefault(item.check.step, []).append(item)
+    gathered = run.info.get("source") in GATHERING_SOURCES
     for step in run.step_numbers():
         items = by_step.pop(step)
+        ranks = sorted({item.check.rank or 0 for item in items})
+        if gathered and len(ranks) > 1:
+            items = joined_over_ranks(items, rtol, metric_atol)
         checks = [item.check for item in items]
         result.micro.extend(checks)
-        mean, weighted = metric_views([(item.metrics, item.tokens) for item in items])
-        losses = [c.trainer_loss for c in checks]
-        trainer_loss = None if any(v is None for v in losses) else sum(v for v in losses if v is not None)
+        # one entry per micro-batch of the step: over several ranks, their join (each rank holds the same)
+        firsts = [item for item in items if (item.check.rank or 0) == ranks[0]] if gathered else items
+        mean, weighted = metric_views([(item.metrics, item.tokens) for item in firsts])
+        trainer_loss, lens_loss = _step_losses(items, len(ranks))
         # The metrics the loss calls logged (per micro-batch), as the trainer averaged them for the step;
         # generation-batch metrics (reward, completions/*) are the trainer's own view of other rows.
         per_call = set().union(*(c.metrics for c in checks))
         step_log = {} if step == incomplete else logged_all.get(str(step)) or {}
         logged = {k: v for k, v in step_log.items() if _finite(v) is not None}
         metrics = _compare({k: v for k, v in logged.items() if k in per_call}, mean, metric_atol)
+        ok = all(m.ok for m in metrics.values())
         result.steps.append(
-            StepCheck(
-                step,
-                len(checks),
-                trainer_loss,
-                sum(item.loss for item in items),
-                logged,
-                mean,
-                weighted,
-                metrics,
-                all(m.ok for m in metrics.values()),
-            )
+            StepCheck(step, len(checks), trainer_loss, lens_loss, logged, mean, weighted, metrics, ok, len(ranks))
         )
     return result
+
+
+# Trainers that gather each loss call's metrics over the processes before logging them: TRL 1.16 logs
+# token means reduced over the processes (sums and counts), ``nanmin``/``nanmax`` of the gathered clip extremes,
+# ``gather(x).nanmean()`` for the rest: every rank's record of a micro-batch holds the same, joined value.
+# verl's actor metrics stay per rank.
+GATHERING_SOURCES = ("trl",)
+RANK_JOINS: dict[str, Callable[[list[float]], float]] = {"clip_ratio/low_min": min, "clip_ratio/high_max": max}
+
+
+def _nanmean(values: list[float]) -> float:
+    kept = [v for v in values if not math.isnan(v)]
+    return sum(kept) / len(kept) if kept else math.nan
+
+
+def _join(name: str, values: list[tuple[float, float]]) -> float:
+    """One metric of one micro-batch index over the ranks, as TRL joins it: a token mean over all ranks' counted
+    tokens (its ``global_masked_mean``: summed sums over summed counts), the clip extremes' min or max, else the
+    mean of the ranks' values ignoring NaN (``gather(x).nanmean()``)."""
+    if name in TOKEN_MEANS:
+        total = sum(n for _, n in values)
+        return sum(v * n for v, n in values) / total if total else math.nan
+    return RANK_JOINS.get(name, _nanmean)([v for v, _ in values])
+
+
+def joined_over_ranks(items: list[MicroResult], rtol: float, metric_atol: float) -> list[MicroResult]:
+    """A step's micro-batches over several ranks, each compared with the trainer's gathered metrics: the
+    join over the ranks of the same micro-batch index (``_join``)."""
+    by_micro: dict[int, list[MicroResult]] = {}
+    for item in items:
+        by_micro.setdefault(item.check.micro, []).append(item)
+    out = []
+    for item in items:
+        group = by_micro[item.check.micro]
+        names = set.intersection(*(set(g.metrics) for g in group))
+        joined = {k: _join(k, [(g.metrics[k], g.tokens) for g in group]) for k in names}
+        compared = _compare({k: m.trainer for k, m in item.check.metrics.items()}, joined, metric_atol)
+        rel = item.check.rel_error
+        ok = (rel is None or rel <= rtol) and all(m.ok for m in compared.values())
+        out.append(MicroResult(replace(item.check, metrics=compared, ok=ok), joined, item.tokens, item.loss))
+    return out
+
+
+def _step_losses(items: list[MicroResult], ranks: int) -> tuple[float | None, float]:
+    """(trainer's, GRPO Lens's) loss of a step: the sum over its micro-batches, over several ranks the mean of
+    each rank's sum (DDP averages the ranks' gradients; the trainer logs the ranks' mean)."""
+    losses = [item.check.trainer_loss for item in items]
+    trainer = None if any(v is None for v in losses) else sum(v for v in losses if v is not None) / ranks
+    return trainer, sum(item.loss for item in items) / ranks
 
 
 def _micro_results(

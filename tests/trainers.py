@@ -45,13 +45,23 @@ def tiny_qwen2(tokenizer: Any, seed: int = 0) -> Any:
     return Qwen2ForCausalLM(config)
 
 
+def save_model(model_dir: Path) -> None:
+    tokenizer = char_tokenizer()
+    tiny_qwen2(tokenizer).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+
+
 def digit_reward(completions: list[str], **kwargs: Any) -> list[float]:
     """A reward with spread inside groups: the share of digits in the completion."""
     return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
 
 
-def grpo_trainer(output_dir: Path, loss_type: str, steps: int = 4, **overrides: Any) -> Any:
-    """A TRL 1.16 GRPOTrainer on CPU: 16 prompts, num_generations 4, accumulation 2, num_iterations 2, beta 0.04."""
+def grpo_trainer(
+    output_dir: Path, loss_type: str, steps: int = 4, model_dir: Path | None = None, **overrides: Any
+) -> Any:
+    """A TRL 1.16 GRPOTrainer on CPU: 16 prompts, num_generations 4, accumulation 2, num_iterations 2, beta 0.04.
+
+    ``model_dir``: the model saved there already (several processes of one run share it), else saved here."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -78,9 +88,9 @@ def grpo_trainer(output_dir: Path, loss_type: str, steps: int = 4, **overrides: 
         **overrides,
     }
     args = GRPOConfig(**settings)
-    model_dir = Path(output_dir) / "model"  # the reference model is loaded from a path: save it there
-    tiny_qwen2(tokenizer).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
+    if model_dir is None:
+        model_dir = Path(output_dir) / "model"  # the reference model is loaded from a path: save it there
+        save_model(model_dir)
     return GRPOTrainer(
         model=str(model_dir),
         reward_funcs=digit_reward,

@@ -1,0 +1,22 @@
+"""One process of a multi-process TRL run, captured (tests/test_capture_ranks.py launches two with torchrun).
+
+python tests/capture_ranks.py OUTPUT_DIR RUN_DIR MODEL_DIR LOSS_TYPE
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+
+from trainers import grpo_trainer
+
+import grpo.capture
+
+if __name__ == "__main__":
+    out, run, model = (Path(a) for a in sys.argv[1:4])
+    trainer = grpo_trainer(out, sys.argv[4], steps=2, model_dir=model)
+    with grpo.capture.trl(trainer, run):
+        trainer.train()
