@@ -20,7 +20,7 @@ from grpo.batch import Batch
 from grpo.config import REGISTRIES, LossConfig
 from grpo.errors import GrpoInputError
 from grpo.kl import KL_ESTIMATORS
-from grpo.objectives import OBJECTIVES, REGIONS, TRUST, ObjectiveTerms, above
+from grpo.objectives import OBJECTIVES, REGIONS, TRUST, ObjectiveInputs, ObjectiveTerms, above
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -314,15 +314,18 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
     touched: Touched = {}
     A = inp.adv.values[:, None]  # (B,) -> (B, 1), broadcast over the row's tokens
     ratio, log_ratio = importance_ratio(logp_policy, inp.old, inp.mask, config, touched)
-    objective = OBJECTIVES.get(config.objective)(ratio, logp_policy, A, config)
+    given = ObjectiveInputs(old=inp.old, log_ratio=log_ratio, mask=inp.mask)
+    objective = OBJECTIVES.get(config.objective)(ratio, logp_policy, A, config, given)
     kept = policy_kept(inp, config)
     if kept is not None:  # a token mask on the policy term only (TRL multiplies the per-token loss by it)
         objective = replace(objective, surrogate=objective.surrogate * kept)
     kl = kl_penalty(logp_kl, inp.ref, inp.old, inp.mask, config, touched) if want_kl or config.beta else None
     weight = AGGREGATIONS.get(config.aggregation)(inp.mask, config, inp.width)
+    policy_weight = weight if objective.weight is None else objective.weight  # geo_mean aggregates itself
     if config.gradient_accumulation_steps != 1:  # the trainer's scaling of one micro-batch's loss
         weight = weight / config.gradient_accumulation_steps
-    policy_tokens = weight * -objective.surrogate
+        policy_weight = policy_weight / config.gradient_accumulation_steps
+    policy_tokens = policy_weight * -objective.surrogate
     # beta = 0 leaves the KL out of the loss entirely, as TRL does (so an overflowed KL cannot
     # turn the loss into NaN through 0 · inf); the KL is still reported.
     kl_tokens = weight * (config.beta * kl) if config.beta and kl is not None else torch.zeros_like(weight)
@@ -458,9 +461,16 @@ def _metrics(
     # the raw ratio is 1 there, so max(mask / raw ratio) is 1 / (the smallest counted ratio).
     ratio_max = tokens.ratio.max()
     ratio_min = 1 / (mask / raw_ratio).max()
+    # An objective's own reading of a shared name wins (verl's kl_cov logs the mean |log-ratio| as actor/ppo_kl).
+    metrics |= {
+        name: value
+        for name, value in {
+            "actor/ppo_kl": 0.0 - float(tokens.log_ratio.sum() / n_tokens),
+        }.items()
+        if name not in flags
+    }
     metrics |= {
         "kl": float(tokens.kl.sum() / n_tokens),  # kl is 0 where nothing counts
-        "actor/ppo_kl": 0.0 - float(tokens.log_ratio.sum() / n_tokens),
         "actor/pg_loss": float(tokens.policy_loss.sum()),
         "actor/kl_loss": float(torch.dot(tokens.weight.view(-1), tokens.kl.view(-1))),
         "actor/kl_coef": config.beta,

@@ -1,15 +1,16 @@
 """Per-token policy objectives: the term each token adds to J before aggregation.
 
 Every objective takes ``ratio`` ((B, T), or (B, 1) at sequence level; differentiable),
-``logp`` ((B, T), the current log-probs; differentiable), ``advantages`` ((B, 1), constant)
-and its ``settings`` (the few fields of ObjectiveSettings; a LossConfig is one), and returns
-``ObjectiveTerms``. The policy loss of a token is ``-surrogate``.
+``logp`` ((B, T), the current log-probs; differentiable), ``advantages`` ((B, 1), constant),
+its ``settings`` (the few fields of ObjectiveSettings; a LossConfig is one) and ``inputs``
+(ObjectiveInputs: the old log-probs, the log-ratio and the mask, which verl's later losses read;
+None where a caller has only a ratio, as the clip view's curves), and returns ``ObjectiveTerms``.
+The policy loss of a token is ``-surrogate``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -35,6 +36,28 @@ class ObjectiveTerms:
     """Region codes (see REGIONS) as floats, before masking."""
     flags: dict[str, Tensor] = field(default_factory=dict)
     """0.0/1.0 indicators keyed by the trainer's metric name; the caller takes their masked mean."""
+    weight: Tensor | None = None
+    """(B, T): the policy term's own aggregation, for objectives that aggregate themselves (verl's geo_mean
+    averages one term per row whatever loss_agg_mode says); None: the config's aggregation. The KL term
+    keeps the config's aggregation either way."""
+
+
+@dataclass(frozen=True)
+class ObjectiveInputs:
+    """What an objective may read beyond the ratio: the batch's constants and the log-ratio."""
+
+    old: Tensor
+    """(B, T) old log-probs (constant)."""
+    log_ratio: Tensor
+    """(B, T) logp - old after log_ratio_clamp (differentiable); ratio = exp(log_ratio) at token level."""
+    mask: Tensor
+    """(B, T) 1.0 where a token counts, else 0.0."""
+
+
+def inputs_of(ratio: Tensor, logp: Tensor) -> ObjectiveInputs:
+    """The inputs implied by a token ratio and the log-probs, every token counted (the curves' case)."""
+    log_ratio = ratio.log().expand_as(logp)
+    return ObjectiveInputs(old=(logp - log_ratio).detach(), log_ratio=log_ratio, mask=torch.ones_like(logp))
 
 
 class ObjectiveSettings(Protocol):
@@ -56,7 +79,21 @@ class ObjectiveSettings(Protocol):
     def sapo_temperature_neg(self) -> float: ...
 
 
-Objective = Callable[[Tensor, Tensor, Tensor, ObjectiveSettings], ObjectiveTerms]
+class Objective(Protocol):
+    """The one signature of every registered objective."""
+
+    def __call__(
+        self,
+        ratio: Tensor,
+        logp: Tensor,
+        advantages: Tensor,
+        config: ObjectiveSettings,
+        inputs: ObjectiveInputs | None = None,
+    ) -> ObjectiveTerms: ...
+
+    def __hash__(self) -> int: ...  # functions are: the clip view's curve cache keys on them
+
+
 OBJECTIVES: Registry[Objective] = Registry("objective")
 
 # The axis titles of the clip view's curves (drawn with A = ±1 and logp = 1).
@@ -187,7 +224,9 @@ CLIP_WHY = Why(
     warnings=clip_warnings,
     why=CLIP_WHY,
 )
-def clip(ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings) -> ObjectiveTerms:
+def clip(
+    ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None
+) -> ObjectiveTerms:
     """PPO/GRPO clipped surrogate min(r·A, clip(r, 1-ε_low, 1+ε_high)·A), with dual clip and delta.
 
     ``epsilon_high > epsilon_low`` is DAPO's clip-higher. ``dual_clip`` c (verl ``clip_ratio_c``,
@@ -283,7 +322,9 @@ CISPO_WHY = Why(
     warnings=cispo_warnings,
     why=CISPO_WHY,
 )
-def cispo(ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings) -> ObjectiveTerms:
+def cispo(
+    ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None
+) -> ObjectiveTerms:
     """CISPO: a detached, clipped ratio times A times logp, so clipped tokens keep their gradient.
 
     Unlike PPO's clip, the bound only scales the REINFORCE term sg(w)·A·logp; no token is
@@ -308,7 +349,9 @@ def cispo(ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSett
 
 
 @OBJECTIVES.register("sapo", label="SAPO", axis=PER_UNIT_A)
-def sapo(ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings) -> ObjectiveTerms:
+def sapo(
+    ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None
+) -> ObjectiveTerms:
     """SAPO: a soft sigmoid gate (4/τ)·σ(τ(r - 1)) replaces the hard clip; no token goes flat.
 
     τ is ``sapo_temperature_pos`` for A > 0 and ``sapo_temperature_neg`` otherwise. The gate's
@@ -323,7 +366,9 @@ def sapo(ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSetti
 
 
 @OBJECTIVES.register("gpg", label="GPG", axis=WEIGHT_ON_A_LOGP)
-def gpg(ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings) -> ObjectiveTerms:
+def gpg(
+    ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None
+) -> ObjectiveTerms:
     """GPG: plain REINFORCE A·logp, with no ratio, no clip and no old policy.
 
     verl ``loss_mode="gpg"``. The value depends on logp itself, so only its gradient, -A per
