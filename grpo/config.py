@@ -54,15 +54,26 @@ class LossConfig:
     objective: str = _f(
         "clip", "Per-token policy objective (see the objective registry).", "policy", choices=OBJECTIVES
     )
-    epsilon_low: float = _f(0.2, "Lower clip: the ratio is clipped below at 1 - epsilon_low.", "policy", ge=0.0)
+    epsilon_low: float = _f(
+        0.2,
+        "Lower clip: the ratio is clipped below at 1 - epsilon_low (geo_mean: the log-ratio at -epsilon_low; "
+        "dppo: the divergence threshold of A < 0 tokens).",
+        "policy",
+        ge=0.0,
+    )
     epsilon_high: float = _f(
         0.2,
-        "Upper clip: 1 + epsilon_high (DAPO clip-higher); for CISPO with absolute bounds, the cap itself.",
+        "Upper clip: 1 + epsilon_high (DAPO clip-higher); for CISPO with absolute bounds, the cap itself; "
+        "geo_mean: the log-ratio at epsilon_high; dppo: the divergence threshold of A > 0 tokens.",
         "policy",
         ge=0.0,
     )
     dual_clip: float | None = _f(
-        None, "Dual-clip c (verl clip_ratio_c): for A < 0 the ratio is capped at c. None = off.", "policy", gt=1.0
+        None,
+        "Dual-clip c (verl clip_ratio_c): for A < 0 the ratio is capped at c (dppo: every token's detached "
+        "weight is truncated at c). None = off.",
+        "policy",
+        gt=1.0,
     )
     delta: float | None = _f(
         None, "TRL's delta (INTELLECT-2): the unclipped ratio is capped at delta (> 1). None = off.", "policy", gt=1.0
@@ -90,6 +101,31 @@ class LossConfig:
         "policy",
         gt=0.0,
         le=1.0,
+    )
+    clip_cov_ratio: float = _f(
+        0.0002,
+        "verl clip_cov: the share of counted tokens whose gradient is cut (at least one).",
+        "policy",
+        gt=0.0,
+    )
+    clip_cov_lb: float = _f(1.0, "verl clip_cov: candidates have covariance above this.", "policy")
+    clip_cov_ub: float = _f(5.0, "verl clip_cov: candidates have covariance below this.", "policy")
+    clip_cov_seed: int = _f(
+        0,
+        "verl clip_cov draws its tokens with torch.randperm: the seed of that draw (verl's process RNG state).",
+        "policy",
+        ge=0,
+    )
+    kl_cov_ratio: float = _f(
+        0.0002,
+        "verl kl_cov: the share of counted tokens (the highest covariance, at least one) that get the |log-ratio| "
+        "penalty.",
+        "policy",
+        gt=0.0,
+    )
+    ppo_kl_coef: float = _f(0.1, "verl kl_cov: the coefficient of the |log-ratio| penalty.", "policy", ge=0.0)
+    dro_beta: float | None = _f(
+        None, "verl dro: the quadratic log-ratio penalty ½·dro_beta·(logp - old)²; required by dro.", "policy", gt=0.0
     )
     log_ratio_clamp: float | None = _f(
         None, "Clamp the token log-ratio to [-c, c] before exp (verl: 20). None = off.", "policy", gt=0.0

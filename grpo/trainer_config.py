@@ -223,6 +223,23 @@ VERL_LOSS_MODES: dict[str, dict[str, Any]] = {
     "sapo": {"objective": "sapo", "log_ratio_clamp": 20.0, "aggregation": "seq-mean-token-mean", "dual_clip": None},
     "cispo": {"objective": "cispo", "cispo_bounds": "relative", "log_ratio_clamp": 20.0, "dual_clip": None},
     "gpg": {"objective": "gpg", "dual_clip": None},
+    # verl's later losses: no dual clip and no log-ratio clamp but where the function has them (dppo reads
+    # clip_ratio as a divergence threshold and clip_ratio_c as its truncation, both through the same fields)
+    "geo_mean": {"objective": "geo_mean", "dual_clip": None, "log_ratio_clamp": None},
+    "clip_cov": {"objective": "clip_cov", "dual_clip": None, "log_ratio_clamp": None},
+    "kl_cov": {"objective": "kl_cov", "dual_clip": None, "log_ratio_clamp": None},
+    "dppo_tv": {"objective": "dppo_tv", "log_ratio_clamp": 20.0},
+    "dppo_kl": {"objective": "dppo_kl", "log_ratio_clamp": 20.0},
+    "dro": {"objective": "dro", "dual_clip": None, "log_ratio_clamp": None},
+}
+# verl 0.9.1 PolicyLossConfig's own settings (its defaults, not the loss functions' fallbacks) -> LossConfig
+VERL_POLICY_LOSS_FIELDS: dict[str, tuple[str, Any]] = {
+    "clip_cov_ratio": ("clip_cov_ratio", 0.0002),
+    "clip_cov_lb": ("clip_cov_lb", 1.0),
+    "clip_cov_ub": ("clip_cov_ub", 5.0),
+    "kl_cov_ratio": ("kl_cov_ratio", 0.0002),
+    "ppo_kl_coef": ("ppo_kl_coef", 0.1),
+    "dro_beta": ("dro_beta", None),
 }
 VERL_KL_TYPES: dict[str, dict[str, Any]] = {
     "low_var_kl": {"kl_estimator": "k3", "kl_log_ratio_clamp": 20.0, "kl_clamp": 10.0},
@@ -344,7 +361,7 @@ def map_verl(actor_config: Any, algorithm: Any = None) -> TrainerMapping:
         "clip_ratio": "epsilon_low, epsilon_high (when the low/high fields are None)",
         "clip_ratio_low": "epsilon_low",
         "clip_ratio_high": "epsilon_high",
-        "clip_ratio_c": "dual_clip (vanilla only)",
+        "clip_ratio_c": "dual_clip (vanilla; dppo: the truncation of the detached ratio)",
         "loss_agg_mode": "aggregation",
         "loss_scale_factor": "max_completion_length (seq-mean-token-sum-norm's constant)",
         "policy_loss": "objective and its clamps (loss_mode); rollout_correction weights reach the loss as "
@@ -354,6 +371,13 @@ def map_verl(actor_config: Any, algorithm: Any = None) -> TrainerMapping:
         "tau_pos": "sapo_temperature_pos",
         "tau_neg": "sapo_temperature_neg",
     }
+    for name, (field_name, default) in VERL_POLICY_LOSS_FIELDS.items():
+        value = policy.get(name, default) if isinstance(policy, dict) else default
+        settings[field_name] = value if value is None else float(value)
+        if isinstance(policy, dict) and name in policy:
+            mapped[f"policy_loss.{name}"] = field_name
+    if loss_mode == "dro" and settings["dro_beta"] is None:
+        unsupported["policy_loss.dro_beta"] = "verl 0.9.1 raises ValueError for dro without a positive dro_beta"
     settings |= VERL_KL_TYPES.get(kl_type, {})  # with use_kl_loss off too: the estimator beta > 0 would use
     if use_kl and kl_type not in VERL_KL_TYPES:
         known = ", ".join(VERL_KL_TYPES)
@@ -448,6 +472,31 @@ VERL_RECIPES: dict[str, tuple[str, str, dict[str, Any]]] = {
             "clip_ratio_low": 3e-4,
             "clip_ratio_high": 4e-4,
         },
+    ),
+    "verl-gmpo": (
+        "verl 0.9.1 GMPO (loss_mode='geo_mean'): geometric-mean ratio per row, log-ratio clipped to ±0.4.",
+        "GMPO paper (arXiv 2507.20673: clip range (e^-0.4, e^0.4)); verl 0.9.1 core_algos geo_mean",
+        {"policy_loss": {"loss_mode": "geo_mean"}, "clip_ratio": 0.4},
+    ),
+    "verl-clip_cov": (
+        "verl 0.9.1 Clip-Cov: PPO clip, plus 0.02% of tokens with covariance in (1, 5) cut at random.",
+        "verl 0.9.1 PolicyLossConfig defaults with loss_mode='clip_cov' (Entropy-Mechanism paper, arXiv 2505.22617)",
+        {"policy_loss": {"loss_mode": "clip_cov"}},
+    ),
+    "verl-kl_cov": (
+        "verl 0.9.1 KL-Cov: unclipped A·ratio, 0.1·|log-ratio| on the 0.02% highest-covariance tokens.",
+        "verl 0.9.1 PolicyLossConfig defaults with loss_mode='kl_cov' (Entropy-Mechanism paper, arXiv 2505.22617)",
+        {"policy_loss": {"loss_mode": "kl_cov"}},
+    ),
+    "verl-dppo_tv": (
+        "verl 0.9.1 DPPO-TV: tokens whose probability moved by more than 0.2 lose their term; ratio truncated at 3.",
+        "verl 0.9.1 ActorConfig / PolicyLossConfig defaults with loss_mode='dppo_tv' (arXiv 2602.04879)",
+        {"policy_loss": {"loss_mode": "dppo_tv"}},
+    ),
+    "verl-dppo_kl": (
+        "verl 0.9.1 DPPO-KL: tokens whose binary KL passed 0.2 in their advantage's direction lose their term.",
+        "verl 0.9.1 ActorConfig / PolicyLossConfig defaults with loss_mode='dppo_kl' (arXiv 2602.04879)",
+        {"policy_loss": {"loss_mode": "dppo_kl"}},
     ),
 }
 

@@ -113,6 +113,35 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "seq_log_ratio_clamp": 10.0,
         "beta": 0.0,
     },
+    # §2.3 verl's later losses, PolicyLossConfig defaults; no log-ratio clamp but dppo's ±20, dual clip only dppo's
+    "verl-gmpo": {
+        **VERL_COMMON,
+        "objective": "geo_mean",
+        "epsilon_low": 0.4,
+        "epsilon_high": 0.4,
+        "dual_clip": None,
+        "log_ratio_clamp": None,
+        "beta": 0.0,
+    },
+    "verl-clip_cov": {
+        **VERL_COMMON,
+        "objective": "clip_cov",
+        "clip_cov_ratio": 0.0002,
+        "clip_cov_lb": 1.0,
+        "clip_cov_ub": 5.0,
+        "dual_clip": None,
+        "log_ratio_clamp": None,
+    },
+    "verl-kl_cov": {
+        **VERL_COMMON,
+        "objective": "kl_cov",
+        "kl_cov_ratio": 0.0002,
+        "ppo_kl_coef": 0.1,
+        "dual_clip": None,
+        "log_ratio_clamp": None,
+    },
+    "verl-dppo_tv": {**VERL_COMMON, "objective": "dppo_tv", "dual_clip": 3.0, "log_ratio_clamp": 20.0},
+    "verl-dppo_kl": {**VERL_COMMON, "objective": "dppo_kl", "dual_clip": 3.0, "log_ratio_clamp": 20.0},
 }
 
 
@@ -147,7 +176,9 @@ def test_from_preset_overrides_and_replace() -> None:
 
 
 def test_unknown_preset_lists_the_valid_names() -> None:
-    with pytest.raises(grpo.GrpoInputError, match=r"preset: expected one of article, trl-grpo, .*verl-gspo, got 'trl'"):
+    with pytest.raises(
+        grpo.GrpoInputError, match=r"preset: expected one of article, trl-grpo, .*verl-dppo_kl, got 'trl'"
+    ):
         LossConfig.from_preset("trl")
 
 
