@@ -102,6 +102,14 @@ class LossConfig:
         gt=0.0,
         le=1.0,
     )
+    vespo_k_pos: float = _f(2.0, "TRL vespo: the gamma weight's shape k for A >= 0.", "policy", ge=0.0)
+    vespo_lambda_pos: float = _f(
+        3.0, "TRL vespo: the gamma weight's rate lambda for A >= 0 (TRL clamps it to at least 1e-4).", "policy"
+    )
+    vespo_k_neg: float = _f(3.0, "TRL vespo: the gamma weight's shape k for A < 0.", "policy", ge=0.0)
+    vespo_lambda_neg: float = _f(
+        2.0, "TRL vespo: the gamma weight's rate lambda for A < 0 (TRL clamps it to at least 1e-4).", "policy"
+    )
     clip_cov_ratio: float = _f(
         0.0002,
         "verl clip_cov: the share of counted tokens whose gradient is cut (at least one).",

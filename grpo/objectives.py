@@ -82,6 +82,14 @@ class ObjectiveSettings(Protocol):
     @property
     def sapo_temperature_neg(self) -> float: ...
     @property
+    def vespo_k_pos(self) -> float: ...
+    @property
+    def vespo_lambda_pos(self) -> float: ...
+    @property
+    def vespo_k_neg(self) -> float: ...
+    @property
+    def vespo_lambda_neg(self) -> float: ...
+    @property
     def clip_cov_ratio(self) -> float: ...
     @property
     def clip_cov_lb(self) -> float: ...
@@ -728,3 +736,32 @@ def dro(
     x = given_inputs(ratio, logp, inputs).log_ratio
     surrogate = advantages * logp - 0.5 * config.dro_beta * x.square()
     return ObjectiveTerms(surrogate, ratio.detach().expand_as(surrogate), regions(surrogate.detach()))
+
+
+# --- TRL 1.16's vespo ------------------------------------------------------------------------------------------
+VESPO_LOG_W_MIN = math.log(1e-8)  # TRL's lower clamp of the sequence log-weight
+
+
+@OBJECTIVES.register(
+    "vespo", label="VESPO (gamma weights)", axis=WEIGHT_ON_A_LOGP, metrics={"vespo/phi_seq_mean": "trl"}
+)
+def vespo(
+    ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None
+) -> ObjectiveTerms:
+    """VESPO: sg(φ(w))·A·logp with the gamma weight φ(w) = e^λ·w^k·e^(−λw) of the row's ratio w (φ(1) = 1).
+
+    TRL ``loss_type="vespo"``: log w = clamp(Σ_t clamp(log r_t, ±20), log 1e-8, 20), a sum over the row's
+    tokens, not a mean; (k, λ) = (vespo_k_pos, vespo_lambda_pos) for A ≥ 0, else the _neg pair, λ at least
+    1e-4; φ's NaN and ±inf become 0. φ is detached: it only scales the REINFORCE gradient. Rows far from
+    on-policy (w ≫ 1 or w ≪ 1) are damped smoothly instead of clipped.
+    Paper: https://huggingface.co/papers/2602.10693
+    """
+    given = given_inputs(ratio, logp, inputs)
+    x = given.log_ratio.detach().clamp(-20.0, 20.0)
+    log_w = (x * given.mask).sum(-1, keepdim=True).clamp(VESPO_LOG_W_MIN, 20.0)  # (B, T) -> (B, 1)
+    nonneg = advantages >= 0
+    k = torch.where(nonneg, config.vespo_k_pos, config.vespo_k_neg)
+    lam = torch.where(nonneg, config.vespo_lambda_pos, config.vespo_lambda_neg).clamp(min=1e-4)
+    phi = torch.exp(lam + k * log_w - lam * log_w.exp()).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)  # (B, 1)
+    surrogate = phi * advantages * logp
+    return ObjectiveTerms(surrogate, phi.expand_as(surrogate), regions(surrogate.detach()), {"vespo/phi_seq_mean": phi})

@@ -32,6 +32,10 @@ TRL_DEFAULTS: dict[str, Any] = {
     "max_completion_length": 512,
     "sapo_temperature_pos": 1.0,
     "sapo_temperature_neg": 1.05,
+    "vespo_k_pos": 2.0,
+    "vespo_lambda_pos": 3.0,
+    "vespo_k_neg": 3.0,
+    "vespo_lambda_neg": 2.0,
     "use_bias_correction_kl": True,
     "gradient_accumulation_steps": 1,
     "top_entropy_quantile": 1.0,
@@ -51,6 +55,7 @@ TRL_LOSS_TYPES: dict[str, tuple[str, str]] = {
     "luspo": ("clip", "seq-mean-token-sum"),
     "cispo": ("cispo", "token-mean"),
     "sapo": ("sapo", "seq-mean-token-mean"),
+    "vespo": ("vespo", "token-mean"),  # dapo's normaliser
 }
 # Loss types whose returned loss is divided by gradient_accumulation_steps (spec §1.8); the others
 # (dapo, cispo) divide by a token count over the generation batch instead (token_normalizer).
@@ -170,6 +175,7 @@ def map_trl(args: Any) -> TrainerMapping:
         "skip_empty_rows": False,
         "sapo_temperature_pos": float(a["sapo_temperature_pos"]),
         "sapo_temperature_neg": float(a["sapo_temperature_neg"]),
+        **{name: float(a[name]) for name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")},
         "gradient_accumulation_steps": int(a["gradient_accumulation_steps"]) if loss_type in TRL_DIVIDED_BY_GA else 1,
     }
     mapped |= {
@@ -184,6 +190,7 @@ def map_trl(args: Any) -> TrainerMapping:
         "max_completion_length": "max_completion_length",
         "sapo_temperature_pos": "sapo_temperature_pos",
         "sapo_temperature_neg": "sapo_temperature_neg",
+        **{name: name for name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")},
         "gradient_accumulation_steps": "gradient_accumulation_steps"
         if loss_type in TRL_DIVIDED_BY_GA
         else "token_normalizer (with num_items_in_batch, set by the capture)",
@@ -450,6 +457,11 @@ TRL_RECIPES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "TRL loss_type='sapo': soft sigmoid gate (temperatures 1.0 / 1.05), per-sequence mean.",
         "TRL 1.16.0 GRPOConfig defaults with loss_type='sapo'",
         {"loss_type": "sapo"},
+    ),
+    "trl-vespo": (
+        "TRL loss_type='vespo': gamma weight of the row's summed log-ratio (k, λ = 2, 3 / 3, 2) on A·logp, token mean.",
+        "TRL 1.16.0 GRPOConfig defaults with loss_type='vespo'",
+        {"loss_type": "vespo"},
     ),
 }
 VERL_RECIPES: dict[str, tuple[str, str, dict[str, Any]]] = {

@@ -96,6 +96,15 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "sapo_temperature_neg": 1.05,
         "aggregation": "seq-mean-token-mean",
     },
+    "trl-vespo": {
+        **TRL_COMMON,
+        "objective": "vespo",
+        "aggregation": "token-mean",  # vespo shares dapo's normaliser
+        "vespo_k_pos": 2.0,
+        "vespo_lambda_pos": 3.0,
+        "vespo_k_neg": 3.0,
+        "vespo_lambda_neg": 2.0,
+    },
     # §2.7 GRPO: seq-mean-token-mean, use_kl_loss with low_var_kl at kl_loss_coef 0.001
     "verl-grpo": {**VERL_COMMON, "objective": "clip", "aggregation": "seq-mean-token-mean", "beta": 0.001},
     # §2.7 DAPO: token-mean, clip 0.2 / 0.28, no KL

@@ -41,6 +41,8 @@ S0 = math.sqrt(1.5 * 0.9)  # row 0's sequence ratio: exp(mean(ln 1.5, ln 0.9))
 S1 = (0.5 * 1.1 * 4.0) ** (1 / 3)  # row 1's: exp(mean(ln 0.5, ln 1.1, ln 4)) = 2.2^(1/3)
 
 
+VESPO_PHI0 = math.exp(3 + 2 * LN(1.35) - 3 * 1.35)
+VESPO_PHI1 = math.exp(2 + 3 * LN(2.2) - 2 * 2.2)
 GM_A0, GM_A1 = 2 / (2 + E8), -3 / (3 + E8)  # GMPO's row advantages Σ_t A / (L + 1e-8)
 GM_R0 = math.exp((0.4 + LN(0.9)) / (2 + E8))  # row 0: ln 1.5 clipped to 0.4
 GM_R1 = math.exp((-0.4 + LN(1.1) + LN(4.0)) / (3 + E8))  # row 1 (A < 0): ln 0.5 raised to -0.4, ln 4 kept
@@ -151,6 +153,15 @@ HAND_PRESETS: dict[str, dict[str, Any]] = {
         "grad": [[0, 0, 0], [S1 / (2 * (3 + E8))] * 3],
         "region": [[HI, HI, M], [T_, T_, T_]],
         "metrics": {"actor/pg_clipfrac": 2 / 5, "actor/pg_clipfrac_lower": 0.0},
+    },
+    # TRL VESPO: one gamma weight per row from the summed log-ratio, w0 = 1.5·0.9 = 1.35 (A ≥ 0: k 2, λ 3),
+    # w1 = 0.5·1.1·4 = 2.2 (A < 0: k 3, λ 2); φ = e^λ·w^k·e^(−λw), detached; terms φ·A·logp, token mean over 5:
+    # each token's gradient is -φ_i·A_i / 5.
+    "trl-vespo": {
+        "loss": -(VESPO_PHI0 * (LN(0.3) + LN(0.45)) - VESPO_PHI1 * (LN(0.1) + LN(0.55) + LN(0.8))) / 5,
+        "grad": [[-VESPO_PHI0 / 5] * 2 + [0], [VESPO_PHI1 / 5] * 3],
+        "region": [[T_, T_, M], [T_, T_, T_]],
+        "metrics": {"vespo/phi_seq_mean": (VESPO_PHI0 + VESPO_PHI1) / 2},
     },
     # verl GMPO (clip_ratio 0.4 on the log-ratio): row 0's ln 1.5 > 0.4 enters as 0.4 (flat), row 1's ln 0.5 < -0.4
     # as -0.4 (flat, A < 0); the rows' ratios are R_i = exp(Σ clipped / (L_i + 1e-8)), the loss the mean over the
