@@ -165,6 +165,24 @@ class LossConfig:
         choices=("estimator", "k2"),
     )
 
+    # --- entropy bonus --------------------------------------------------------------------------
+    entropy_coef: float = _f(
+        0.0,
+        "Entropy bonus: loss -= entropy_coef · mean entropy (TRL entropy_coef, the coefficient the step applied "
+        "when use_adaptive_entropy; verl entropy_coeff). Needs the batch's entropies; they carry no gradient "
+        "here (they come from the logits, not the chosen tokens' log-probs). 0 = off.",
+        "policy",
+        ge=0.0,
+    )
+    entropy_weighting: str = _f(
+        "tokens",
+        "How the entropies are averaged: tokens = TRL's mean over the counted tokens the policy term acts on "
+        "(the entropy mask's), divided by gradient_accumulation_steps; aggregation = verl's agg_loss with the "
+        "loss's aggregation weights.",
+        "policy",
+        choices=("tokens", "aggregation"),
+    )
+
     # --- aggregation -------------------------------------------------------------------------
     aggregation: str = _f(
         "seq-mean-token-mean", "How per-token losses become one scalar.", "aggregation", choices=AGGREGATIONS

@@ -102,7 +102,7 @@ class Breakdown:
     policy_loss: Tensor
     """0-d: the policy term's part of the loss."""
     kl_loss: Tensor
-    """0-d: beta · aggregated KL; loss = policy_loss + kl_loss."""
+    """0-d: beta · aggregated KL; loss = policy_loss + kl_loss (+ entropy_loss)."""
     metrics: dict[str, float]
     """Trainer metrics under their own names (TRL, verl), meaning what the trainer means; GRPO Lens's
     own quantities under ``lens/`` (``lens/grad_norm_logps``, ``lens/ratio/max``, ...)."""
@@ -117,6 +117,10 @@ class Breakdown:
     device: str
     dtype: str
     zero_std_groups: tuple[int, ...]
+    entropy_loss: Tensor | None = None
+    """0-d: the entropy bonus's part of the loss, -entropy_coef · mean entropy (None when entropy_coef is 0)."""
+    entropy_tokens: Tensor | None = None
+    """(B, T): each token's share of entropy_loss (no gradient: the entropies are inputs)."""
 
 
 def resolve_device(name: str, input_device: torch.device) -> torch.device:
@@ -287,6 +291,8 @@ class _Terms:
     touched: Touched
     kept: Tensor | None
     """The token mask on the policy term (None: every counted token keeps it)."""
+    entropy_tokens: Tensor | None
+    """(B, T) -entropy_coef · w_H · H per token (None: no entropy bonus)."""
 
 
 def high_entropy_mask(entropies: Tensor, counted: Tensor, quantile: float) -> Tensor:
@@ -329,7 +335,24 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
     # beta = 0 leaves the KL out of the loss entirely, as TRL does (so an overflowed KL cannot
     # turn the loss into NaN through 0 · inf); the KL is still reported.
     kl_tokens = weight * (config.beta * kl) if config.beta and kl is not None else torch.zeros_like(weight)
-    return _Terms(ratio, log_ratio, objective, kl, weight, policy_tokens, kl_tokens, touched, kept)
+    entropy_tokens = entropy_bonus(inp, config, weight, kept)
+    return _Terms(ratio, log_ratio, objective, kl, weight, policy_tokens, kl_tokens, touched, kept, entropy_tokens)
+
+
+def entropy_bonus(inp: _Inputs, config: LossConfig, weight: Tensor, kept: Tensor | None) -> Tensor | None:
+    """-entropy_coef · w_H · H per token, or None when the bonus is off. w_H: TRL's mean over the counted tokens
+    the policy term acts on (÷ gradient_accumulation_steps), or verl's aggregation weights (agg_loss)."""
+    if not config.entropy_coef:
+        return None
+    if inp.entropies is None:
+        raise GrpoInputError("entropies", "per-token entropies: entropy_coef > 0 adds -entropy_coef · mean entropy")
+    entropies = inp.entropies.to(inp.dtype) * inp.mask  # the batch holds 0 where nothing counts
+    if config.entropy_weighting == "aggregation":  # verl: agg_loss(entropy, response_mask, loss_agg_mode)
+        w = weight
+    else:  # TRL: Σ H·m_eff / max(Σ m_eff, 1) / GA, m_eff = mask · entropy mask
+        effective = inp.mask if kept is None else inp.mask * kept
+        w = effective / effective.sum().clamp(min=1.0) / config.gradient_accumulation_steps
+    return -config.entropy_coef * w * entropies
 
 
 def compute_loss(batch: Batch, config: LossConfig | None = None) -> Tensor:
@@ -342,7 +365,8 @@ def compute_loss(batch: Batch, config: LossConfig | None = None) -> Tensor:
     config = config or LossConfig()
     inp = _inputs(batch, config)
     terms = _terms(inp, inp.logp, inp.logp, config, want_kl=False)
-    return (terms.policy_tokens + terms.kl_tokens).sum()
+    loss = (terms.policy_tokens + terms.kl_tokens).sum()
+    return loss if terms.entropy_tokens is None else loss + terms.entropy_tokens.sum()
 
 
 def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
@@ -355,6 +379,8 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         logp_kl = logp.detach().requires_grad_(True)
         t = _terms(inp, logp_policy, logp_kl, config, want_kl=True)
         token_loss = t.policy_tokens + t.kl_tokens
+        if t.entropy_tokens is not None:  # a constant per token: it moves the loss, not the gradient
+            token_loss = token_loss + t.entropy_tokens
         loss = token_loss.sum()
         grads = torch.autograd.grad(loss, [logp_policy, logp_kl], allow_unused=True)
     # Weights are 0 where nothing counts, so the gradient is ±0 there.
@@ -382,6 +408,14 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
     )
     rows = _rows(tokens, adv, mask)
     metrics = _metrics(batch, config, t.objective.flags, tokens, rows, adv, mask, t.ratio.detach())
+    entropy_loss = None if t.entropy_tokens is None else t.entropy_tokens.sum()
+    if entropy_loss is not None:  # the trainers' names: TRL's coefficient and policy part, verl's agg(H)
+        policy_part = float(tokens.policy_loss.sum() + tokens.kl_loss.sum()) * config.gradient_accumulation_steps
+        metrics |= {
+            "entropy_coef": config.entropy_coef,
+            "policy_loss": policy_part,
+            "actor/entropy_loss": float(entropy_loss) / -config.entropy_coef,
+        }
     return Breakdown(
         loss=loss.detach(),
         objective=0.0 - loss.detach(),  # 0.0 - x, not -x: no -0.0 for a zero loss
@@ -397,6 +431,8 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         device=str(inp.device),
         dtype=config.dtype,
         zero_std_groups=adv.zero_std_groups,
+        entropy_loss=entropy_loss,
+        entropy_tokens=t.entropy_tokens,
     )
 
 

@@ -202,14 +202,22 @@ def map_trl(args: Any) -> TrainerMapping:
         unsupported["off_policy_mask_threshold"] = "the off-policy sequence mask is not applied"
     if a["use_vllm"] and a["vllm_importance_sampling_correction"]:
         unsupported["vllm_importance_sampling_correction"] = "vLLM importance-sampling weights are not applied"
-    if a["entropy_coef"] or a["use_adaptive_entropy"]:
-        unsupported["entropy_coef"] = "the entropy bonus is not part of GRPO Lens's loss"
+    settings["entropy_coef"] = float(a["entropy_coef"])
+    settings["entropy_weighting"] = "tokens"
+    mapped["entropy_coef"] = "entropy_coef (the mean entropy over the tokens the policy term acts on, ÷ GA)"
+    if a["use_adaptive_entropy"]:
+        mapped["use_adaptive_entropy"] = (
+            "entropy_coef: a step applies the controller's coefficient, entropy_coef while the last window's "
+            "entropy <= entropy_target, else 0; after each optimiser step the coefficient moves by "
+            "entropy_coef_delta (up when the window's entropy <= entropy_target, else down) within "
+            "[entropy_coef_min, entropy_coef_max]. The config gives the first step's; a captured step's own is "
+            "its logged entropy_coef"
+        )
     if a["router_aux_loss_coef"] is not None:
         unsupported["router_aux_loss_coef"] = "a MoE load-balancing loss is not part of GRPO Lens's loss"
     for name in (
         "off_policy_mask_threshold",
         "vllm_importance_sampling_correction",
-        "entropy_coef",
     ):
         if name in given and name not in unsupported:
             mapped[name] = "nothing: at its default it leaves the loss unchanged"
@@ -393,10 +401,10 @@ def map_verl(actor_config: Any, algorithm: Any = None) -> TrainerMapping:
         mapped["kl_loss_type"] = "kl_estimator and its clamps"
     elif "kl_loss_type" in a:
         mapped["kl_loss_type"] = "nothing: use_kl_loss is off"
-    if a.get("entropy_coeff"):
-        unsupported["entropy_coeff"] = "the entropy term is not part of GRPO Lens's loss"
-    elif "entropy_coeff" in a:
-        mapped["entropy_coeff"] = "nothing: 0 leaves the loss unchanged"
+    settings["entropy_coef"] = float(a.get("entropy_coeff") or 0.0)
+    settings["entropy_weighting"] = "aggregation"  # verl: agg_loss(entropy, mask, loss_agg_mode)
+    if "entropy_coeff" in a:
+        mapped["entropy_coeff"] = "entropy_coef (the entropies aggregated as the loss: loss_agg_mode)"
     if algorithm is not None:
         _map_verl_algorithm(_fields(algorithm), settings, mapped, unsupported)
     captured = {k: v for k, v in VERL_CAPTURED.items() if k in a}

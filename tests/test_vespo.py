@@ -24,9 +24,12 @@ pytestmark = pytest.mark.numerical  # run again under ATEN_CPU_CAPABILITY=defaul
 trl = pytest.importorskip("trl")
 
 
-def trl_compute_loss(inputs: Inputs, entropies: torch.Tensor | None = None, **settings: Any) -> tuple[Any, ...]:
-    """(loss, d loss / d logp, metrics) from TRL 1.16's ``GRPOTrainer._compute_loss`` on one process, train mode,
-    one accumulation step; ``settings`` are GRPOConfig fields."""
+def trl_compute_loss(
+    inputs: Inputs, entropies: torch.Tensor | None = None, last_world_entropy: float = 0.0, **settings: Any
+) -> tuple[Any, ...]:
+    """(loss, d loss / d logp, metrics, the stand-in trainer) from TRL 1.16's ``GRPOTrainer._compute_loss`` on one
+    process, train mode, one accumulation step; ``settings`` are GRPOConfig fields, ``last_world_entropy`` the
+    adaptive entropy controller's state."""
     from trl import GRPOConfig, GRPOTrainer
 
     args = GRPOConfig(output_dir="/tmp/unused", use_cpu=True, bf16=False, report_to=[], **settings)
@@ -59,7 +62,7 @@ def trl_compute_loss(inputs: Inputs, entropies: torch.Tensor | None = None, **se
         entropy_coef=args.entropy_coef,
         use_adaptive_entropy=args.use_adaptive_entropy,
         _entropy_bonus_enabled=args.entropy_coef != 0.0 or args.use_adaptive_entropy,
-        _last_world_entropy=0.0,
+        _last_world_entropy=last_world_entropy,
         _entropy_window_stats=None,
         aux_loss_enabled=False,
         _metrics={"train": defaultdict(list)},
