@@ -177,7 +177,7 @@ class LossConfig:
     entropy_weighting: str = _f(
         "tokens",
         "How the entropies are averaged: tokens = TRL's mean over the counted tokens the policy term acts on "
-        "(the entropy mask's), divided by gradient_accumulation_steps; aggregation = verl's agg_loss with the "
+        "(the entropy mask's), divided by entropy_accumulation_steps; aggregation = verl's agg_loss with the "
         "loss's aggregation weights.",
         "policy",
         choices=("tokens", "aggregation"),
@@ -205,6 +205,13 @@ class LossConfig:
         1,
         "The trainer divides each micro-batch's loss by this before backward (TRL grpo, bnpo, dr_grpo, sapo, "
         "luspo: its gradient_accumulation_steps). 1 = the loss of the batch itself.",
+        "scaling",
+        ge=1,
+    )
+    entropy_accumulation_steps: int = _f(
+        1,
+        "TRL divides the entropy bonus by its gradient_accumulation_steps for every loss type (dapo, cispo and "
+        "vespo included, whose policy term takes it through token_normalizer). 1 = undivided.",
         "scaling",
         ge=1,
     )

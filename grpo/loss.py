@@ -341,7 +341,7 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
 
 def entropy_bonus(inp: _Inputs, config: LossConfig, weight: Tensor, kept: Tensor | None) -> Tensor | None:
     """-entropy_coef · w_H · H per token, or None when the bonus is off. w_H: TRL's mean over the counted tokens
-    the policy term acts on (÷ gradient_accumulation_steps), or verl's aggregation weights (agg_loss)."""
+    the policy term acts on (÷ entropy_accumulation_steps), or verl's aggregation weights (agg_loss)."""
     if not config.entropy_coef:
         return None
     if inp.entropies is None:
@@ -351,7 +351,7 @@ def entropy_bonus(inp: _Inputs, config: LossConfig, weight: Tensor, kept: Tensor
         w = weight
     else:  # TRL: Σ H·m_eff / max(Σ m_eff, 1) / GA, m_eff = mask · entropy mask
         effective = inp.mask if kept is None else inp.mask * kept
-        w = effective / effective.sum().clamp(min=1.0) / config.gradient_accumulation_steps
+        w = effective / effective.sum().clamp(min=1.0) / config.entropy_accumulation_steps
     return -config.entropy_coef * w * entropies
 
 

@@ -204,7 +204,10 @@ def map_trl(args: Any) -> TrainerMapping:
         unsupported["vllm_importance_sampling_correction"] = "vLLM importance-sampling weights are not applied"
     settings["entropy_coef"] = float(a["entropy_coef"])
     settings["entropy_weighting"] = "tokens"
-    mapped["entropy_coef"] = "entropy_coef (the mean entropy over the tokens the policy term acts on, ÷ GA)"
+    # TRL divides the bonus by gradient_accumulation_steps for every loss type (dapo/cispo/vespo too)
+    settings["entropy_accumulation_steps"] = int(a["gradient_accumulation_steps"])
+    mapped["entropy_coef"] = "entropy_coef (the mean entropy over the tokens the policy term acts on, ÷ GA: "
+    "entropy_accumulation_steps)"
     if a["use_adaptive_entropy"]:
         mapped["use_adaptive_entropy"] = (
             "entropy_coef: a step applies the controller's coefficient, entropy_coef while the last window's "

@@ -141,3 +141,22 @@ def test_the_bonus_needs_the_entropies() -> None:
     batch = grpo.Batch(**random_inputs(0).batch_fields())
     with pytest.raises(grpo.GrpoInputError, match="entropies"):
         grpo.evaluate(batch, grpo.LossConfig.from_preset("trl-dapo", entropy_coef=0.01))
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_a_real_trl_run_with_the_bonus_checks(tmp_path: Any, loss_type: str) -> None:
+    """A TRL 1.16 GRPOTrainer run on CPU with entropy_coef 0.05 (GA 2: TRL divides the bonus by it for every loss
+    type), captured: every micro-batch's loss is the one TRL returned (check_run's float32 tolerance)."""
+    pytest.importorskip("trl")
+    from trainers import grpo_trainer
+
+    import grpo.capture
+    from grpo.check import check_run
+    from grpo.runs import load_run
+
+    trainer = grpo_trainer(tmp_path / "out", loss_type, steps=2, entropy_coef=0.05)
+    with grpo.capture.trl(trainer, tmp_path / "run"):
+        trainer.train()
+    check = check_run(load_run(tmp_path / "run"))
+    assert check.ok and len(check.micro) == 4
+    assert all(m.rel_error is not None and m.rel_error <= 1e-5 for m in check.micro)

@@ -157,3 +157,20 @@ def test_map_trl_maps_vespo() -> None:
     mapping = map_trl({"loss_type": "vespo", "vespo_k_pos": 1.5})
     assert mapping.config.objective == "vespo" and mapping.config.vespo_k_pos == 1.5
     assert mapping.config.aggregation == "token-mean" and not mapping.unsupported
+
+
+def test_a_real_trl_vespo_run_checks(tmp_path: Any) -> None:
+    """A TRL 1.16 GRPOTrainer run on CPU with loss_type='vespo' (GA 2, num_iterations 2: off-policy rows),
+    captured: every micro-batch's loss is the one TRL returned (check_run's float32 tolerance)."""
+    from trainers import grpo_trainer
+
+    import grpo.capture
+    from grpo.check import check_run
+    from grpo.runs import load_run
+
+    trainer = grpo_trainer(tmp_path / "out", "vespo", steps=2)
+    with grpo.capture.trl(trainer, tmp_path / "run"):
+        trainer.train()
+    check = check_run(load_run(tmp_path / "run"))
+    assert check.ok and len(check.micro) == 4
+    assert all(m.rel_error is not None and m.rel_error <= 1e-5 for m in check.micro)
