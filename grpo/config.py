@@ -115,6 +115,7 @@ class LossConfig:
         "verl clip_cov: the share of counted tokens whose gradient is cut (at least one).",
         "policy",
         gt=0.0,
+        le=1.0,
     )
     clip_cov_lb: float = _f(1.0, "verl clip_cov: candidates have covariance above this.", "policy")
     clip_cov_ub: float = _f(5.0, "verl clip_cov: candidates have covariance below this.", "policy")
@@ -130,6 +131,7 @@ class LossConfig:
         "penalty.",
         "policy",
         gt=0.0,
+        le=1.0,
     )
     ppo_kl_coef: float = _f(0.1, "verl kl_cov: the coefficient of the |log-ratio| penalty.", "policy", ge=0.0)
     dro_beta: float | None = _f(

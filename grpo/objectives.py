@@ -603,7 +603,7 @@ def kl_cov(
     adv_valid, logp_valid = A[valid].detach().reshape(-1), logp[valid].detach().reshape(-1)
     if adv_valid.numel():
         cov = (adv_valid - adv_valid.mean()) * (logp_valid - logp_valid.mean())
-        k = max(1, int(len(cov) * config.kl_cov_ratio))
+        k = min(max(1, int(len(cov) * config.kl_cov_ratio)), len(cov))
         top = torch.nonzero(valid.reshape(-1), as_tuple=True)[0][torch.topk(cov, k, largest=True).indices]
         picked.view(-1)[top] = 1.0
     surrogate = A * ratio - picked * (config.ppo_kl_coef * x.abs())

@@ -181,3 +181,19 @@ def test_geo_mean_ignores_the_aggregation_for_the_policy_term_only() -> None:
     assert abs(float(losses[0].kl_loss - losses[1].kl_loss)) > 1e-6
     for bd in losses:
         torch.testing.assert_close(bd.loss, bd.tokens.loss.sum(), rtol=1e-12, atol=1e-14)
+
+
+def test_selection_shares_are_bounded_and_a_share_of_one_takes_every_token() -> None:
+    """A share above 1 is refused naming its field (it used to reach torch.topk with k > N: a RuntimeError, a 500
+    through the API); a share of 1 penalises every counted token."""
+    for name in ("kl_cov_ratio", "clip_cov_ratio"):
+        with pytest.raises(grpo.GrpoInputError, match=name):
+            grpo.LossConfig(objective="kl_cov", **{name: 5.0})
+    inputs = random_inputs(2, B=8, T=9, noise=1.0)
+    config = actor_config("kl_cov", "token-mean", {"kl_cov_ratio": 1.0, "ppo_kl_coef": 0.5})
+    bd = check("kl_cov", config, inputs, 0)
+    plain = bd.tokens.ratio * bd.advantages[:, None]
+    counted = bd.tokens.mask
+    torch.testing.assert_close(
+        bd.tokens.surrogate[counted], (plain - 0.5 * bd.tokens.log_ratio.abs())[counted], rtol=1e-12, atol=1e-14
+    )
