@@ -250,6 +250,10 @@ VERL_LOSS_MODES: dict[str, dict[str, Any]] = {
     "dppo_kl": {"objective": "dppo_kl", "log_ratio_clamp": 20.0},
     "dro": {"objective": "dro", "dual_clip": None, "log_ratio_clamp": None},
 }
+# Loss modes verl refuses without a setting PolicyLossConfig leaves None: loss_mode -> {LossConfig field: why}
+VERL_LOSS_MODE_NEEDS: dict[str, dict[str, str]] = {
+    "dro": {"dro_beta": "verl 0.9.1 raises ValueError for dro without a positive dro_beta"},
+}
 # verl 0.9.1 PolicyLossConfig's own settings (its defaults, not the loss functions' fallbacks) -> LossConfig
 VERL_POLICY_LOSS_FIELDS: dict[str, tuple[str, Any]] = {
     "clip_cov_ratio": ("clip_cov_ratio", 0.0002),
@@ -394,8 +398,9 @@ def map_verl(actor_config: Any, algorithm: Any = None) -> TrainerMapping:
         settings[field_name] = value if value is None else float(value)
         if isinstance(policy, dict) and name in policy:
             mapped[f"policy_loss.{name}"] = field_name
-    if loss_mode == "dro" and settings["dro_beta"] is None:
-        unsupported["policy_loss.dro_beta"] = "verl 0.9.1 raises ValueError for dro without a positive dro_beta"
+    for name, why in VERL_LOSS_MODE_NEEDS.get(loss_mode, {}).items():
+        if settings[name] is None:
+            unsupported[f"policy_loss.{name}"] = why
     settings |= VERL_KL_TYPES.get(kl_type, {})  # with use_kl_loss off too: the estimator beta > 0 would use
     if use_kl and kl_type not in VERL_KL_TYPES:
         known = ", ".join(VERL_KL_TYPES)
