@@ -26,7 +26,12 @@ from grpo.runs import Run, StepRef, load_step
 
 DEFAULT_RTOL = 1e-5
 DEFAULT_METRIC_ATOL = 1e-6
-SCALING_FIELDS = ("gradient_accumulation_steps", "token_normalizer", "sequence_normalizer")
+SCALING_FIELDS = (
+    "gradient_accumulation_steps",
+    "token_normalizer",
+    "sequence_normalizer",
+    "entropy_accumulation_steps",
+)
 
 
 @dataclass(frozen=True)

@@ -55,15 +55,26 @@ class LossConfig:
     objective: str = _f(
         "clip", "Per-token policy objective (see the objective registry).", "policy", choices=OBJECTIVES
     )
-    epsilon_low: float = _f(0.2, "Lower clip: the ratio is clipped below at 1 - epsilon_low.", "policy", ge=0.0)
+    epsilon_low: float = _f(
+        0.2,
+        "Lower clip: the ratio is clipped below at 1 - epsilon_low (geo_mean: the log-ratio at -epsilon_low; "
+        "dppo: the divergence threshold of A < 0 tokens).",
+        "policy",
+        ge=0.0,
+    )
     epsilon_high: float = _f(
         0.2,
-        "Upper clip: 1 + epsilon_high (DAPO clip-higher); for CISPO with absolute bounds, the cap itself.",
+        "Upper clip: 1 + epsilon_high (DAPO clip-higher); for CISPO with absolute bounds, the cap itself; "
+        "geo_mean: the log-ratio at epsilon_high; dppo: the divergence threshold of A > 0 tokens.",
         "policy",
         ge=0.0,
     )
     dual_clip: float | None = _f(
-        None, "Dual-clip c (verl clip_ratio_c): for A < 0 the ratio is capped at c. None = off.", "policy", gt=1.0
+        None,
+        "Dual-clip c (verl clip_ratio_c): for A < 0 the ratio is capped at c (dppo: every token's detached "
+        "weight is truncated at c). None = off.",
+        "policy",
+        gt=1.0,
     )
     delta: float | None = _f(
         None, "TRL's delta (INTELLECT-2): the unclipped ratio is capped at delta (> 1). None = off.", "policy", gt=1.0
@@ -91,6 +102,41 @@ class LossConfig:
         "policy",
         gt=0.0,
         le=1.0,
+    )
+    vespo_k_pos: float = _f(2.0, "TRL vespo: the gamma weight's shape k for A >= 0.", "policy", ge=0.0)
+    vespo_lambda_pos: float = _f(
+        3.0, "TRL vespo: the gamma weight's rate lambda for A >= 0 (TRL clamps it to at least 1e-4).", "policy"
+    )
+    vespo_k_neg: float = _f(3.0, "TRL vespo: the gamma weight's shape k for A < 0.", "policy", ge=0.0)
+    vespo_lambda_neg: float = _f(
+        2.0, "TRL vespo: the gamma weight's rate lambda for A < 0 (TRL clamps it to at least 1e-4).", "policy"
+    )
+    clip_cov_ratio: float = _f(
+        0.0002,
+        "verl clip_cov: the share of counted tokens whose gradient is cut (at least one).",
+        "policy",
+        gt=0.0,
+        le=1.0,
+    )
+    clip_cov_lb: float = _f(1.0, "verl clip_cov: candidates have covariance above this.", "policy")
+    clip_cov_ub: float = _f(5.0, "verl clip_cov: candidates have covariance below this.", "policy")
+    clip_cov_seed: int = _f(
+        0,
+        "verl clip_cov draws its tokens with torch.randperm: the seed of that draw (verl's process RNG state).",
+        "policy",
+        ge=0,
+    )
+    kl_cov_ratio: float = _f(
+        0.0002,
+        "verl kl_cov: the share of counted tokens (the highest covariance, at least one) that get the |log-ratio| "
+        "penalty.",
+        "policy",
+        gt=0.0,
+        le=1.0,
+    )
+    ppo_kl_coef: float = _f(0.1, "verl kl_cov: the coefficient of the |log-ratio| penalty.", "policy", ge=0.0)
+    dro_beta: float | None = _f(
+        None, "verl dro: the quadratic log-ratio penalty ½·dro_beta·(logp - old)²; required by dro.", "policy", gt=0.0
     )
     log_ratio_clamp: float | None = _f(
         None, "Clamp the token log-ratio to [-c, c] before exp (verl: 20). None = off.", "policy", gt=0.0
@@ -189,6 +235,24 @@ class LossConfig:
         choices=("estimator", "k2"),
     )
 
+    # --- entropy bonus --------------------------------------------------------------------------
+    entropy_coef: float = _f(
+        0.0,
+        "Entropy bonus: loss -= entropy_coef · mean entropy (TRL entropy_coef, the coefficient the step applied "
+        "when use_adaptive_entropy; verl entropy_coeff). Needs the batch's entropies; they carry no gradient "
+        "here (they come from the logits, not the chosen tokens' log-probs). 0 = off.",
+        "policy",
+        ge=0.0,
+    )
+    entropy_weighting: str = _f(
+        "tokens",
+        "How the entropies are averaged: tokens = TRL's mean over the counted tokens the policy term acts on "
+        "(the entropy mask's), divided by entropy_accumulation_steps; aggregation = verl's agg_loss with the "
+        "loss's aggregation weights.",
+        "policy",
+        choices=("tokens", "aggregation"),
+    )
+
     # --- aggregation -------------------------------------------------------------------------
     aggregation: str = _f(
         "seq-mean-token-mean", "How per-token losses become one scalar.", "aggregation", choices=AGGREGATIONS
@@ -211,6 +275,13 @@ class LossConfig:
         1,
         "The trainer divides each micro-batch's loss by this before backward (TRL grpo, bnpo, dr_grpo, sapo, "
         "luspo: its gradient_accumulation_steps). 1 = the loss of the batch itself.",
+        "scaling",
+        ge=1,
+    )
+    entropy_accumulation_steps: int = _f(
+        1,
+        "TRL divides the entropy bonus by its gradient_accumulation_steps for every loss type (dapo, cispo and "
+        "vespo included, whose policy term takes it through token_normalizer). 1 = undivided.",
         "scaling",
         ge=1,
     )

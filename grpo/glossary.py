@@ -144,6 +144,23 @@ GLOSSARY: tuple[Term, ...] = (
         "About 0. Non-zero means some bad tokens became far more likely than when sampled.",
     ),
     _t(
+        ("vespo/phi_seq_mean",),
+        ("vespo/phi_seq_mean", "—", "—"),
+        "VESPO: the mean over rows of each row's gamma weight φ(w) = e^λ·w^k·e^(−λw), w the row's summed "
+        "importance ratio; φ(1) = 1, and far off-policy rows get a weight near 0.",
+        "Near 1 on-policy; well below 1 means many rows are far off-policy and barely update.",
+    ),
+    _t(
+        ("entropy_coef", "actor/entropy_loss", "policy_loss"),
+        ("entropy_coef, policy_loss", "actor/entropy_loss", "—"),
+        "The entropy bonus: the loss is the policy part (TRL's policy_loss) minus entropy_coef times the mean "
+        "entropy (verl's actor/entropy_loss is that mean, weighted as the loss weights its tokens; TRL takes the "
+        "plain mean over the tokens the policy term acts on). The entropies are inputs: the bonus moves the loss, "
+        "not the gradient of the log-probs shown here.",
+        "A small coefficient (1e-3 to 1e-2); TRL's adaptive control raises it while the entropy sits at or below "
+        "its target.",
+    ),
+    _t(
         ("cispo_clip_ratio",),
         ("cispo_clip_ratio", "actor/pg_clipfrac (cispo)", "—"),
         "CISPO: fraction of A > 0 tokens whose ratio passed the cap; their weight is capped but they keep a gradient.",

@@ -32,7 +32,7 @@ from grpo.corrections import (
 )
 from grpo.errors import GrpoInputError
 from grpo.kl import KL_ESTIMATORS
-from grpo.objectives import OBJECTIVES, REGIONS, TRUST, ObjectiveTerms, above
+from grpo.objectives import OBJECTIVES, REGIONS, TRUST, ObjectiveInputs, ObjectiveTerms, above
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -126,7 +126,7 @@ class Breakdown:
     policy_loss: Tensor
     """0-d: the policy term's part of the loss."""
     kl_loss: Tensor
-    """0-d: beta · aggregated KL; loss = policy_loss + kl_loss."""
+    """0-d: beta · aggregated KL; loss = policy_loss + kl_loss (+ entropy_loss)."""
     metrics: dict[str, float]
     """Trainer metrics under their own names (TRL, verl), meaning what the trainer means; GRPO Lens's
     own quantities under ``lens/`` (``lens/grad_norm_logps``, ``lens/ratio/max``, ...)."""
@@ -144,6 +144,10 @@ class Breakdown:
     loss_without_correction: Tensor
     """0-d: the same batch's loss with the rollout correction and the sequence mask off (= loss when none
     is chosen), so a user sees what the correction did to the number."""
+    entropy_loss: Tensor | None = None
+    """0-d: the entropy bonus's part of the loss, -entropy_coef · mean entropy (None when entropy_coef is 0)."""
+    entropy_tokens: Tensor | None = None
+    """(B, T): each token's share of entropy_loss (no gradient: the entropies are inputs)."""
 
 
 def resolve_device(name: str, input_device: torch.device) -> torch.device:
@@ -343,6 +347,8 @@ class _Terms:
     """The rollout correction on the policy term (None: none chosen)."""
     uncorrected: Tensor | None
     """(B, T) or (B, 1): the surrogate before the correction (None when there is none), for the loss without it."""
+    entropy_tokens: Tensor | None
+    """(B, T) -entropy_coef · w_H · H per token (None: no entropy bonus)."""
 
 
 def high_entropy_mask(entropies: Tensor, counted: Tensor, quantile: float) -> Tensor:
@@ -370,7 +376,8 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
     touched: Touched = {}
     A = inp.adv.values[:, None]  # (B,) -> (B, 1), broadcast over the row's tokens
     ratio, log_ratio = importance_ratio(logp_policy, inp.old, inp.mask, config, touched)
-    objective = OBJECTIVES.get(config.objective)(ratio, logp_policy, A, config)
+    given = ObjectiveInputs(old=inp.old, log_ratio=log_ratio, mask=inp.mask)
+    objective = OBJECTIVES.get(config.objective)(ratio, logp_policy, A, config, given)
     kept = policy_kept(inp, config)
     if kept is not None:  # a token mask on the policy term only (TRL multiplies the per-token loss by it)
         objective = replace(objective, surrogate=objective.surrogate * kept)
@@ -382,15 +389,45 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
         objective = replace(objective, surrogate=objective.surrogate * correction.factor)
     kl = kl_penalty(logp_kl, inp.ref, inp.old, inp.mask, config, touched) if want_kl or config.beta else None
     weight = AGGREGATIONS.get(config.aggregation)(inp.mask, config, inp.width)
+    policy_weight = weight if objective.weight is None else objective.weight  # geo_mean aggregates itself
     if config.gradient_accumulation_steps != 1:  # the trainer's scaling of one micro-batch's loss
         weight = weight / config.gradient_accumulation_steps
-    policy_tokens = weight * -objective.surrogate
+        policy_weight = policy_weight / config.gradient_accumulation_steps
+    policy_tokens = policy_weight * -objective.surrogate
     # beta = 0 leaves the KL out of the loss entirely, as TRL does (so an overflowed KL cannot
     # turn the loss into NaN through 0 · inf); the KL is still reported.
     kl_tokens = weight * (config.beta * kl) if config.beta and kl is not None else torch.zeros_like(weight)
+    entropy_tokens = entropy_bonus(inp, config, weight, kept)
     return _Terms(
-        ratio, log_ratio, objective, kl, weight, policy_tokens, kl_tokens, touched, kept, correction, uncorrected
+        ratio,
+        log_ratio,
+        objective,
+        kl,
+        weight,
+        policy_tokens,
+        kl_tokens,
+        touched,
+        kept,
+        correction,
+        uncorrected,
+        entropy_tokens,
     )
+
+
+def entropy_bonus(inp: _Inputs, config: LossConfig, weight: Tensor, kept: Tensor | None) -> Tensor | None:
+    """-entropy_coef · w_H · H per token, or None when the bonus is off. w_H: TRL's mean over the counted tokens
+    the policy term acts on (÷ entropy_accumulation_steps), or verl's aggregation weights (agg_loss)."""
+    if not config.entropy_coef:
+        return None
+    if inp.entropies is None:
+        raise GrpoInputError("entropies", "per-token entropies: entropy_coef > 0 adds -entropy_coef · mean entropy")
+    entropies = inp.entropies.to(inp.dtype) * inp.mask  # the batch holds 0 where nothing counts
+    if config.entropy_weighting == "aggregation":  # verl: agg_loss(entropy, response_mask, loss_agg_mode)
+        w = weight
+    else:  # TRL: Σ H·m_eff / max(Σ m_eff, 1) / GA, m_eff = mask · entropy mask
+        effective = inp.mask if kept is None else inp.mask * kept
+        w = effective / effective.sum().clamp(min=1.0) / config.entropy_accumulation_steps
+    return -config.entropy_coef * w * entropies
 
 
 def compute_loss(batch: Batch, config: LossConfig | None = None) -> Tensor:
@@ -403,7 +440,8 @@ def compute_loss(batch: Batch, config: LossConfig | None = None) -> Tensor:
     config = config or LossConfig()
     inp = _inputs(batch, config)
     terms = _terms(inp, inp.logp, inp.logp, config, want_kl=False)
-    return (terms.policy_tokens + terms.kl_tokens).sum()
+    loss = (terms.policy_tokens + terms.kl_tokens).sum()
+    return loss if terms.entropy_tokens is None else loss + terms.entropy_tokens.sum()
 
 
 def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
@@ -416,6 +454,8 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         logp_kl = logp.detach().requires_grad_(True)
         t = _terms(inp, logp_policy, logp_kl, config, want_kl=True)
         token_loss = t.policy_tokens + t.kl_tokens
+        if t.entropy_tokens is not None:  # a constant per token: it moves the loss, not the gradient
+            token_loss = token_loss + t.entropy_tokens
         loss = token_loss.sum()
         grads = torch.autograd.grad(loss, [logp_policy, logp_kl], allow_unused=True)
     # Weights are 0 where nothing counts, so the gradient is ±0 there.
@@ -448,6 +488,14 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         metrics |= sampling_metrics(t.correction, inp.base, inp.sampler, mask)  # TRL logs them only then
     if inp.sampler is not None:  # verl's mismatch diagnostics, over the tokens before its rejection
         metrics |= verl_mismatch_metrics(inp.base, inp.sampler, inp.before_rejection)
+    entropy_loss = None if t.entropy_tokens is None else t.entropy_tokens.sum()
+    if entropy_loss is not None:  # the trainers' names: TRL's coefficient and policy part, verl's agg(H)
+        policy_part = float(tokens.policy_loss.sum() + tokens.kl_loss.sum()) * config.gradient_accumulation_steps
+        metrics |= {
+            "entropy_coef": config.entropy_coef,
+            "policy_loss": policy_part,
+            "actor/entropy_loss": float(entropy_loss) / -config.entropy_coef,
+        }
     return Breakdown(
         loss=loss.detach(),
         objective=0.0 - loss.detach(),  # 0.0 - x, not -x: no -0.0 for a zero loss
@@ -464,6 +512,8 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         dtype=config.dtype,
         zero_std_groups=adv.zero_std_groups,
         loss_without_correction=_uncorrected_loss(batch, config, t, inp),
+        entropy_loss=entropy_loss,
+        entropy_tokens=t.entropy_tokens,
     )
 
 
@@ -484,16 +534,18 @@ def _correction_tokens(applied: Applied | None, inp: _Inputs) -> dict[str, Tenso
 
 def _uncorrected_loss(batch: Batch, config: LossConfig, t: _Terms, inp: _Inputs) -> Tensor:
     """The loss of the same batch with the rollout correction, the sequence mask and the rejection off: from
-    this pass's terms when no rejection changed the counted tokens, else from a second pass without it."""
+    this pass's terms when no rejection changed the counted tokens, else from a second pass without it. The
+    entropy bonus, a constant of the inputs, is in both."""
+    bonus = 0.0 if t.entropy_tokens is None else t.entropy_tokens.sum().detach()
     if inp.rejected is None:
         if t.uncorrected is None:
-            return (t.policy_tokens + t.kl_tokens).sum().detach()
-        return (t.weight * -t.uncorrected).sum() + t.kl_tokens.detach().sum()
+            return (t.policy_tokens + t.kl_tokens).sum().detach() + bonus
+        return (t.weight * -t.uncorrected).sum() + t.kl_tokens.detach().sum() + bonus
     off = replace(config, rollout_correction="none", off_policy_mask_threshold=None, rollout_rs=None)
     inp = _inputs(batch, off)
     with torch.no_grad():
         t = _terms(inp, inp.logp.detach(), inp.logp.detach(), off, want_kl=False)
-        return (t.policy_tokens + t.kl_tokens).sum()
+        return (t.policy_tokens + t.kl_tokens).sum() + (0.0 if t.entropy_tokens is None else t.entropy_tokens.sum())
 
 
 def _rows(tokens: TokenBreakdown, adv: _Advantages, mask: Tensor) -> RowBreakdown:
@@ -557,9 +609,16 @@ def _metrics(
     # the raw ratio is 1 there, so max(mask / raw ratio) is 1 / (the smallest counted ratio).
     ratio_max = tokens.ratio.max()
     ratio_min = 1 / (mask / raw_ratio).max()
+    # An objective's own reading of a shared name wins (verl's kl_cov logs the mean |log-ratio| as actor/ppo_kl).
+    metrics |= {
+        name: value
+        for name, value in {
+            "actor/ppo_kl": 0.0 - float(tokens.log_ratio.sum() / n_tokens),
+        }.items()
+        if name not in flags
+    }
     metrics |= {
         "kl": float(tokens.kl.sum() / n_tokens),  # kl is 0 where nothing counts
-        "actor/ppo_kl": 0.0 - float(tokens.log_ratio.sum() / n_tokens),
         "actor/pg_loss": float(tokens.policy_loss.sum()),
         "actor/kl_loss": float(torch.dot(tokens.weight.view(-1), tokens.kl.view(-1))),
         "actor/kl_coef": config.beta,

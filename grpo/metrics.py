@@ -37,6 +37,7 @@ METRICS: dict[str, Metric] = {
         Metric("clip_ratio/high_mean", token_mean=True, series=True, lab=True),
         Metric("clip_ratio/region_mean", token_mean=True, series=True, lab=True),
         Metric("cispo_clip_ratio", token_mean=True),
+        Metric("vespo/phi_seq_mean"),  # a mean over rows (TRL: one value per sequence), not over tokens
         Metric("actor/pg_clipfrac", token_mean=True, series=True),
         Metric("actor/ppo_kl", token_mean=True),
         Metric("actor/pg_clipfrac_lower", token_mean=True),

@@ -1,21 +1,26 @@
 """Per-token policy objectives: the term each token adds to J before aggregation.
 
 Every objective takes ``ratio`` ((B, T), or (B, 1) at sequence level; differentiable),
-``logp`` ((B, T), the current log-probs; differentiable), ``advantages`` ((B, 1), constant)
-and its ``settings`` (the few fields of ObjectiveSettings; a LossConfig is one), and returns
-``ObjectiveTerms``. The policy loss of a token is ``-surrogate``.
+``logp`` ((B, T), the current log-probs; differentiable), ``advantages`` ((B, 1), constant),
+its ``settings`` (the few fields of ObjectiveSettings; a LossConfig is one) and ``inputs``
+(ObjectiveInputs: the old log-probs, the log-ratio and the mask, which verl's later losses read;
+None where a caller has only a ratio, as the clip view's curves), and returns ``ObjectiveTerms``.
+The policy loss of a token is ``-surrogate``.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
+from grpo.errors import GrpoInputError
 from grpo.registry import Reduction, Registry, Why
 
 # Region codes of a token: which branch of the objective is active.
@@ -35,6 +40,28 @@ class ObjectiveTerms:
     """Region codes (see REGIONS) as floats, before masking."""
     flags: dict[str, Tensor] = field(default_factory=dict)
     """0.0/1.0 indicators keyed by the trainer's metric name; the caller takes their masked mean."""
+    weight: Tensor | None = None
+    """(B, T): the policy term's own aggregation, for objectives that aggregate themselves (verl's geo_mean
+    averages one term per row whatever loss_agg_mode says); None: the config's aggregation. The KL term
+    keeps the config's aggregation either way."""
+
+
+@dataclass(frozen=True)
+class ObjectiveInputs:
+    """What an objective may read beyond the ratio: the batch's constants and the log-ratio."""
+
+    old: Tensor
+    """(B, T) old log-probs (constant)."""
+    log_ratio: Tensor
+    """(B, T) logp - old after log_ratio_clamp (differentiable); ratio = exp(log_ratio) at token level."""
+    mask: Tensor
+    """(B, T) 1.0 where a token counts, else 0.0."""
+
+
+def inputs_of(ratio: Tensor, logp: Tensor) -> ObjectiveInputs:
+    """The inputs implied by a token ratio and the log-probs, every token counted (the curves' case)."""
+    log_ratio = ratio.log().expand_as(logp)
+    return ObjectiveInputs(old=(logp - log_ratio).detach(), log_ratio=log_ratio, mask=torch.ones_like(logp))
 
 
 class ObjectiveSettings(Protocol):
@@ -54,10 +81,75 @@ class ObjectiveSettings(Protocol):
     def sapo_temperature_pos(self) -> float: ...
     @property
     def sapo_temperature_neg(self) -> float: ...
+    @property
+    def vespo_k_pos(self) -> float: ...
+    @property
+    def vespo_lambda_pos(self) -> float: ...
+    @property
+    def vespo_k_neg(self) -> float: ...
+    @property
+    def vespo_lambda_neg(self) -> float: ...
+    @property
+    def clip_cov_ratio(self) -> float: ...
+    @property
+    def clip_cov_lb(self) -> float: ...
+    @property
+    def clip_cov_ub(self) -> float: ...
+    @property
+    def clip_cov_seed(self) -> int: ...
+    @property
+    def kl_cov_ratio(self) -> float: ...
+    @property
+    def ppo_kl_coef(self) -> float: ...
+    @property
+    def dro_beta(self) -> float | None: ...
 
 
-Objective = Callable[[Tensor, Tensor, Tensor, ObjectiveSettings], ObjectiveTerms]
-OBJECTIVES: Registry[Objective] = Registry("objective")
+class Objective(Protocol):
+    """The one signature of every registered objective."""
+
+    def __call__(
+        self,
+        ratio: Tensor,
+        logp: Tensor,
+        advantages: Tensor,
+        config: ObjectiveSettings,
+        inputs: ObjectiveInputs | None = None,
+    ) -> ObjectiveTerms: ...
+
+    def __hash__(self) -> int: ...  # functions are: the clip view's curve cache keys on them
+
+
+class ObjectiveRegistry(Registry[Objective]):
+    """The objective registry: an objective written before ObjectiveInputs existed (a plugin's
+    ``fn(ratio, logp, advantages, settings)``) is registered behind an adapter that drops ``inputs``,
+    so every entry is called the same way."""
+
+    def register(self, name: str, **entry: Any) -> Callable[[Objective], Objective]:
+        add = super().register(name, **entry)
+
+        def decorate(fn: Objective) -> Objective:
+            if len(inspect.signature(fn).parameters) >= 5:
+                add(fn)
+                return fn
+
+            @functools.wraps(fn)
+            def adapted(
+                ratio: Tensor,
+                logp: Tensor,
+                advantages: Tensor,
+                config: ObjectiveSettings,
+                inputs: ObjectiveInputs | None = None,
+            ) -> ObjectiveTerms:
+                return fn(ratio, logp, advantages, config)
+
+            add(adapted)
+            return fn
+
+        return decorate
+
+
+OBJECTIVES = ObjectiveRegistry("objective")
 
 # The axis titles of the clip view's curves (drawn with A = ±1 and logp = 1).
 PER_UNIT_A = "objective / |A|"
@@ -187,7 +279,9 @@ CLIP_WHY = Why(
     warnings=clip_warnings,
     why=CLIP_WHY,
 )
-def clip(ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings) -> ObjectiveTerms:
+def clip(
+    ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None
+) -> ObjectiveTerms:
     """PPO/GRPO clipped surrogate min(r·A, clip(r, 1-ε_low, 1+ε_high)·A), with dual clip and delta.
 
     ``epsilon_high > epsilon_low`` is DAPO's clip-higher. ``dual_clip`` c (verl ``clip_ratio_c``,
@@ -283,7 +377,9 @@ CISPO_WHY = Why(
     warnings=cispo_warnings,
     why=CISPO_WHY,
 )
-def cispo(ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings) -> ObjectiveTerms:
+def cispo(
+    ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None
+) -> ObjectiveTerms:
     """CISPO: a detached, clipped ratio times A times logp, so clipped tokens keep their gradient.
 
     Unlike PPO's clip, the bound only scales the REINFORCE term sg(w)·A·logp; no token is
@@ -308,7 +404,9 @@ def cispo(ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSett
 
 
 @OBJECTIVES.register("sapo", label="SAPO", axis=PER_UNIT_A)
-def sapo(ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings) -> ObjectiveTerms:
+def sapo(
+    ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None
+) -> ObjectiveTerms:
     """SAPO: a soft sigmoid gate (4/τ)·σ(τ(r - 1)) replaces the hard clip; no token goes flat.
 
     τ is ``sapo_temperature_pos`` for A > 0 and ``sapo_temperature_neg`` otherwise. The gate's
@@ -323,7 +421,9 @@ def sapo(ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSetti
 
 
 @OBJECTIVES.register("gpg", label="GPG", axis=WEIGHT_ON_A_LOGP)
-def gpg(ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings) -> ObjectiveTerms:
+def gpg(
+    ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None
+) -> ObjectiveTerms:
     """GPG: plain REINFORCE A·logp, with no ratio, no clip and no old policy.
 
     verl ``loss_mode="gpg"``. The value depends on logp itself, so only its gradient, -A per
@@ -332,3 +432,336 @@ def gpg(ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettin
     """
     surrogate = advantages * logp
     return ObjectiveTerms(surrogate, ratio.detach().expand_as(surrogate), regions(surrogate.detach()))
+
+
+# --- verl 0.9.1's later policy losses (core_algos.register_policy_loss) -------------------------------
+def masked_mean_verl(x: Tensor, mask: Tensor) -> Tensor:
+    """verl_F.masked_mean: sum(x · mask) / (sum(mask) + 1e-8), the 1e-8 as verl adds it."""
+    return (x * mask).sum() / (mask.sum() + 1e-8)
+
+
+def given_inputs(ratio: Tensor, logp: Tensor, inputs: ObjectiveInputs | None) -> ObjectiveInputs:
+    return inputs_of(ratio, logp) if inputs is None else inputs
+
+
+GEO_MEAN_WHY = Why(
+    names=("masked", "trust", "clip_low", "clip_high"),
+    codes=lambda ratio, advantages, region, config: region.long().clamp(max=3),
+    texts={
+        "masked": "does not count (prompt, padding or masked out)",
+        "trust": "its log-ratio enters the row's geometric mean as it is (inside [−ε_low, ε_high] = [-{low}, {high}], "
+        "or moved against its advantage), so it gets a policy gradient through the row's ratio",
+        "clip_low": "clipped low: A < 0 and log-ratio below −ε_low = -{low}: it enters the row's geometric mean as "
+        "-{low}, flat: no policy gradient",
+        "clip_high": "clipped high: A > 0 and log-ratio above ε_high = {high}: it enters the row's geometric mean as "
+        "{high}, flat: no policy gradient",
+    },
+    values=lambda config: {"low": config.epsilon_low, "high": config.epsilon_high},
+    no_gradient=frozenset({"clip_low", "clip_high"}),
+)
+
+
+@OBJECTIVES.register(
+    "geo_mean",
+    label="GMPO (geometric mean)",
+    axis=PER_UNIT_A,
+    flat="clipped: the token's log-ratio enters the row's geometric mean at its bound, so it gets no policy gradient",
+    metrics={"actor/pg_clipfrac": "tokens", "actor/pg_clipfrac_lower": "tokens"},
+    why=GEO_MEAN_WHY,
+)
+def geo_mean(
+    ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None
+) -> ObjectiveTerms:
+    """GMPO: J_i = Ā_i · exp(mean_t clip_A(log r_t)), one term per row, averaged over the rows.
+
+    verl ``loss_mode="geo_mean"``: each token's log-ratio is clipped to [-ε_low, ε_high] on the side
+    its advantage gains from (sign(A)·min(sign(A)·x, sign(A)·clip(x))), the row's ratio is the geometric
+    mean of the clipped token ratios (sum / (L + 1e-8)), Ā_i = Σ_t A / (L + 1e-8), and the loss is the
+    plain mean over the micro-batch's rows, whatever loss_agg_mode says (the KL keeps it). No log-ratio clamp.
+    Paper: https://arxiv.org/abs/2507.20673
+    """
+    x, mask = given_inputs(ratio, logp, inputs).log_ratio, given_inputs(ratio, logp, inputs).mask
+    sign = torch.sign(advantages)  # (B, 1)
+    x_clipped = x.clamp(-config.epsilon_low, config.epsilon_high)
+    x_min = sign * torch.minimum(sign * x, sign * x_clipped)  # the pessimistic side of the clip, per token
+    length = mask.sum(-1, keepdim=True)  # (B, T) -> (B, 1)
+    row_ratio = torch.exp((x_min * mask).sum(-1, keepdim=True) / (length + 1e-8))
+    surrogate = advantages * length / (length + 1e-8) * row_ratio  # (B, 1): Ā_i · geometric-mean ratio
+    weight = mask / (mask.shape[0] * length.clamp(min=1))  # a row's tokens share its 1/B: torch.mean over rows
+
+    xd = x.detach()
+    clipped = torch.ne(xd, x_clipped.detach()).to(xd.dtype)
+    positive, negative = above(advantages, 0.0), below(advantages, 0.0)
+    clip_high = above(xd, config.epsilon_high) * positive  # flat: the clip bound is the chosen side
+    clip_low = below(xd, -config.epsilon_low) * negative
+    flags = {"actor/pg_clipfrac": clipped * positive, "actor/pg_clipfrac_lower": clipped * negative}
+    region = regions(xd, clip_low, clip_high)
+    return ObjectiveTerms(surrogate, x_min.detach().exp(), region, flags, weight)
+
+
+def cov_why_values(config: ObjectiveSettings) -> dict[str, float | None]:
+    return {
+        "low": 1 - config.epsilon_low,
+        "high": 1 + config.epsilon_high,
+        "lb": config.clip_cov_lb,
+        "ub": config.clip_cov_ub,
+        "share": config.clip_cov_ratio,
+    }
+
+
+CLIP_COV_WHY = Why(
+    names=("masked", "trust", "clip_low", "clip_high", "cov_clipped"),
+    codes=lambda ratio, advantages, region, config: region.long(),
+    texts={
+        "masked": "does not count (prompt, padding or masked out)",
+        "trust": "unclipped: the surrogate is A·ratio (ratio inside [{low}, {high}] or moved against its "
+        "advantage), and the covariance draw left it alone: it gets a policy gradient",
+        "clip_low": "clipped low: A < 0 and ratio below 1 − ε_low = {low}: flat, no policy gradient",
+        "clip_high": "clipped high: A > 0 and ratio above 1 + ε_high = {high}: flat, no policy gradient",
+        "cov_clipped": "cut by Clip-Cov: its covariance (A − mean A)·(logp − mean logp) lies in ({lb}, {ub}) and "
+        "the random draw of clip_cov_ratio = {share} of the tokens picked it: its term is 0, no policy gradient",
+    },
+    values=cov_why_values,
+    no_gradient=frozenset({"clip_low", "clip_high", "cov_clipped"}),
+)
+
+
+def clip_cov_selection(cov: Tensor, mask: Tensor, config: ObjectiveSettings, like: Tensor) -> Tensor:
+    """1.0 on the tokens Clip-Cov cuts: clip_num of the candidates (lb < cov < ub), drawn as verl draws them
+    (torch.randperm over the candidates in row-major order; here from a generator seeded clip_cov_seed)."""
+    clip_num = max(int(config.clip_cov_ratio * float(mask.sum())), 1)
+    candidates = torch.nonzero((cov < config.clip_cov_ub) & (cov > config.clip_cov_lb) & (mask > 0))
+    picked = torch.zeros_like(like)
+    if len(candidates) > 0:
+        draw = torch.Generator().manual_seed(config.clip_cov_seed)
+        perm = torch.randperm(len(candidates), generator=draw).to(candidates.device)
+        chosen = candidates[perm[: min(clip_num, len(candidates))]]
+        picked[chosen[:, 0], chosen[:, 1]] = 1.0
+    return picked
+
+
+@OBJECTIVES.register(
+    "clip_cov",
+    label="Clip-Cov",
+    axis=PER_UNIT_A,
+    flat="clipped or cut: the token's term is flat (PPO clip) or 0 (picked by Clip-Cov), so no policy gradient",
+    metrics={"actor/pg_clipfrac": "tokens"},
+    why=CLIP_COV_WHY,
+)
+def clip_cov(
+    ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None
+) -> ObjectiveTerms:
+    """Clip-Cov: PPO's clipped surrogate, with a random few high-covariance tokens' terms cut to 0.
+
+    verl ``loss_mode="clip_cov"``: among the unclipped counted tokens whose centred covariance
+    (A − mean A)·(logp − mean logp) (means over the micro-batch's counted tokens) lies in
+    (clip_cov_lb, clip_cov_ub), max(1, int(clip_cov_ratio · N)) are drawn with torch.randperm and their
+    term multiplied by 0. No dual clip, no log-ratio clamp; actor/pg_clipfrac is the cut share.
+    Paper: https://arxiv.org/abs/2505.22617
+    """
+    mask = given_inputs(ratio, logp, inputs).mask
+    A = advantages.expand_as(logp)  # (B, 1) -> (B, T)
+    ratio_clipped = ratio.clamp(1 - config.epsilon_low, 1 + config.epsilon_high)
+    surrogate = torch.minimum(A * ratio, A * ratio_clipped)  # verl: max(-A·r, -A·clip(r)), negated
+    r = ratio.detach()
+    clipped_by_ppo = (-A * ratio_clipped.detach() > -A * r) & (mask > 0)
+    cov = (A - masked_mean_verl(A, mask)) * (logp.detach() - masked_mean_verl(logp.detach(), mask))
+    cov = cov.masked_fill((mask == 0) | clipped_by_ppo, -torch.inf)
+    cut = clip_cov_selection(cov, mask, config, r)
+    surrogate = surrogate * (1 - cut)
+    positive, negative = above(A, 0.0), below(A, 0.0)
+    clip_low = clipped_by_ppo.to(r.dtype) * negative
+    clip_high = clipped_by_ppo.to(r.dtype) * positive
+    return ObjectiveTerms(
+        surrogate,
+        ratio_clipped.detach(),
+        regions(surrogate.detach(), clip_low, clip_high, cut),
+        {"actor/pg_clipfrac": cut},
+    )
+
+
+@OBJECTIVES.register(
+    "kl_cov",
+    label="KL-Cov",
+    axis=PER_UNIT_A,
+)
+def kl_cov(
+    ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None
+) -> ObjectiveTerms:
+    """KL-Cov: A·ratio, unclipped, minus ppo_kl_coef·|log-ratio| on the highest-covariance tokens.
+
+    verl ``loss_mode="kl_cov"``: the max(1, int(kl_cov_ratio · N)) counted tokens with the largest
+    (A − mean A)·(logp − mean logp) (torch.topk; means over the micro-batch's counted tokens) get the
+    penalty; no clip, no log-ratio clamp. verl logs actor/ppo_kl as the mean |log-ratio| here.
+    Paper: https://arxiv.org/abs/2505.22617
+    """
+    given = given_inputs(ratio, logp, inputs)
+    x, mask = given.log_ratio, given.mask
+    A = advantages.expand_as(logp)  # (B, 1) -> (B, T)
+    valid = mask > 0
+    picked = torch.zeros_like(logp.detach())
+    adv_valid, logp_valid = A[valid].detach().reshape(-1), logp[valid].detach().reshape(-1)
+    if adv_valid.numel():
+        cov = (adv_valid - adv_valid.mean()) * (logp_valid - logp_valid.mean())
+        k = min(max(1, int(len(cov) * config.kl_cov_ratio)), len(cov))
+        top = torch.nonzero(valid.reshape(-1), as_tuple=True)[0][torch.topk(cov, k, largest=True).indices]
+        picked.view(-1)[top] = 1.0
+    surrogate = A * ratio - picked * (config.ppo_kl_coef * x.abs())
+    flags = {"actor/ppo_kl": x.detach().abs()}
+    # The penalised tokens keep a gradient (no region of their own): their term shows the penalty.
+    return ObjectiveTerms(surrogate, ratio.detach().expand_as(surrogate), regions(surrogate.detach()), flags)
+
+
+def dppo_why_values(config: ObjectiveSettings) -> dict[str, float | None]:
+    return {"low": config.epsilon_low, "high": config.epsilon_high, "c": config.dual_clip}
+
+
+def dppo_why_codes(ratio: Tensor, advantages: Tensor, region: Tensor, config: ObjectiveSettings) -> Tensor:
+    """Region codes, plus "truncated" (4) for a trust-region token whose ratio passed c: it keeps its gradient,
+    so it has no region of its own."""
+    code = region.long()
+    if config.dual_clip is None:
+        return code
+    return torch.where((code == TRUST) & (ratio > config.dual_clip), torch.full_like(code, 4), code)
+
+
+def dppo_why(divergence: str) -> Why:
+    return Why(
+        names=("masked", "trust", "blocked_low", "blocked_high", "truncated"),
+        codes=dppo_why_codes,
+        texts={
+            "masked": "does not count (prompt, padding or masked out)",
+            "trust": f"inside the {divergence} trust region: its term is sg(min(ratio, c))·A·logp (c = {{c}}), so it "
+            "gets a policy gradient",
+            "blocked_low": f"A ≤ 0 and the policy moved its probability down by a {divergence} above ε_low = {{low}}: "
+            "its term is 0, no policy gradient",
+            "blocked_high": f"A > 0 and the policy moved its probability up by a {divergence} above ε_high = {{high}}: "
+            "its term is 0, no policy gradient",
+            "truncated": "inside the trust region with ratio above c = {c}: its weight is truncated at c (truncated "
+            "importance sampling); it keeps its policy gradient",
+        },
+        values=dppo_why_values,
+        no_gradient=frozenset({"blocked_low", "blocked_high"}),
+    )
+
+
+def dppo_terms(
+    ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, valid_pos: Tensor, valid_neg: Tensor
+) -> ObjectiveTerms:
+    """DPPO's term given the trust-region masks: sg(min(r, c))·A·logp where the token's divergence is inside."""
+    r = ratio.detach()
+    weight = r if config.dual_clip is None else r.clamp(max=config.dual_clip)  # truncated IS, detached
+    positive = above(advantages, 0.0)  # (B, 1); verl takes the negative side's mask for A <= 0
+    valid = (positive * valid_pos + (1 - positive) * valid_neg).to(r.dtype)
+    surrogate = advantages * weight * logp * valid
+    truncated = torch.zeros_like(r) if config.dual_clip is None else above(r, config.dual_clip) * valid
+    blocked = 1 - valid
+    flags = {"actor/pg_clipfrac": blocked, "actor/pg_clipfrac_lower": truncated}
+    region = regions(surrogate.detach(), blocked * (1 - positive), blocked * positive)  # truncated: see its why
+    return ObjectiveTerms(surrogate, weight, region, flags)
+
+
+DPPO_METRICS: dict[str, Reduction] = {"actor/pg_clipfrac": "tokens", "actor/pg_clipfrac_lower": "tokens"}
+DPPO_FLAT = "outside the divergence trust region: the token's term is 0, so it gets no policy gradient"
+
+
+@OBJECTIVES.register(
+    "dppo_tv",
+    label="DPPO (binary TV)",
+    axis=WEIGHT_ON_A_LOGP,
+    flat=DPPO_FLAT,
+    metrics=DPPO_METRICS,
+    why=dppo_why("probability change"),
+)
+def dppo_tv(
+    ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None
+) -> ObjectiveTerms:
+    """DPPO-TV: sg(min(r, c))·A·logp, kept only where p − p_old stays within the TV thresholds.
+
+    verl ``loss_mode="dppo_tv"`` reads clip_ratio(_low/_high) as total-variation thresholds, not ratio
+    bounds: an A > 0 token counts while p − p_old ≤ ε_high, an A ≤ 0 token while p − p_old ≥ −ε_low;
+    clip_ratio_c (dual_clip here) truncates the detached ratio. The log-ratio is clamped to ±20.
+    Paper: https://arxiv.org/abs/2602.04879
+    """
+    old = given_inputs(ratio, logp, inputs).old
+    moved = logp.detach().exp() - old.exp()  # p - p_old
+    valid_pos = (moved <= config.epsilon_high).to(logp.dtype)
+    valid_neg = (moved >= -config.epsilon_low).to(logp.dtype)
+    return dppo_terms(ratio, logp, advantages, config, valid_pos, valid_neg)
+
+
+@OBJECTIVES.register(
+    "dppo_kl",
+    label="DPPO (binary KL)",
+    axis=WEIGHT_ON_A_LOGP,
+    flat=DPPO_FLAT,
+    metrics=DPPO_METRICS,
+    why=dppo_why("binary KL"),
+)
+def dppo_kl(
+    ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None
+) -> ObjectiveTerms:
+    """DPPO-KL: sg(min(r, c))·A·logp, kept only where the binary KL of (p_old, p) stays within thresholds.
+
+    verl ``loss_mode="dppo_kl"``: D = p_old·(log p_old − log p) + (1 − p_old)·log((1 − p_old + 1e-8) /
+    (1 − p + 1e-8)); an A > 0 token counts while D ≤ ε_high or p ≤ p_old, an A ≤ 0 token while D ≤ ε_low
+    or p ≥ p_old. clip_ratio_c (dual_clip here) truncates the detached ratio; log-ratio clamped to ±20.
+    Paper: https://arxiv.org/abs/2602.04879
+    """
+    old = given_inputs(ratio, logp, inputs).old
+    lp = logp.detach()
+    p, p_old = lp.exp(), old.exp()
+    divergence = p_old * (old - lp) + (1 - p_old) * torch.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
+    valid_pos = ((divergence <= config.epsilon_high) | (p <= p_old)).to(lp.dtype)
+    valid_neg = ((divergence <= config.epsilon_low) | (p >= p_old)).to(lp.dtype)
+    return dppo_terms(ratio, logp, advantages, config, valid_pos, valid_neg)
+
+
+def dro_warnings(config: ObjectiveSettings, longest_row: int) -> list[str]:
+    return [] if config.dro_beta is not None else ["dro needs dro_beta (verl raises ValueError without it)."]
+
+
+@OBJECTIVES.register("dro", label="DRO", axis=WEIGHT_ON_A_LOGP, warnings=dro_warnings)
+def dro(
+    ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None
+) -> ObjectiveTerms:
+    """DRO: A·logp − ½·dro_beta·(logp − old)², REINFORCE with a quadratic pull back to the old policy.
+
+    verl ``loss_mode="dro"`` (Direct Reward Optimization); no ratio, no clip, no log-ratio clamp.
+    verl raises without ``dro_beta``; here the objective does too.
+    Paper: https://arxiv.org/abs/2405.19107
+    """
+    if config.dro_beta is None:
+        raise GrpoInputError("dro_beta", "a positive number: DRO's quadratic log-ratio penalty (verl requires it)")
+    x = given_inputs(ratio, logp, inputs).log_ratio
+    surrogate = advantages * logp - 0.5 * config.dro_beta * x.square()
+    return ObjectiveTerms(surrogate, ratio.detach().expand_as(surrogate), regions(surrogate.detach()))
+
+
+# --- TRL 1.16's vespo ------------------------------------------------------------------------------------------
+VESPO_LOG_W_MIN = math.log(1e-8)  # TRL's lower clamp of the sequence log-weight
+
+
+@OBJECTIVES.register(
+    "vespo", label="VESPO (gamma weights)", axis=WEIGHT_ON_A_LOGP, metrics={"vespo/phi_seq_mean": "trl"}
+)
+def vespo(
+    ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None
+) -> ObjectiveTerms:
+    """VESPO: sg(φ(w))·A·logp with the gamma weight φ(w) = e^λ·w^k·e^(−λw) of the row's ratio w (φ(1) = 1).
+
+    TRL ``loss_type="vespo"``: log w = clamp(Σ_t clamp(log r_t, ±20), log 1e-8, 20), a sum over the row's
+    tokens, not a mean; (k, λ) = (vespo_k_pos, vespo_lambda_pos) for A ≥ 0, else the _neg pair, λ at least
+    1e-4; φ's NaN and ±inf become 0. φ is detached: it only scales the REINFORCE gradient. Rows far from
+    on-policy (w ≫ 1 or w ≪ 1) are damped smoothly instead of clipped.
+    Paper: https://huggingface.co/papers/2602.10693
+    """
+    given = given_inputs(ratio, logp, inputs)
+    x = given.log_ratio.detach().clamp(-20.0, 20.0)
+    log_w = (x * given.mask).sum(-1, keepdim=True).clamp(VESPO_LOG_W_MIN, 20.0)  # (B, T) -> (B, 1)
+    nonneg = advantages >= 0
+    k = torch.where(nonneg, config.vespo_k_pos, config.vespo_k_neg)
+    lam = torch.where(nonneg, config.vespo_lambda_pos, config.vespo_lambda_neg).clamp(min=1e-4)
+    phi = torch.exp(lam + k * log_w - lam * log_w.exp()).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)  # (B, 1)
+    surrogate = phi * advantages * logp
+    return ObjectiveTerms(surrogate, phi.expand_as(surrogate), regions(surrogate.detach()), {"vespo/phi_seq_mean": phi})

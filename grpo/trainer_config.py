@@ -33,6 +33,10 @@ TRL_DEFAULTS: dict[str, Any] = {
     "max_completion_length": 512,
     "sapo_temperature_pos": 1.0,
     "sapo_temperature_neg": 1.05,
+    "vespo_k_pos": 2.0,
+    "vespo_lambda_pos": 3.0,
+    "vespo_k_neg": 3.0,
+    "vespo_lambda_neg": 2.0,
     "use_bias_correction_kl": True,
     "gradient_accumulation_steps": 1,
     "top_entropy_quantile": 1.0,
@@ -56,6 +60,7 @@ TRL_LOSS_TYPES: dict[str, tuple[str, str]] = {
     "luspo": ("clip", "seq-mean-token-sum"),
     "cispo": ("cispo", "token-mean"),
     "sapo": ("sapo", "seq-mean-token-mean"),
+    "vespo": ("vespo", "token-mean"),  # dapo's normaliser
 }
 # Loss types whose returned loss is divided by gradient_accumulation_steps (spec §1.8); the others
 # (dapo, cispo) divide by a token count over the generation batch instead (token_normalizer).
@@ -175,6 +180,7 @@ def map_trl(args: Any) -> TrainerMapping:
         "skip_empty_rows": False,
         "sapo_temperature_pos": float(a["sapo_temperature_pos"]),
         "sapo_temperature_neg": float(a["sapo_temperature_neg"]),
+        **{name: float(a[name]) for name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")},
         "gradient_accumulation_steps": int(a["gradient_accumulation_steps"]) if loss_type in TRL_DIVIDED_BY_GA else 1,
     }
     mapped |= {
@@ -189,6 +195,7 @@ def map_trl(args: Any) -> TrainerMapping:
         "max_completion_length": "max_completion_length",
         "sapo_temperature_pos": "sapo_temperature_pos",
         "sapo_temperature_neg": "sapo_temperature_neg",
+        **{name: name for name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")},
         "gradient_accumulation_steps": "gradient_accumulation_steps"
         if loss_type in TRL_DIVIDED_BY_GA
         else "token_normalizer (with num_items_in_batch, set by the capture)",
@@ -197,13 +204,22 @@ def map_trl(args: Any) -> TrainerMapping:
     mapped["top_entropy_quantile"] = "top_entropy_quantile (the quantile over one rank's entropies: on several, TRL's "
     "is over all ranks')"
     _map_trl_rollout_correction(a, settings, mapped)
-    if a["entropy_coef"] or a["use_adaptive_entropy"]:
-        unsupported["entropy_coef"] = "the entropy bonus is not part of GRPO Lens's loss"
+    settings["entropy_coef"] = float(a["entropy_coef"])
+    settings["entropy_weighting"] = "tokens"
+    # TRL divides the bonus by gradient_accumulation_steps for every loss type (dapo/cispo/vespo too)
+    settings["entropy_accumulation_steps"] = int(a["gradient_accumulation_steps"])
+    mapped["entropy_coef"] = "entropy_coef (the mean entropy over the tokens the policy term acts on, ÷ GA: "
+    "entropy_accumulation_steps)"
+    if a["use_adaptive_entropy"]:
+        mapped["use_adaptive_entropy"] = (
+            "entropy_coef: a step applies the controller's coefficient, entropy_coef while the last window's "
+            "entropy <= entropy_target, else 0; after each optimiser step the coefficient moves by "
+            "entropy_coef_delta (up when the window's entropy <= entropy_target, else down) within "
+            "[entropy_coef_min, entropy_coef_max]. The config gives the first step's; a captured step's own is "
+            "its logged entropy_coef"
+        )
     if a["router_aux_loss_coef"] is not None:
         unsupported["router_aux_loss_coef"] = "a MoE load-balancing loss is not part of GRPO Lens's loss"
-    for name in ("entropy_coef",):
-        if name in given and name not in unsupported:
-            mapped[name] = "nothing: at its default it leaves the loss unchanged"
     captured = {k: v for k, v in TRL_CAPTURED.items() if k in given}
     return _finish(given, settings, mapped, unsupported, captured=captured)
 
@@ -256,6 +272,27 @@ VERL_LOSS_MODES: dict[str, dict[str, Any]] = {
     "sapo": {"objective": "sapo", "log_ratio_clamp": 20.0, "aggregation": "seq-mean-token-mean", "dual_clip": None},
     "cispo": {"objective": "cispo", "cispo_bounds": "relative", "log_ratio_clamp": 20.0, "dual_clip": None},
     "gpg": {"objective": "gpg", "dual_clip": None},
+    # verl's later losses: no dual clip and no log-ratio clamp but where the function has them (dppo reads
+    # clip_ratio as a divergence threshold and clip_ratio_c as its truncation, both through the same fields)
+    "geo_mean": {"objective": "geo_mean", "dual_clip": None, "log_ratio_clamp": None},
+    "clip_cov": {"objective": "clip_cov", "dual_clip": None, "log_ratio_clamp": None},
+    "kl_cov": {"objective": "kl_cov", "dual_clip": None, "log_ratio_clamp": None},
+    "dppo_tv": {"objective": "dppo_tv", "log_ratio_clamp": 20.0},
+    "dppo_kl": {"objective": "dppo_kl", "log_ratio_clamp": 20.0},
+    "dro": {"objective": "dro", "dual_clip": None, "log_ratio_clamp": None},
+}
+# Loss modes verl refuses without a setting PolicyLossConfig leaves None: loss_mode -> {LossConfig field: why}
+VERL_LOSS_MODE_NEEDS: dict[str, dict[str, str]] = {
+    "dro": {"dro_beta": "verl 0.9.1 raises ValueError for dro without a positive dro_beta"},
+}
+# verl 0.9.1 PolicyLossConfig's own settings (its defaults, not the loss functions' fallbacks) -> LossConfig
+VERL_POLICY_LOSS_FIELDS: dict[str, tuple[str, Any]] = {
+    "clip_cov_ratio": ("clip_cov_ratio", 0.0002),
+    "clip_cov_lb": ("clip_cov_lb", 1.0),
+    "clip_cov_ub": ("clip_cov_ub", 5.0),
+    "kl_cov_ratio": ("kl_cov_ratio", 0.0002),
+    "ppo_kl_coef": ("ppo_kl_coef", 0.1),
+    "dro_beta": ("dro_beta", None),
 }
 VERL_KL_TYPES: dict[str, dict[str, Any]] = {
     "low_var_kl": {"kl_estimator": "k3", "kl_log_ratio_clamp": 20.0, "kl_clamp": 10.0},
@@ -457,7 +494,7 @@ def map_verl(actor_config: Any, algorithm: Any = None) -> TrainerMapping:
         "clip_ratio": "epsilon_low, epsilon_high (when the low/high fields are None)",
         "clip_ratio_low": "epsilon_low",
         "clip_ratio_high": "epsilon_high",
-        "clip_ratio_c": "dual_clip (vanilla only)",
+        "clip_ratio_c": "dual_clip (vanilla; dppo: the truncation of the detached ratio)",
         "loss_agg_mode": "aggregation",
         "loss_scale_factor": "max_completion_length (seq-mean-token-sum-norm's constant)",
         "policy_loss": "objective and its clamps (loss_mode); rollout_correction weights reach the loss as "
@@ -467,6 +504,14 @@ def map_verl(actor_config: Any, algorithm: Any = None) -> TrainerMapping:
         "tau_pos": "sapo_temperature_pos",
         "tau_neg": "sapo_temperature_neg",
     }
+    for name, (field_name, default) in VERL_POLICY_LOSS_FIELDS.items():
+        value = policy.get(name, default) if isinstance(policy, dict) else default
+        settings[field_name] = value if value is None else float(value)
+        if isinstance(policy, dict) and name in policy:
+            mapped[f"policy_loss.{name}"] = field_name
+    for name, why in VERL_LOSS_MODE_NEEDS.get(loss_mode, {}).items():
+        if settings[name] is None:
+            unsupported[f"policy_loss.{name}"] = why
     settings |= VERL_KL_TYPES.get(kl_type, {})  # with use_kl_loss off too: the estimator beta > 0 would use
     if use_kl and kl_type not in VERL_KL_TYPES:
         known = ", ".join(VERL_KL_TYPES)
@@ -475,10 +520,10 @@ def map_verl(actor_config: Any, algorithm: Any = None) -> TrainerMapping:
         mapped["kl_loss_type"] = "kl_estimator and its clamps"
     elif "kl_loss_type" in a:
         mapped["kl_loss_type"] = "nothing: use_kl_loss is off"
-    if a.get("entropy_coeff"):
-        unsupported["entropy_coeff"] = "the entropy term is not part of GRPO Lens's loss"
-    elif "entropy_coeff" in a:
-        mapped["entropy_coeff"] = "nothing: 0 leaves the loss unchanged"
+    settings["entropy_coef"] = float(a.get("entropy_coeff") or 0.0)
+    settings["entropy_weighting"] = "aggregation"  # verl: agg_loss(entropy, mask, loss_agg_mode)
+    if "entropy_coeff" in a:
+        mapped["entropy_coeff"] = "entropy_coef (the entropies aggregated as the loss: loss_agg_mode)"
     if algorithm is not None:
         _map_verl_algorithm(_fields(algorithm), settings, mapped, unsupported)
     if bypass:  # the rollout_correction config apply_bypass_mode copied into policy_loss
@@ -543,6 +588,11 @@ TRL_RECIPES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "TRL 1.16.0 GRPOConfig defaults with loss_type='sapo'",
         {"loss_type": "sapo"},
     ),
+    "trl-vespo": (
+        "TRL loss_type='vespo': gamma weight of the row's summed log-ratio (k, λ = 2, 3 / 3, 2) on A·logp, token mean.",
+        "TRL 1.16.0 GRPOConfig defaults with loss_type='vespo'",
+        {"loss_type": "vespo"},
+    ),
 }
 VERL_RECIPES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "verl-grpo": (
@@ -564,6 +614,31 @@ VERL_RECIPES: dict[str, tuple[str, str, dict[str, Any]]] = {
             "clip_ratio_low": 3e-4,
             "clip_ratio_high": 4e-4,
         },
+    ),
+    "verl-gmpo": (
+        "verl 0.9.1 GMPO (loss_mode='geo_mean'): geometric-mean ratio per row, log-ratio clipped to ±0.4.",
+        "GMPO paper (arXiv 2507.20673: clip range (e^-0.4, e^0.4)); verl 0.9.1 core_algos geo_mean",
+        {"policy_loss": {"loss_mode": "geo_mean"}, "clip_ratio": 0.4},
+    ),
+    "verl-clip_cov": (
+        "verl 0.9.1 Clip-Cov: PPO clip, plus 0.02% of tokens with covariance in (1, 5) cut at random.",
+        "verl 0.9.1 PolicyLossConfig defaults with loss_mode='clip_cov' (Entropy-Mechanism paper, arXiv 2505.22617)",
+        {"policy_loss": {"loss_mode": "clip_cov"}},
+    ),
+    "verl-kl_cov": (
+        "verl 0.9.1 KL-Cov: unclipped A·ratio, 0.1·|log-ratio| on the 0.02% highest-covariance tokens.",
+        "verl 0.9.1 PolicyLossConfig defaults with loss_mode='kl_cov' (Entropy-Mechanism paper, arXiv 2505.22617)",
+        {"policy_loss": {"loss_mode": "kl_cov"}},
+    ),
+    "verl-dppo_tv": (
+        "verl 0.9.1 DPPO-TV: tokens whose probability moved by more than 0.2 lose their term; ratio truncated at 3.",
+        "verl 0.9.1 ActorConfig / PolicyLossConfig defaults with loss_mode='dppo_tv' (arXiv 2602.04879)",
+        {"policy_loss": {"loss_mode": "dppo_tv"}},
+    ),
+    "verl-dppo_kl": (
+        "verl 0.9.1 DPPO-KL: tokens whose binary KL passed 0.2 in their advantage's direction lose their term.",
+        "verl 0.9.1 ActorConfig / PolicyLossConfig defaults with loss_mode='dppo_kl' (arXiv 2602.04879)",
+        {"policy_loss": {"loss_mode": "dppo_kl"}},
     ),
 }
 

@@ -163,6 +163,7 @@ def test_from_verl_maps_the_actor_config() -> None:
     config = grpo.LossConfig.from_verl(actor_config(**CASES["grpo"][0]))
     assert config == grpo.LossConfig.from_preset("verl-grpo", beta=0.04, preset=None)
     mapping = grpo.trainer_config.map_verl(actor_config(entropy_coeff=0.01, kl_loss_type="full", use_kl_loss=True))
-    assert set(mapping.unsupported) == {"entropy_coeff", "kl_loss_type"}
-    with pytest.raises(grpo.GrpoInputError, match="entropy_coeff"):
-        grpo.LossConfig.from_verl(actor_config(entropy_coeff=0.01), strict=True)
+    assert set(mapping.unsupported) == {"kl_loss_type"}  # the entropy bonus is mapped (tests/test_entropy_bonus.py)
+    assert mapping.config.entropy_coef == 0.01
+    with pytest.raises(grpo.GrpoInputError, match="kl_loss_type"):
+        grpo.LossConfig.from_verl(actor_config(kl_loss_type="full", use_kl_loss=True), strict=True)

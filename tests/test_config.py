@@ -96,6 +96,15 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "sapo_temperature_neg": 1.05,
         "aggregation": "seq-mean-token-mean",
     },
+    "trl-vespo": {
+        **TRL_COMMON,
+        "objective": "vespo",
+        "aggregation": "token-mean",  # vespo shares dapo's normaliser
+        "vespo_k_pos": 2.0,
+        "vespo_lambda_pos": 3.0,
+        "vespo_k_neg": 3.0,
+        "vespo_lambda_neg": 2.0,
+    },
     # §2.7 GRPO: seq-mean-token-mean, use_kl_loss with low_var_kl at kl_loss_coef 0.001
     "verl-grpo": {**VERL_COMMON, "objective": "clip", "aggregation": "seq-mean-token-mean", "beta": 0.001},
     # §2.7 DAPO: token-mean, clip 0.2 / 0.28, no KL
@@ -113,6 +122,35 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "seq_log_ratio_clamp": 10.0,
         "beta": 0.0,
     },
+    # §2.3 verl's later losses, PolicyLossConfig defaults; no log-ratio clamp but dppo's ±20, dual clip only dppo's
+    "verl-gmpo": {
+        **VERL_COMMON,
+        "objective": "geo_mean",
+        "epsilon_low": 0.4,
+        "epsilon_high": 0.4,
+        "dual_clip": None,
+        "log_ratio_clamp": None,
+        "beta": 0.0,
+    },
+    "verl-clip_cov": {
+        **VERL_COMMON,
+        "objective": "clip_cov",
+        "clip_cov_ratio": 0.0002,
+        "clip_cov_lb": 1.0,
+        "clip_cov_ub": 5.0,
+        "dual_clip": None,
+        "log_ratio_clamp": None,
+    },
+    "verl-kl_cov": {
+        **VERL_COMMON,
+        "objective": "kl_cov",
+        "kl_cov_ratio": 0.0002,
+        "ppo_kl_coef": 0.1,
+        "dual_clip": None,
+        "log_ratio_clamp": None,
+    },
+    "verl-dppo_tv": {**VERL_COMMON, "objective": "dppo_tv", "dual_clip": 3.0, "log_ratio_clamp": 20.0},
+    "verl-dppo_kl": {**VERL_COMMON, "objective": "dppo_kl", "dual_clip": 3.0, "log_ratio_clamp": 20.0},
 }
 
 
@@ -147,7 +185,9 @@ def test_from_preset_overrides_and_replace() -> None:
 
 
 def test_unknown_preset_lists_the_valid_names() -> None:
-    with pytest.raises(grpo.GrpoInputError, match=r"preset: expected one of article, trl-grpo, .*verl-gspo, got 'trl'"):
+    with pytest.raises(
+        grpo.GrpoInputError, match=r"preset: expected one of article, trl-grpo, .*verl-dppo_kl, got 'trl'"
+    ):
         LossConfig.from_preset("trl")
 
 

@@ -128,6 +128,11 @@ B = grpo.LossConfig(
     advantage="batch",
     cispo_bounds="relative",
     aggregation="token-mean",
+    clip_cov_ratio=0.001,
+    clip_cov_lb=0.5,
+    clip_cov_ub=4.0,
+    kl_cov_ratio=0.001,
+    ppo_kl_coef=0.2,
 )
 NAMES = ("ε_high", "ε_low", "epsilon", "dual_clip", "clip_ratio_c", "delta", "beta", "aggregation", "advantage =")
 

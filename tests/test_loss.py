@@ -41,6 +41,13 @@ S0 = math.sqrt(1.5 * 0.9)  # row 0's sequence ratio: exp(mean(ln 1.5, ln 0.9))
 S1 = (0.5 * 1.1 * 4.0) ** (1 / 3)  # row 1's: exp(mean(ln 0.5, ln 1.1, ln 4)) = 2.2^(1/3)
 
 
+VESPO_PHI0 = math.exp(3 + 2 * LN(1.35) - 3 * 1.35)
+VESPO_PHI1 = math.exp(2 + 3 * LN(2.2) - 2 * 2.2)
+GM_A0, GM_A1 = 2 / (2 + E8), -3 / (3 + E8)  # GMPO's row advantages Σ_t A / (L + 1e-8)
+GM_R0 = math.exp((0.4 + LN(0.9)) / (2 + E8))  # row 0: ln 1.5 clipped to 0.4
+GM_R1 = math.exp((-0.4 + LN(1.1) + LN(4.0)) / (3 + E8))  # row 1 (A < 0): ln 0.5 raised to -0.4, ln 4 kept
+
+
 def sig(x: float) -> float:
     return 1 / (1 + math.exp(-x))
 
@@ -146,6 +153,57 @@ HAND_PRESETS: dict[str, dict[str, Any]] = {
         "grad": [[0, 0, 0], [S1 / (2 * (3 + E8))] * 3],
         "region": [[HI, HI, M], [T_, T_, T_]],
         "metrics": {"actor/pg_clipfrac": 2 / 5, "actor/pg_clipfrac_lower": 0.0},
+    },
+    # TRL VESPO: one gamma weight per row from the summed log-ratio, w0 = 1.5·0.9 = 1.35 (A ≥ 0: k 2, λ 3),
+    # w1 = 0.5·1.1·4 = 2.2 (A < 0: k 3, λ 2); φ = e^λ·w^k·e^(−λw), detached; terms φ·A·logp, token mean over 5:
+    # each token's gradient is -φ_i·A_i / 5.
+    "trl-vespo": {
+        "loss": -(VESPO_PHI0 * (LN(0.3) + LN(0.45)) - VESPO_PHI1 * (LN(0.1) + LN(0.55) + LN(0.8))) / 5,
+        "grad": [[-VESPO_PHI0 / 5] * 2 + [0], [VESPO_PHI1 / 5] * 3],
+        "region": [[T_, T_, M], [T_, T_, T_]],
+        "metrics": {"vespo/phi_seq_mean": (VESPO_PHI0 + VESPO_PHI1) / 2},
+    },
+    # verl GMPO (clip_ratio 0.4 on the log-ratio): row 0's ln 1.5 > 0.4 enters as 0.4 (flat), row 1's ln 0.5 < -0.4
+    # as -0.4 (flat, A < 0); the rows' ratios are R_i = exp(Σ clipped / (L_i + 1e-8)), the loss the mean over the
+    # 2 rows of -Ā_i·R_i with Ā_i = A_i·L_i/(L_i + 1e-8); a kept token gets -Ā_i·R_i / (2·(L_i + 1e-8)).
+    "verl-gmpo": {
+        "loss": -(GM_A0 * GM_R0 + GM_A1 * GM_R1) / 2,
+        "grad": [[0, -GM_A0 * GM_R0 / (2 * (2 + E8)), 0], [0] + [-GM_A1 * GM_R1 / (2 * (3 + E8))] * 2],
+        "region": [[HI, T_, M], [LO, T_, T_]],
+        # verl counts a log-ratio as clipped wherever the clamp would move it: ln 4 too, though max() keeps it
+        "metrics": {"actor/pg_clipfrac": 1 / 5, "actor/pg_clipfrac_lower": 2 / 5},
+    },
+    # verl Clip-Cov: no token's covariance (A - mean A)·(logp - mean logp) lies in (1, 5) once the clipped (1, 0) is
+    # out, so nothing is cut: PPO clip without dual clip, token mean over 5: -(1.2 + 0.9 - 0.8 - 1.1 - 4)/5.
+    "verl-clip_cov": {
+        "loss": 3.8 / 5,
+        "grad": [[0, -0.9 / 5, 0], [0, 1.1 / 5, 4 / 5]],
+        "region": [[HI, T_, M], [LO, T_, T_]],
+        "metrics": {"actor/pg_clipfrac": 0.0},
+    },
+    # verl KL-Cov: the one top-covariance token (max(1, int(5·2e-4))) is (1, 0), cov = -0.8·(ln 0.1 - mean logp)
+    # ≈ 1.02; its term is A·r - 0.1·|ln 0.5| = -0.5 - 0.1·ln 2, its gradient -(1/5)·(-0.5 + 0.1).
+    "verl-kl_cov": {
+        "loss": (3.2 + 0.1 * LN(2)) / 5,
+        "grad": [[-1.5 / 5, -0.9 / 5, 0], [0.4 / 5, 1.1 / 5, 4 / 5]],
+        "region": [[T_, T_, M], [T_, T_, T_]],
+        "metrics": {"actor/ppo_kl": (LN(1.5) - LN(0.9) + LN(2) + LN(1.1) + LN(4)) / 5},
+    },
+    # verl DPPO-TV: every token's p - p_old (0.1, -0.05; -0.1, 0.05, 0.6) is inside its side's 0.2, so all count;
+    # the ratio 4 is truncated at 3: terms sg(min(r, 3))·A·logp, token mean, gradient -(1/5)·A·min(r, 3).
+    "verl-dppo_tv": {
+        "loss": -(1.5 * LN(0.3) + 0.9 * LN(0.45) - 0.5 * LN(0.1) - 1.1 * LN(0.55) - 3 * LN(0.8)) / 5,
+        "grad": [[-1.5 / 5, -0.9 / 5, 0], [0.5 / 5, 1.1 / 5, 3 / 5]],
+        "region": [[T_, T_, M], [T_, T_, T_]],
+        "metrics": {"actor/pg_clipfrac": 0.0, "actor/pg_clipfrac_lower": 1 / 5},
+    },
+    # verl DPPO-KL: the binary KLs of the tokens that moved against their side (0.026 at (0, 0), 0.044 at (1, 0))
+    # stay under 0.2, the others moved the allowed way: all count, and the numbers are DPPO-TV's.
+    "verl-dppo_kl": {
+        "loss": -(1.5 * LN(0.3) + 0.9 * LN(0.45) - 0.5 * LN(0.1) - 1.1 * LN(0.55) - 3 * LN(0.8)) / 5,
+        "grad": [[-1.5 / 5, -0.9 / 5, 0], [0.5 / 5, 1.1 / 5, 3 / 5]],
+        "region": [[T_, T_, M], [T_, T_, T_]],
+        "metrics": {"actor/pg_clipfrac": 0.0, "actor/pg_clipfrac_lower": 1 / 5},
     },
 }
 

@@ -222,7 +222,7 @@ def test_objective_signature_is_shared() -> None:
             ratio = torch.rand(2, T, dtype=torch.float64) + 0.5
             logp = -torch.rand(2, 3, dtype=torch.float64)
             terms = OBJECTIVES.get(name)(
-                ratio, logp, torch.tensor([[1.0], [-1.0]], dtype=torch.float64), grpo.LossConfig()
+                ratio, logp, torch.tensor([[1.0], [-1.0]], dtype=torch.float64), grpo.LossConfig(dro_beta=0.1)
             )
             assert isinstance(terms, grpo.objectives.ObjectiveTerms)
             assert terms.surrogate.shape[0] == 2 and terms.region.is_floating_point()

@@ -11,6 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from reference import (
+    LOOP_OBJECTIVES,
     close,
     close_breakdown,
     close_to_scale,
@@ -36,7 +37,9 @@ shapes = st.tuples(st.integers(1, 6), st.integers(1, 6))  # (B, T)
 @st.composite
 def configs(draw: st.DrawFn, dtype: str = "float64") -> grpo.LossConfig:
     """Any combination of the four registries and the optional clamps and knobs."""
-    objective = draw(st.sampled_from(grpo.OBJECTIVES.names()))
+    # The objectives with a per-token loop reference; verl's later losses (batch-wide token selections that jump
+    # at a threshold between float32 and float64) are held to verl's own functions in test_parity_verl_losses.
+    objective = draw(st.sampled_from([name for name in grpo.OBJECTIVES.names() if name in LOOP_OBJECTIVES]))
     fields: dict[str, Any] = {
         "objective": objective,
         "epsilon_low": draw(st.sampled_from([0.2, 0.1, 3e-4])),

@@ -85,18 +85,18 @@ def test_from_trl_dict_maps_every_loss_field() -> None:
     dapo = grpo.LossConfig.from_trl({"gradient_accumulation_steps": 4})  # TRL's default loss_type
     assert dapo.aggregation == "token-mean" and dapo.gradient_accumulation_steps == 1  # dapo: token_normalizer
     with pytest.raises(grpo.GrpoInputError, match="loss_type"):
-        grpo.LossConfig.from_trl({"loss_type": "vespo"})
+        grpo.LossConfig.from_trl({"loss_type": "ppo"})  # vespo is mapped now (tests/test_vespo.py)
 
 
 def test_unsupported_trl_settings_warn_or_raise() -> None:
-    args = {"loss_type": "grpo", "top_entropy_quantile": 0.2, "entropy_coef": 0.01}
-    with pytest.warns(UserWarning, match="entropy_coef"):
+    args = {"loss_type": "grpo", "top_entropy_quantile": 0.2, "entropy_coef": 0.01, "router_aux_loss_coef": 0.001}
+    with pytest.warns(UserWarning, match="router_aux_loss_coef"):
         grpo.LossConfig.from_trl(args)
-    with pytest.raises(grpo.GrpoInputError, match="entropy_coef"):
+    with pytest.raises(grpo.GrpoInputError, match="router_aux_loss_coef"):
         grpo.LossConfig.from_trl(args, strict=True)
-    # the high-entropy mask is reproduced (tests/test_entropy_mask.py); the entropy bonus not yet
-    assert set(map_trl(args).unsupported) == {"entropy_coef"}
-    assert map_trl(args).config.top_entropy_quantile == 0.2
+    # the high-entropy mask and the entropy bonus are reproduced (tests/test_entropy_mask.py, test_entropy_bonus.py)
+    assert set(map_trl(args).unsupported) == {"router_aux_loss_coef"}
+    assert map_trl(args).config.top_entropy_quantile == 0.2 and map_trl(args).config.entropy_coef == 0.01
 
 
 def test_every_grpo_config_field_lands_somewhere() -> None:
