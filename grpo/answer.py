@@ -13,6 +13,7 @@ import orjson
 import torch
 from torch import Tensor
 
+from grpo.corrections import CORRECTION_CODES, KEPT
 from grpo.curves import objective_curves
 from grpo.explain import explain_parts, number, token_why
 from grpo.fields import ragged
@@ -119,6 +120,12 @@ def breakdown_to_json(
     # per position, a sixth of the answer's bytes on a small batch
     token_data["why"] = ragged(why.codes.to(torch.int8).cpu().numpy(), lengths, rows)
     config = bd.config.to_dict()
+    # the off-policy mismatch and what the correction did, per token: with the sampler's log-probs, or when a
+    # correction acted without them (TRL's off-policy mask falls back to the old log-probs)
+    if bd.sampled or bool((bd.tokens.correction > KEPT).any()):
+        token_data["sampler_log_ratio"] = _rows_of(bd.tokens.sampler_log_ratio, lengths, rows)
+        token_data["is_weight"] = _rows_of(bd.tokens.is_weight, lengths, rows)
+        token_data["correction"] = ragged(bd.tokens.correction.to(torch.int8).cpu().numpy(), lengths, rows)
     if bd.config.importance_sampling_level == "sequence":  # the token's own ratio beside its row's (GSPO)
         token_data["token_ratio"] = _rows_of(bd.tokens.log_ratio.exp() * bd.tokens.mask, lengths, rows)
     return {
@@ -126,6 +133,9 @@ def breakdown_to_json(
         "objective": float(bd.objective),
         "policy_loss": float(bd.policy_loss),
         "kl_loss": float(bd.kl_loss),
+        # the same batch with the rollout correction off; tokens.correction: codes into correction_names
+        "loss_without_correction": float(bd.loss_without_correction),
+        "correction_names": list(CORRECTION_CODES),
         "metrics": bd.metrics,
         "explanation": [_text(parts) for _, parts in explained],
         "explanation_keys": [key for key, _ in explained],  # what each sentence is about (explain_items)

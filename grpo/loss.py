@@ -144,6 +144,8 @@ class Breakdown:
     loss_without_correction: Tensor
     """0-d: the same batch's loss with the rollout correction and the sequence mask off (= loss when none
     is chosen), so a user sees what the correction did to the number."""
+    sampled: bool = False
+    """Whether the batch carried the sampler's log-probs (the tokens' sampler_log_ratio means something)."""
     entropy_loss: Tensor | None = None
     """0-d: the entropy bonus's part of the loss, -entropy_coef · mean entropy (None when entropy_coef is 0)."""
     entropy_tokens: Tensor | None = None
@@ -512,6 +514,7 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         dtype=config.dtype,
         zero_std_groups=adv.zero_std_groups,
         loss_without_correction=_uncorrected_loss(batch, config, t, inp),
+        sampled=inp.sampler is not None,
         entropy_loss=entropy_loss,
         entropy_tokens=t.entropy_tokens,
     )
