@@ -300,9 +300,8 @@ def _micro_results(
 @contextmanager
 def check_pool(jobs: int = 1, ray_address: str | None = None) -> Iterator[Pool | None]:
     """The pool ``check_run`` spreads a run's files over: None for one job; ``jobs`` processes on this machine
-    (spawned: a forked child of a process whose torch started its threads can hang), each with its share of
-    the cores for torch's threads; or, with ``ray_address`` ("auto", "ray://host:port", or "local" to start
-    one here), Ray's multiprocessing Pool over that cluster's workers (the run must sit on a filesystem they
+    (each with its share of the cores for torch's threads); or, with ``ray_address`` ("auto",
+    "ray://host:port", or "local" to start one here), Ray's multiprocessing Pool over that cluster's workers (the run must sit on a filesystem they
     all see, and grpo be importable there)."""
     if ray_address is not None:
         import ray  # optional: only --ray needs it
@@ -319,7 +318,10 @@ def check_pool(jobs: int = 1, ray_address: str | None = None) -> Iterator[Pool |
         yield None
         return
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    with multiprocessing.get_context("spawn").Pool(jobs, initializer=torch.set_num_threads, initargs=(threads,)) as p:
+    # one thread per worker (jobs = cores, the default): forked, as torch's DataLoader forks its workers, which
+    # then never use the parent's OpenMP pool; several threads each: spawned, importing torch afresh (seconds)
+    method = "fork" if threads == 1 else "spawn"
+    with multiprocessing.get_context(method).Pool(jobs, initializer=torch.set_num_threads, initargs=(threads,)) as p:
         yield p
 
 
