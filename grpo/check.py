@@ -301,8 +301,8 @@ def _micro_results(
 def check_pool(jobs: int = 1, ray_address: str | None = None) -> Iterator[Pool | None]:
     """The pool ``check_run`` spreads a run's files over: None for one job; ``jobs`` processes on this machine
     (each with its share of the cores for torch's threads); or, with ``ray_address`` ("auto",
-    "ray://host:port", or "local" to start one here), Ray's multiprocessing Pool over that cluster's workers (the run must sit on a filesystem they
-    all see, and grpo be importable there)."""
+    "ray://host:port", or "local" to start one here), Ray's multiprocessing Pool over that cluster's workers
+    (the run must sit on a filesystem they all see, and grpo be importable there)."""
     if ray_address is not None:
         import ray  # optional: only --ray needs it
         from ray.util.multiprocessing import Pool as RayPool
