@@ -89,11 +89,11 @@ def _answer_value(answer: dict[str, Any], quantity: str) -> float | None:
 # negative KL, clamps, length weights), the rows and metrics tables, and Compare with the same preset;
 # every scenario and every preset on screen at least once (test_the_sample_covers_every_scenario_and_preset).
 SAMPLE = [
-    "?scenario=article&compare=article,verl-grpo",
+    "?scenario=article&preset=verl-gmpo&compare=verl-gmpo,verl-grpo",
     "?scenario=article&preset=article&dual_clip=3&compare=article&compare_edits=1",
     "?scenario=off-policy-clipping&preset=trl-gspo&compare=trl-gspo,trl-grpo",
     "?scenario=kl-blowup&preset=verl-grpo&compare=verl-grpo",
-    "?scenario=k1-negative&compare=article",
+    "?scenario=k1-negative&preset=trl-vespo&compare=trl-vespo,article",
     "?scenario=length-bias&preset=trl-dr_grpo&compare=trl-dr_grpo,article",
     "?scenario=on-policy&preset=trl-grpo&compare=trl-grpo",
     "?scenario=all-correct&preset=trl-dapo&compare=trl-dapo",
@@ -101,6 +101,10 @@ SAMPLE = [
     "?scenario=off-policy-clipping&preset=trl-sapo&compare=trl-sapo",
     "?scenario=kl-blowup&preset=verl-dapo&compare=verl-dapo",
     "?scenario=k1-negative&preset=verl-gspo&compare=verl-gspo",
+    "?scenario=off-policy-clipping&preset=verl-clip_cov&compare=verl-clip_cov",
+    "?scenario=off-policy-clipping&preset=verl-kl_cov&compare=verl-kl_cov",
+    "?scenario=off-policy-clipping&preset=verl-dppo_tv&compare=verl-dppo_tv",
+    "?scenario=negative-loss&preset=verl-dppo_kl&compare=verl-dppo_kl",
 ]
 
 
