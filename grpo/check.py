@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
+from torch import Tensor
 
 from grpo.config import LossConfig
 from grpo.loss import Breakdown, evaluate
@@ -141,9 +142,29 @@ def check_micro(ref: StepRef, bd: Breakdown, info: dict[str, Any], rtol: float, 
         rel = abs(lens - trainer) / scale
     logged = meta.get("metrics")  # a trainer's log is free-form: only an object of numbers is compared
     metrics = _compare(logged if isinstance(logged, dict) else {}, bd.metrics, atol)
+    applied = info.get("trainer", {}).get("importance_sampling_ratio")
+    if applied is not None:
+        metrics[IS_WEIGHT_CHECK] = _weights_check(applied, bd, atol)
     ok = (rel is None or rel <= rtol) and all(m.ok for m in metrics.values())
     n = int(bd.tokens.mask.sum())
     return MicroCheck(ref.step, ref.micro, ref.rank, ref.path.name, trainer, lens, rel, n, metrics, ok)
+
+
+# The rollout correction's weights as the trainer applied them against GRPO Lens's, token by token.
+IS_WEIGHT_CHECK = "importance_sampling_ratio (max |diff| per counted token)"
+
+
+def _weights_check(applied: Tensor, bd: Breakdown, atol: float) -> MetricCheck:
+    """TRL's recorded importance-sampling ratio against ``tokens.is_weight`` over the counted tokens (a sequence
+    weight (rows, 1) is each token's): trainer and lens are the means, diff the largest gap, relative to the
+    weight's size (float32 weights of a few units)."""
+    counted = bd.tokens.mask.bool()
+    theirs = applied.to(bd.tokens.is_weight.dtype).expand_as(bd.tokens.is_weight)[counted]
+    ours = bd.tokens.is_weight[counted]
+    if theirs.numel() == 0:
+        return MetricCheck(0.0, 0.0, 0.0, True)
+    diff = float(((theirs - ours).abs() / theirs.abs().clamp(min=1.0)).max())
+    return MetricCheck(float(theirs.mean()), float(ours.mean()), diff, diff <= max(atol, 1e-5))
 
 
 def step_views(bds: list[Breakdown]) -> tuple[dict[str, float], dict[str, float]]:

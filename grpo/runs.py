@@ -48,6 +48,9 @@ SOURCES = ("trl", "verl", "lab", "upload", "nemo-rl", "slime")  # the last two: 
 STEP_FILE = re.compile(r"([0-9]{6})-([0-9]{3})(?:-rank([0-9]{1,6}))?\.safetensors")
 # Tensors a step file may hold that are not Batch fields: shown, never used by the loss.
 DISPLAY_TENSORS = ("row_rewards", "row_groups")
+# What the trainer applied, recorded to be compared by check-run (never an input): TRL's importance-sampling
+# ratio of the rollout correction, (rows, positions) at token level or (rows, 1) at sequence level.
+TRAINER_TENSORS = ("importance_sampling_ratio",)
 # group_size (and any field for the whole batch): a 0-d tensor, read as a number
 BATCH_TENSORS = tuple(name for name in BATCH_FIELDS if name not in fields_of("batch"))
 # The trainer's logged metrics, appended a line per log call (``-rank{r}``: a process other than the first):
@@ -631,6 +634,11 @@ def step_request(tensors: dict[str, Tensor], metadata: dict[str, str]) -> tuple[
     for name, tensor in display.items():  # shown one number per row
         if tuple(tensor.shape) != (rows,):
             raise GrpoInputError(name, f"one number per row ({rows})", got=f"shape {tuple(tensor.shape)}")
+    applied = {k: tensors[k] for k in TRAINER_TENSORS if k in tensors}
+    width = int(tensors["per_token_logps"].shape[-1]) if tensors["per_token_logps"].dim() == 2 else 0
+    for name, tensor in applied.items():
+        if tensor.dim() != 2 or tensor.shape[0] != rows or tensor.shape[1] not in (1, width):
+            raise GrpoInputError(name, f"({rows}, {width}) or ({rows}, 1)", got=f"shape {tuple(tensor.shape)}")
     info = {
         "step": step,
         "micro": micro,
@@ -638,6 +646,7 @@ def step_request(tensors: dict[str, Tensor], metadata: dict[str, str]) -> tuple[
         "meta": meta,
         "config": config,
         "tensors": display,
+        "trainer": applied,
     }
     return fields, info
 

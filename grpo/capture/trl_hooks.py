@@ -153,6 +153,10 @@ class _TrlHooks:
             tensors["ref_per_token_logps"] = inputs["ref_per_token_logps"].detach()
         if entropies is not None:
             tensors["entropies"] = entropies.detach()
+        # the sampler's log-probs (vLLM's, NaN where it could not score) and the correction TRL applied with them
+        for name in ("sampling_per_token_logps", "importance_sampling_ratio"):
+            if isinstance(inputs.get(name), Tensor):
+                tensors[name] = inputs[name].detach()
         for key, name in ((ROW_REWARDS, "row_rewards"), (ROW_GROUPS, "row_groups")):
             if key in inputs:
                 tensors[name] = inputs[key]
