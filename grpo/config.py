@@ -280,10 +280,24 @@ class LossConfig:
     )
     entropy_accumulation_steps: int = _f(
         1,
-        "TRL divides the entropy bonus by its gradient_accumulation_steps for every loss type (dapo, cispo and "
-        "vespo included, whose policy term takes it through token_normalizer). 1 = undivided.",
+        "TRL divides the entropy bonus and the MoE router loss by its gradient_accumulation_steps for every loss "
+        "type (dapo, cispo and vespo included, whose policy term takes it through token_normalizer). "
+        "1 = undivided.",
         "scaling",
         ge=1,
+    )
+    aux_loss_coef: float = _f(
+        0.0,
+        "MoE load balancing: loss += aux_loss_coef · aux_loss / entropy_accumulation_steps (TRL's "
+        "router_aux_loss_coef, or the model's own when that is None). 0 = off.",
+        "scaling",
+        ge=0.0,
+    )
+    aux_loss: float | None = _f(
+        None,
+        "The router's load-balancing loss the model returned for this micro-batch: captured, since it comes from "
+        "the router's logits and cannot be recomputed from log-probs. Needed when aux_loss_coef > 0.",
+        "scaling",
     )
     token_normalizer: float | None = _f(
         None,

@@ -161,6 +161,15 @@ GLOSSARY: tuple[Term, ...] = (
         "its target.",
     ),
     _t(
+        ("aux_loss",),
+        ("aux_loss", "—", "—"),
+        "A Mixture-of-Experts model's router load-balancing loss, as the model returned it for the micro-batch. "
+        "TRL adds router_aux_loss_coef · aux_loss / gradient_accumulation_steps to the loss. It comes from the "
+        "router's logits, not the tokens' log-probs: GRPO Lens adds the captured value, it does not recompute it.",
+        "Near its floor when the experts share the tokens evenly; rising means the router is collapsing onto few "
+        "experts.",
+    ),
+    _t(
         ("cispo_clip_ratio",),
         ("cispo_clip_ratio", "actor/pg_clipfrac (cispo)", "—"),
         "CISPO: fraction of A > 0 tokens whose ratio passed the cap; their weight is capped but they keep a gradient.",

@@ -146,6 +146,9 @@ class Breakdown:
     is chosen), so a user sees what the correction did to the number."""
     sampled: bool = False
     """Whether the batch carried the sampler's log-probs (the tokens' sampler_log_ratio means something)."""
+    aux_loss: Tensor | None = None
+    """0-d: the MoE router's part, aux_loss_coef · aux_loss / entropy_accumulation_steps: the value the trainer
+    added, captured, not recomputed (None when aux_loss_coef is 0). loss includes it; no token carries it."""
     entropy_loss: Tensor | None = None
     """0-d: the entropy bonus's part of the loss, -entropy_coef · mean entropy (None when entropy_coef is 0)."""
     entropy_tokens: Tensor | None = None
@@ -416,6 +419,17 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
     )
 
 
+def router_part(config: LossConfig, like: Tensor) -> Tensor:
+    """aux_loss_coef · aux_loss / entropy_accumulation_steps, as TRL adds a MoE model's router loss (0 when off)."""
+    if not config.aux_loss_coef:
+        return like.new_zeros(())
+    if config.aux_loss is None:
+        raise GrpoInputError(
+            "aux_loss", "the router loss the model returned (captured): aux_loss_coef > 0 adds it to the loss"
+        )
+    return like.new_tensor(config.aux_loss_coef * config.aux_loss / config.entropy_accumulation_steps)
+
+
 def entropy_bonus(inp: _Inputs, config: LossConfig, weight: Tensor, kept: Tensor | None) -> Tensor | None:
     """-entropy_coef · w_H · H per token, or None when the bonus is off. w_H: TRL's mean over the counted tokens
     the policy term acts on (÷ entropy_accumulation_steps), or verl's aggregation weights (agg_loss)."""
@@ -442,7 +456,7 @@ def compute_loss(batch: Batch, config: LossConfig | None = None) -> Tensor:
     config = config or LossConfig()
     inp = _inputs(batch, config)
     terms = _terms(inp, inp.logp, inp.logp, config, want_kl=False)
-    loss = (terms.policy_tokens + terms.kl_tokens).sum()
+    loss = (terms.policy_tokens + terms.kl_tokens).sum() + router_part(config, terms.weight)
     return loss if terms.entropy_tokens is None else loss + terms.entropy_tokens.sum()
 
 
@@ -458,7 +472,7 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         token_loss = t.policy_tokens + t.kl_tokens
         if t.entropy_tokens is not None:  # a constant per token: it moves the loss, not the gradient
             token_loss = token_loss + t.entropy_tokens
-        loss = token_loss.sum()
+        loss = token_loss.sum() + router_part(config, t.weight)
         grads = torch.autograd.grad(loss, [logp_policy, logp_kl], allow_unused=True)
     # Weights are 0 where nothing counts, so the gradient is ±0 there.
     grad_policy, grad_kl = (torch.zeros_like(logp) if g is None else g for g in grads)
@@ -491,6 +505,8 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
     if inp.sampler is not None:  # verl's mismatch diagnostics, over the tokens before its rejection
         metrics |= verl_mismatch_metrics(inp.base, inp.sampler, inp.before_rejection)
     entropy_loss = None if t.entropy_tokens is None else t.entropy_tokens.sum()
+    if config.aux_loss_coef and config.aux_loss is not None:
+        metrics["aux_loss"] = float(config.aux_loss)  # TRL logs the router loss itself (gathered mean)
     if entropy_loss is not None:  # the trainers' names: TRL's coefficient and policy part, verl's agg(H)
         policy_part = float(tokens.policy_loss.sum() + tokens.kl_loss.sum()) * config.gradient_accumulation_steps
         metrics |= {
@@ -516,6 +532,7 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         loss_without_correction=_uncorrected_loss(batch, config, t, inp),
         sampled=inp.sampler is not None,
         entropy_loss=entropy_loss,
+        aux_loss=router_part(config, loss).detach() if config.aux_loss_coef else None,
         entropy_tokens=t.entropy_tokens,
     )
 
@@ -538,8 +555,8 @@ def _correction_tokens(applied: Applied | None, inp: _Inputs) -> dict[str, Tenso
 def _uncorrected_loss(batch: Batch, config: LossConfig, t: _Terms, inp: _Inputs) -> Tensor:
     """The loss of the same batch with the rollout correction, the sequence mask and the rejection off: from
     this pass's terms when no rejection changed the counted tokens, else from a second pass without it. The
-    entropy bonus, a constant of the inputs, is in both."""
-    bonus = 0.0 if t.entropy_tokens is None else t.entropy_tokens.sum().detach()
+    entropy bonus and the router loss, constants of the inputs, are in both."""
+    bonus = router_part(config, t.weight) + (0.0 if t.entropy_tokens is None else t.entropy_tokens.sum().detach())
     if inp.rejected is None:
         if t.uncorrected is None:
             return (t.policy_tokens + t.kl_tokens).sum().detach() + bonus
@@ -548,7 +565,7 @@ def _uncorrected_loss(batch: Batch, config: LossConfig, t: _Terms, inp: _Inputs)
     inp = _inputs(batch, off)
     with torch.no_grad():
         t = _terms(inp, inp.logp.detach(), inp.logp.detach(), off, want_kl=False)
-        return (t.policy_tokens + t.kl_tokens).sum() + (0.0 if t.entropy_tokens is None else t.entropy_tokens.sum())
+        return (t.policy_tokens + t.kl_tokens).sum() + bonus
 
 
 def _rows(tokens: TokenBreakdown, adv: _Advantages, mask: Tensor) -> RowBreakdown:

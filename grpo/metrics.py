@@ -48,6 +48,7 @@ METRICS: dict[str, Metric] = {
         Metric("lens/advantage/std", series=True, lab=True),
         Metric("frac_reward_zero_std", lab=True),
         Metric("grad_norm", lab=True),
+        Metric("aux_loss"),  # a MoE router's loss, captured (TRL logs its gathered mean per loss call)
         Metric("lens/grad_norm_logps", series=True),
         # TRL's rollout-correction metrics, over its generation batch (present when a correction is chosen)
         Metric("sampling/sampling_logp_difference/mean"),

@@ -219,7 +219,12 @@ def map_trl(args: Any) -> TrainerMapping:
             "its logged entropy_coef"
         )
     if a["router_aux_loss_coef"] is not None:
-        unsupported["router_aux_loss_coef"] = "a MoE load-balancing loss is not part of GRPO Lens's loss"
+        settings["aux_loss_coef"] = float(a["router_aux_loss_coef"])
+    if "router_aux_loss_coef" in given:
+        mapped["router_aux_loss_coef"] = (
+            "aux_loss_coef (None: the model's own coefficient, set per step by the capture), with the router loss the "
+            "model returned captured as aux_loss and divided by entropy_accumulation_steps, as TRL adds it"
+        )
     captured = {k: v for k, v in TRL_CAPTURED.items() if k in given}
     return _finish(given, settings, mapped, unsupported, captured=captured)
 

@@ -48,9 +48,12 @@ def test_every_breakdown_metric_in_the_table_is_one_evaluate_reports() -> None:
     min/max ones, which no step view averages."""
     logp = torch.as_tensor(HAND["per_token_logps"])
     fields = {k: v for k, v in HAND.items() if k != "advantages"}  # rewards and entropies: every metric reported
-    # the sampler's log-probs and a rollout correction: TRL's sampling/* metrics are reported too
+    # the sampler's log-probs and a rollout correction: TRL's sampling/* metrics are reported too; a MoE
+    # router's captured loss: aux_loss
     batch = grpo.Batch(**fields, rewards=[1.0, 0.0], entropies=torch.ones_like(logp), sampling_per_token_logps=logp)
-    config = grpo.LossConfig.from_preset("verl-grpo", dtype="float64", rollout_correction="token_truncate")
+    config = grpo.LossConfig.from_preset(
+        "verl-grpo", dtype="float64", rollout_correction="token_truncate", aux_loss_coef=0.01, aux_loss=1.5
+    )
     bd = grpo.evaluate(batch, config)
     lab_values = {"loss", "policy_loss", "kl_loss", "grad_norm"}
     assert set(METRICS) - lab_values - set(bd.metrics) == set()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Any
 
 import pytest
@@ -88,15 +89,15 @@ def test_from_trl_dict_maps_every_loss_field() -> None:
         grpo.LossConfig.from_trl({"loss_type": "ppo"})  # vespo is mapped now (tests/test_vespo.py)
 
 
-def test_unsupported_trl_settings_warn_or_raise() -> None:
+def test_the_settings_trl_once_left_out_are_mapped() -> None:
+    """The high-entropy mask, the entropy bonus and a MoE router's loss are all reproduced now (tests/
+    test_entropy_mask.py, test_entropy_bonus.py, test_moe_aux.py): no warning, and strict mode passes."""
     args = {"loss_type": "grpo", "top_entropy_quantile": 0.2, "entropy_coef": 0.01, "router_aux_loss_coef": 0.001}
-    with pytest.warns(UserWarning, match="router_aux_loss_coef"):
-        grpo.LossConfig.from_trl(args)
-    with pytest.raises(grpo.GrpoInputError, match="router_aux_loss_coef"):
-        grpo.LossConfig.from_trl(args, strict=True)
-    # the high-entropy mask and the entropy bonus are reproduced (tests/test_entropy_mask.py, test_entropy_bonus.py)
-    assert set(map_trl(args).unsupported) == {"router_aux_loss_coef"}
-    assert map_trl(args).config.top_entropy_quantile == 0.2 and map_trl(args).config.entropy_coef == 0.01
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        config = grpo.LossConfig.from_trl(args, strict=True)
+    assert map_trl(args).unsupported == {}
+    assert (config.top_entropy_quantile, config.entropy_coef, config.aux_loss_coef) == (0.2, 0.01, 0.001)
 
 
 def test_every_grpo_config_field_lands_somewhere() -> None:

@@ -42,6 +42,7 @@ class _TrlHooks:
         self.in_loss = False
         self.logps: tuple[Tensor, Tensor | None] | None = None
         self.rewards: Tensor | None = None
+        self.aux_loss: Tensor | None = None
         self.saved: dict[str, Any] = {}
 
     # --- installing -------------------------------------------------------------------------
@@ -67,6 +68,7 @@ class _TrlHooks:
         out = original(*args, **kwargs)
         if self.in_loss:
             self.logps = (out[0], out[1])
+            self.aux_loss = out[2] if len(out) > 2 else None  # a MoE model's router loss (aux_loss_enabled)
         return out
 
     def _hook_calculate_rewards(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -125,14 +127,21 @@ class _TrlHooks:
         trainer = self.trainer
         ga = int(trainer.current_gradient_accumulation_steps)
         info: dict[str, Any] = {"gradient_accumulation_steps": ga}
+        config = self.config
+        if getattr(trainer, "aux_loss_enabled", False) and self.aux_loss is not None:
+            # the router's loss cannot be recomputed from log-probs: the value the model returned, and TRL's
+            # coefficient (the model's own when router_aux_loss_coef is None)
+            aux = float(self.aux_loss.detach())
+            config = dataclasses.replace(config, aux_loss_coef=float(trainer.router_aux_loss_coef), aux_loss=aux)
+            info["aux_loss"] = aux
         if self.loss_type in TRL_DIVIDED_BY_GA:
-            return dataclasses.replace(self.config, gradient_accumulation_steps=ga), info
+            return dataclasses.replace(config, gradient_accumulation_steps=ga), info
         n_items = float(inputs["num_items_in_batch"].clamp(min=1.0))
         processes = int(trainer.accelerator.num_processes)
         per_generation = int(trainer.args.steps_per_generation)
         info |= {"num_items_in_batch": n_items, "num_processes": processes, "steps_per_generation": per_generation}
         normalizer = n_items / processes * ga / per_generation
-        return dataclasses.replace(self.config, token_normalizer=normalizer, gradient_accumulation_steps=1), info
+        return dataclasses.replace(config, token_normalizer=normalizer, gradient_accumulation_steps=1), info
 
     def _write(self, inputs: dict[str, Any], loss: Tensor, logged: dict[str, Any]) -> None:
         trainer = self.trainer
