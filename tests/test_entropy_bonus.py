@@ -160,3 +160,27 @@ def test_a_real_trl_run_with_the_bonus_checks(tmp_path: Any, loss_type: str) -> 
     check = check_run(load_run(tmp_path / "run"))
     assert check.ok and len(check.micro) == 4
     assert all(m.rel_error is not None and m.rel_error <= 1e-5 for m in check.micro)
+
+
+def test_a_real_adaptive_run_records_each_step_s_coefficient(tmp_path: Any) -> None:
+    """use_adaptive_entropy: the first step applies 0 (no window measured yet: TRL starts its last entropy at inf);
+    with entropy_target above the tiny model's entropy (~3.7 nats) every later step applies the controller's
+    coefficient, raised by entropy_coef_delta after each step. The capture records what each call applied."""
+    pytest.importorskip("trl")
+    from trainers import grpo_trainer
+
+    import grpo.capture
+    from grpo.check import check_run
+    from grpo.runs import load_run, load_step
+
+    settings = {"entropy_coef": 0.05, "use_adaptive_entropy": True, "entropy_target": 10.0, "entropy_coef_delta": 0.01}
+    trainer = grpo_trainer(tmp_path / "out", "grpo", steps=3, **settings)
+    with grpo.capture.trl(trainer, tmp_path / "run"):
+        trainer.train()
+    run = load_run(tmp_path / "run")
+    applied = [load_step(ref.path)[1].entropy_coef for ref in run.steps]
+    # step 1: 0; step 2: 0.05 + 0.01 (raised after step 1); step 3: 0.07: two micro-batches each
+    assert applied == pytest.approx([0.0, 0.0, 0.06, 0.06, 0.07, 0.07])
+    check = check_run(run)
+    assert check.ok and all(m.rel_error is not None and m.rel_error <= 1e-5 for m in check.micro)
+    assert any("actor/entropy_loss" in m.metrics or "policy_loss" in m.metrics for m in check.micro[2:])

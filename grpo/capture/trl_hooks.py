@@ -43,6 +43,7 @@ class _TrlHooks:
         self.logps: tuple[Tensor, Tensor | None] | None = None
         self.rewards: Tensor | None = None
         self.aux_loss: Tensor | None = None
+        self.applied_entropy_coef: float | None = None
         self.saved: dict[str, Any] = {}
 
     # --- installing -------------------------------------------------------------------------
@@ -102,6 +103,7 @@ class _TrlHooks:
             return original(model, inputs)
         metrics = trainer._metrics["train"]
         before = {k: len(v) for k, v in metrics.items()}
+        self.applied_entropy_coef = applied_entropy_coef(trainer)  # read before the call updates the controller
         self.in_loss, self.logps = True, None
         try:
             loss = original(model, inputs)
@@ -134,6 +136,9 @@ class _TrlHooks:
             aux = float(self.aux_loss.detach())
             config = dataclasses.replace(config, aux_loss_coef=float(trainer.router_aux_loss_coef), aux_loss=aux)
             info["aux_loss"] = aux
+        if self.applied_entropy_coef is not None:  # adaptive: this step's coefficient, not the config's first one
+            config = dataclasses.replace(config, entropy_coef=self.applied_entropy_coef)
+            info["entropy_coef_applied"] = self.applied_entropy_coef
         if self.loss_type in TRL_DIVIDED_BY_GA:
             return dataclasses.replace(config, gradient_accumulation_steps=ga), info
         n_items = float(inputs["num_items_in_batch"].clamp(min=1.0))
@@ -171,6 +176,10 @@ class _TrlHooks:
                 tensors[name] = inputs[key]
         config, scaling = self._step_config(inputs)
         ga = scaling["gradient_accumulation_steps"]
+        if self.applied_entropy_coef is not None and "entropy_coef" in logged:
+            # TRL logs the controller's coefficient after its update at the step's end: the next step's, not the one
+            # this call applied (which the step's config holds): kept apart, not compared
+            scaling["entropy_coef_next"] = _number(logged.pop("entropy_coef"))
         meta = {
             "loss": float(loss.detach()),
             "metrics": {k: _number(v) for k, v in logged.items()},
@@ -179,6 +188,15 @@ class _TrlHooks:
         }
         step = int(trainer.state.global_step) + 1  # the optimiser step this loss call belongs to
         self.writer.write_step(step, int(trainer._step) % ga, tensors, meta, config=config)
+
+
+def applied_entropy_coef(trainer: Any) -> float | None:
+    """The entropy coefficient TRL 1.16's adaptive controller applies to this call (None: not adaptive): the
+    current coefficient while the last window's entropy is at or below ``entropy_target``, else 0."""
+    if not getattr(trainer, "use_adaptive_entropy", False):
+        return None
+    gated = trainer._last_world_entropy <= trainer.args.entropy_target
+    return float(trainer.entropy_coef) if gated else 0.0
 
 
 def rollout(trainer: Any) -> dict[str, int]:
