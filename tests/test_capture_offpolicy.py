@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from trainers import PROMPTS, char_tokenizer, digit_reward, save_model
+from trainers import grpo_trainer, save_model
 
 from grpo.check import IS_WEIGHT_CHECK, check_run
 from grpo.runs import load_run, read_metadata
@@ -52,40 +52,18 @@ class Sampler:
 
 
 def offpolicy_run(root: Path, name: str, settings: dict[str, Any]) -> Path:
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
     import grpo.capture
 
     model = root / "model"
     if not model.exists():
         save_model(model)
-    args = GRPOConfig(
-        output_dir=str(root / f"out-{name}"),
-        beta=0.04,
-        num_generations=4,
-        per_device_train_batch_size=4,
-        gradient_accumulation_steps=2,
-        num_iterations=2,
-        max_completion_length=8,
-        max_steps=2,
-        learning_rate=5e-3,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-        disable_tqdm=True,
-        **settings,
-    )
-    trainer = GRPOTrainer(
-        model=str(model),
-        reward_funcs=digit_reward,
-        args=args,
-        train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
-        processing_class=char_tokenizer(),
+    trainer = grpo_trainer(
+        root / f"out-{name}",
+        steps=2,
+        model_dir=model,
         rollout_func=Sampler(seed=len(name)),
+        max_completion_length=8,
+        **settings,
     )
     # vLLM's weight sync is the only stand-in; TRL applies its correction when use_vllm is set
     trainer.use_vllm = trainer.args.use_vllm = True

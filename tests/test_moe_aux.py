@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from trainers import PROMPTS, char_tokenizer, digit_reward
+from trainers import char_tokenizer, grpo_trainer
 
 import grpo
 from grpo.check import check_run
@@ -54,38 +54,12 @@ def tiny_moe(model_dir: Path) -> None:
 
 @pytest.fixture(scope="module")
 def moe_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
     import grpo.capture
 
     root = tmp_path_factory.mktemp("moe")
     tiny_moe(root / "model")
-    args = GRPOConfig(
-        output_dir=str(root / "out"),
-        loss_type="grpo",
-        beta=0.0,
-        num_generations=4,
-        per_device_train_batch_size=4,
-        gradient_accumulation_steps=2,
-        max_completion_length=8,
-        max_steps=2,
-        learning_rate=5e-3,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-        disable_tqdm=True,
-    )
-    trainer = GRPOTrainer(
-        model=str(root / "model"),
-        reward_funcs=digit_reward,
-        args=args,
-        train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
-        processing_class=char_tokenizer(),
-    )
+    overrides = {"beta": 0.0, "num_iterations": 1, "max_completion_length": 8}
+    trainer = grpo_trainer(root / "out", "grpo", steps=2, model_dir=root / "model", **overrides)
     assert trainer.aux_loss_enabled and trainer.router_aux_loss_coef == 0.01  # the model's own coefficient
     with grpo.capture.trl(trainer, root / "run"):
         trainer.train()

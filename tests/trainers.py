@@ -57,11 +57,17 @@ def digit_reward(completions: list[str], **kwargs: Any) -> list[float]:
 
 
 def grpo_trainer(
-    output_dir: Path, loss_type: str, steps: int = 4, model_dir: Path | None = None, **overrides: Any
+    output_dir: Path,
+    loss_type: str,
+    steps: int = 4,
+    model_dir: Path | None = None,
+    rollout_func: Any = None,
+    **overrides: Any,
 ) -> Any:
     """A TRL 1.16 GRPOTrainer on CPU: 16 prompts, num_generations 4, accumulation 2, num_iterations 2, beta 0.04.
 
-    ``model_dir``: the model saved there already (several processes of one run share it), else saved here."""
+    ``model_dir``: the model saved there already (several processes of one run share it; another architecture),
+    else saved here. ``rollout_func``: TRL's hook giving completions and the sampler's log-probs."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -97,4 +103,5 @@ def grpo_trainer(
         args=args,
         train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
         processing_class=tokenizer,
+        rollout_func=rollout_func,
     )
