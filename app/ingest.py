@@ -23,11 +23,12 @@ from pydantic import BaseModel, ValidationError
 import grpo
 from app.errors import BODY_EXPECTED, LimitError, Loc, error_item, invalid
 from app.settings import Settings
-from grpo.fields import ALIASES, BATCH_FIELDS, BatchField, fields_of, names_of, padded, present
+from grpo.fields import ALIASES, BATCH_FIELDS, BatchField, fields_of, given_per_token, names_of, padded, present
 from grpo.io import canonical, parse_json, read_arrays
 
 # The per-token fields (grpo's batch-field table: their bounds, 0/1 or not, NaN allowed or not).
 PER_TOKEN: dict[str, BatchField] = {name: BATCH_FIELDS[name] for name in fields_of("token")}
+PER_TOKEN_OK = tuple(name for name, f in BATCH_FIELDS.items() if f.per_token_ok)  # per row, or per token
 # One value inside each field's bounds: the model checks the other fields with these in the per-token ones' place.
 PLACEHOLDER = {name: [[min(max(1.0 if f.dtype == "mask" else 0.0, f.low), f.high)]] for name, f in PER_TOKEN.items()}
 NAMES = {name: names_of(name) for name in PER_TOKEN}
@@ -244,9 +245,13 @@ def _same_rows(name: str, row_lengths: np.ndarray, lengths: np.ndarray) -> None:
 
 
 def _padded(fields: dict[str, Any], lengths: np.ndarray, names: list[str]) -> dict[str, Any]:
-    """Flat per-token values -> (B, T) arrays padded with 0; the completion mask masks the padding."""
+    """Flat per-token values -> (B, T) arrays padded with 0; the completion mask masks the padding. A per-row
+    field given per token (advantages: ragged rows) is padded too."""
     for name in names:
         fields[name] = padded(name, fields[name], lengths)
+    for name in PER_TOKEN_OK:
+        if fields.get(name) is not None and given_per_token(name, fields[name]):
+            fields[name] = padded(name, fields[name], lengths)
     if fields.get("completion_mask") is None:
         fields["completion_mask"] = present(lengths).astype(np.float64)
     return fields

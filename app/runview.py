@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import Tensor
 
-from grpo.batch import Batch
+from grpo.batch import Batch, request_advantages
 from grpo.check import DEFAULT_METRIC_ATOL, DEFAULT_RTOL, check_run, replay_config, step_views
 from grpo.config import LossConfig
 from grpo.errors import GrpoInputError
@@ -314,14 +314,15 @@ def step_batch(run: Run, step: int, micro: int | None = None) -> tuple[dict[str,
         raise GrpoInputError("step", f"a step of this run ({', '.join(map(str, run.step_numbers()))}) and micro-batch")
     loaded = [load_step(r.path) for r in refs]
     rows: dict[str, list[list[float]]] = {}
-    per_row: dict[str, list[float]] = {"advantages": [], "row_rewards": [], "row_groups": []}
+    per_row: dict[str, list[Any]] = {"advantages": [], "row_rewards": [], "row_groups": []}
+    per_token = any(b.advantages is not None and b.advantages.dim() == 2 for b, _, _ in loaded)  # verl's (B, T)
     for batch, stored, info in loaded:
         lengths = ((batch.mask.cumsum(-1) * batch.mask).argmax(-1) + 1).tolist()  # up to the last counted position
         for name in fields_of("token"):  # every per-token field of the table, plugins' included
             value = batch.mask_float if name == "completion_mask" else getattr(batch, name, batch.extra.get(name))
             if value is not None:
                 rows.setdefault(name, []).extend(row.tolist() for row in ragged(value, lengths))
-        per_row["advantages"] += batch_advantages(batch, stored).tolist()
+        per_row["advantages"] += request_advantages(batch_advantages(batch, stored), lengths, per_token)
         for name in ("row_rewards", "row_groups"):
             if name in info["tensors"]:
                 per_row[name] += info["tensors"][name].tolist()

@@ -57,6 +57,7 @@ from app.schemas import ConfigRequest
 from app.settings import Settings
 from app.work import Reply
 from grpo.answer import breakdown_to_json, dumps
+from grpo.batch import request_advantages
 from grpo.check import DEFAULT_METRIC_ATOL, DEFAULT_RTOL, replay_config
 from grpo.errors import GrpoInputError
 from grpo.fields import ragged
@@ -572,7 +573,7 @@ def _step_request(path: Path) -> dict[str, Any]:
         "old_per_token_logps": rows(batch.old_per_token_logps),
         "ref_per_token_logps": rows(batch.ref_per_token_logps),
         "completion_mask": rows(batch.mask_float),
-        "advantages": [float(a) for a in batch_advantages(batch, config).tolist()],
+        "advantages": request_advantages(batch_advantages(batch, config), lengths),  # per row, or per token
     }
     if isinstance(tokens, list) and len(tokens) == len(lengths):
         body["tokens"] = [row[:n] for row, n in zip(tokens, lengths, strict=True)]

@@ -126,6 +126,8 @@ def breakdown_to_json(
         token_data["sampler_log_ratio"] = _rows_of(bd.tokens.sampler_log_ratio, lengths, rows)
         token_data["is_weight"] = _rows_of(bd.tokens.is_weight, lengths, rows)
         token_data["correction"] = ragged(bd.tokens.correction.to(torch.int8).cpu().numpy(), lengths, rows)
+    if bd.per_token_advantages:  # each token's own advantage (a row's may vary)
+        token_data["advantage"] = _rows_of(bd.tokens.advantage, lengths, rows)
     if bd.config.importance_sampling_level == "sequence":  # the token's own ratio beside its row's (GSPO)
         token_data["token_ratio"] = _rows_of(bd.tokens.log_ratio.exp() * bd.tokens.mask, lengths, rows)
     return {
@@ -153,6 +155,9 @@ def breakdown_to_json(
         # the numbers as the page prints them: enough digits to tell a value from 1 (GSPO's 1 + 4e-4)
         "config_text": {k: number(v) for k, v in config.items() if _is_number(v)},
         "advantages": bd.advantages.cpu().numpy(),
+        # given per token: each row's smallest and largest counted advantage, and whether they differ (the rows
+        # table shows the row's value where they do not, else its mean and range, "per token"); null per row
+        "advantage_per_token": advantage_spread(bd) if bd.per_token_advantages else None,
         "rows": {k: (v.cpu().numpy() if isinstance(v, Tensor) else v) for k, v in row_data.items()},
         "tokens": token_data,
         "token_rows": rows,
@@ -167,6 +172,16 @@ def breakdown_to_json(
         "dtype": bd.dtype,
         "warnings": list(bd.warnings),
     }
+
+
+def advantage_spread(bd: Breakdown) -> dict[str, Any]:
+    """Per row: the smallest and largest advantage over its counted tokens (0 for a row with none), and whether
+    the row's tokens carry different ones (``rows.advantage`` is then their mean)."""
+    a, counted = bd.tokens.advantage.detach(), bd.tokens.mask
+    any_counted = counted.any(-1)
+    low = torch.where(counted, a, torch.inf).amin(-1).where(any_counted, 0.0)
+    high = torch.where(counted, a, -torch.inf).amax(-1).where(any_counted, 0.0)
+    return {"min": low.cpu().numpy(), "max": high.cpu().numpy(), "varies": (low != high).cpu().tolist()}
 
 
 def drawn_curves(curves: dict[str, Any]) -> dict[str, Any]:

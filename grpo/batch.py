@@ -18,7 +18,17 @@ import torch
 from torch import Tensor
 
 from grpo.errors import GrpoInputError
-from grpo.fields import ALIASES, BATCH_FIELDS, LOGP_HIGH, BatchField, fields_of, padded, present
+from grpo.fields import (
+    ALIASES,
+    BATCH_FIELDS,
+    LOGP_HIGH,
+    BatchField,
+    fields_of,
+    given_per_token,
+    padded,
+    present,
+    ragged,
+)
 
 TensorLike = Tensor | np.ndarray | Sequence[Any]
 LOGP_FIELDS = tuple(name for name, f in BATCH_FIELDS.items() if f.expected == LOGP_HIGH)
@@ -50,7 +60,8 @@ class Batch:
     variable the gradient is taken against; a model's output keeps its autograd graph, so
     ``grpo.compute_loss`` can backpropagate into the model); ``old_per_token_logps`` defaults to
     it (on-policy: ratio 1), ``ref_per_token_logps`` too (no reference: KL 0). Give exactly one of
-    ``advantages`` (B,) or ``rewards`` (B,); ``group_size`` G groups consecutive rows (default: all
+    ``advantages`` (B,) or (B, T) (one per token, as verl hands them to its policy losses) or ``rewards``
+    (B,); ``group_size`` G groups consecutive rows (default: all
     rows are one group). ``prompt_lengths`` (an int, or one per row) excludes each row's leading
     positions. Rebuilding from the fields, ``Batch(**dataclasses.asdict``-style, gives the same batch.
     Any other field registered in ``grpo.fields`` is passed by name (or in ``extra``) and arrives
@@ -66,7 +77,8 @@ class Batch:
     prompt_lengths: Tensor
     """(B,) int64 (0 when none were given)."""
     advantages: Tensor | None
-    """(B,) in per_token_logps' dtype, or None when rewards were given."""
+    """(B,), or (B, T) when given per token (0 wherever nothing counts), in per_token_logps' dtype; None when
+    rewards were given."""
     rewards: Tensor | None
     group_size: int | None
     entropies: Tensor | None
@@ -120,7 +132,7 @@ class Batch:
         set_(self, "completion_mask", mask)
         set_(self, "prompt_lengths", prompt)
         set_(self, "_mask_float", weights)
-        advantages_, rewards_ = _targets(advantages, rewards, logp)
+        advantages_, rewards_ = _targets(advantages, rewards, logp, mask, weights)
         set_(self, "advantages", advantages_)
         set_(self, "rewards", rewards_)
         if group_size is not None and (
@@ -238,13 +250,24 @@ def _out_of_bounds(field: BatchField, values: Tensor) -> Tensor:
     return ~finite | (~inside & ~torch.isnan(values))
 
 
-def _targets(advantages: TensorLike | None, rewards: TensorLike | None, logp: Tensor) -> tuple[Tensor | None, ...]:
-    """(advantages, rewards): exactly one given, as (B,) finite numbers in logp's dtype."""
+def _targets(
+    advantages: TensorLike | None, rewards: TensorLike | None, logp: Tensor, mask: Tensor, weights: Tensor
+) -> tuple[Tensor | None, ...]:
+    """(advantages, rewards): exactly one given, as (B,) finite numbers in logp's dtype; advantages may
+    also come per token, (B, T) like the log-probs (finite where a token counts, 0 elsewhere)."""
     if (advantages is None) == (rewards is None):
         raise GrpoInputError("advantages", "exactly one of advantages or rewards")
     name, given = ("advantages", advantages) if advantages is not None else ("rewards", rewards)
     B = logp.shape[0]
     values = _as_tensor(name, given, logp.dtype)
+    if BATCH_FIELDS[name].per_token_ok and values.dim() == 2:
+        if values.shape != logp.shape:
+            raise GrpoInputError(
+                name,
+                f"one number per row ({B}) or one per token, shape {tuple(logp.shape)} like per_token_logps",
+                got=f"shape {tuple(values.shape)}",
+            )
+        return _checked(name, values.to(logp.device), mask, weights), None
     if values.shape != (B,):
         raise GrpoInputError(name, f"one number per row ({B})", got=f"shape {tuple(values.shape)}")
     bad = ~torch.isfinite(values)
@@ -301,6 +324,9 @@ def from_rows(per_token_logps: Sequence[Sequence[float]], **rest: Any) -> Batch:
     rest = dict[str, Any](_canonical(rest, sampler_given=False))
     given = {name: rest.pop(name, None) for name in fields_of("token") if name != "per_token_logps"}
     grids: dict[str, Any] = {name: padded(name, value, lengths) for name, value in given.items() if value is not None}
+    for name in fields_of("row"):  # a per-row field given per token (advantages): ragged rows, padded like the rest
+        if rest.get(name) is not None and given_per_token(name, rest[name]):
+            grids[name] = padded(name, rest.pop(name), lengths)
     mask = grids.pop("completion_mask", None)
     return Batch(
         per_token_logps=padded("per_token_logps", per_token_logps, lengths),
@@ -308,3 +334,13 @@ def from_rows(per_token_logps: Sequence[Sequence[float]], **rest: Any) -> Batch:
         **grids,
         **rest,
     )
+
+
+def request_advantages(advantages: Tensor, lengths: Sequence[int], per_token: bool = False) -> list[Any]:
+    """Advantages as a request gives them: one float per row, or each row's first ``lengths[i]`` values when
+    they are per token (B, T); ``per_token`` writes per-row ones on each of the row's positions too (to join
+    batches of both kinds)."""
+    if advantages.dim() == 2:
+        return [row.tolist() for row in ragged(advantages.detach().cpu(), lengths)]
+    values = advantages.detach().cpu().tolist()
+    return [[a] * n for a, n in zip(values, lengths, strict=True)] if per_token else values

@@ -94,6 +94,14 @@ class LossConfig:
         "policy",
         choices=("token", "sequence"),
     )
+    sequence_ratio_gradient: str = _f(
+        "mean",
+        "At sequence level (GSPO), how the row's ratio s passes the gradient: mean = through the mean log-ratio "
+        "(TRL: each token gets its row's weighted mean advantage); token = verl's sg(s)·pi/sg(pi) (each token its "
+        "own advantage). The same for one advantage per row; they differ when advantages come per token.",
+        "policy",
+        choices=("mean", "token"),
+    )
     top_entropy_quantile: float = _f(
         1.0,
         "TRL's high-entropy mask (the 80/20 paper): the policy term acts only on tokens whose entropy is at "

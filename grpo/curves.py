@@ -77,7 +77,7 @@ def objective_curves(bd: Breakdown, points: int = 241, max_points: int = 500) ->
     rows, positions = mask[:reach].nonzero(as_tuple=True)
     rows, positions = rows[:max_points], positions[:max_points]
     ratios = ratio[rows, positions].double().cpu()
-    signs = torch.sign(bd.advantages.detach().double())[rows].cpu()
+    signs = torch.sign(bd.tokens.advantage.detach().double())[rows, positions].cpu()  # each token's own A
     x, curves = _grid_curves(bd.config, OBJECTIVES.get(bd.config.objective), low, high, points)
     value = torch.zeros(0, dtype=torch.float64)
     if counted:

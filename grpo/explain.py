@@ -134,7 +134,7 @@ def token_why(bd: Breakdown) -> TokenWhy:
     plus A = 0 (no policy gradient under any objective, since each scales by A)."""
     config, t = bd.config, bd.tokens
     rule = OBJECTIVES.entry(config.objective).why
-    a = bd.advantages[:, None].expand_as(t.ratio)  # (B,) -> (B, T)
+    a = t.advantage  # (B, T): each token's A (its row's, or its own when given per token)
     region = t.region.long()
     if rule is None:
         names, codes = REGIONS, region
@@ -211,7 +211,7 @@ def _negative_drivers(bd: Breakdown) -> str:
     order = [int(i) for i in torch.argsort(shares) if float(shares[i]) < 0][:2]
     rows = " and ".join(f"row {i} ({mark(f'rows/loss/{i}', float(shares[i]))})" for i in order)
     text = f" The most negative loss shares: {rows}." if rows else ""
-    a = bd.advantages[:, None].expand_as(bd.tokens.ratio)  # (B,) -> (B, T)
+    a = bd.tokens.advantage  # (B, T): each token's A
     rose = _counted(bd) & (a > 0) & (bd.tokens.ratio > 1)
     if int(rose.sum()):
         top = float(bd.tokens.ratio[rose].max())
@@ -387,6 +387,29 @@ def _length_sentence(bd: Breakdown) -> str | None:
     return f"{head}: a token of a long row counts more, so long rows dominate the update."
 
 
+def _per_token_advantage_sentence(bd: Breakdown) -> str | None:
+    """Advantages given per token whose rows' tokens differ: how many rows, the range, and what it means."""
+    if not bd.per_token_advantages:
+        return None
+    a, counted = bd.tokens.advantage, bd.tokens.mask
+    low = torch.where(counted, a, torch.inf).amin(-1)
+    high = torch.where(counted, a, -torch.inf).amax(-1)
+    varies = counted.any(-1) & (low != high)
+    n = int(varies.sum())
+    if not n:
+        return None
+    rows, total = mark("lens/why/per_token_advantage_rows", n, 12), mark("lens/why/rows", len(varies), 12)
+    lo, hi = (
+        mark("lens/why/advantage_min", float(a[counted].min())),
+        mark("lens/why/advantage_max", float(a[counted].max())),
+    )
+    return (
+        f"The advantages come per token: {rows} of {total} rows carry different ones on their tokens (from {lo} "
+        f"to {hi} over the batch), so each token's term is scaled by its own A, and a row's advantage shown is the "
+        "mean over its counted tokens."
+    )
+
+
 def _zero_std_sentence(bd: Breakdown) -> str:
     """Zero-std groups: advantages 0, yet their tokens stay in the divisor and dilute the others."""
     m = bd.metrics
@@ -420,7 +443,7 @@ def explain_parts(bd: Breakdown, why: TokenWhy | None = None) -> list[tuple[str,
 def explain_items(bd: Breakdown) -> list[tuple[str, str]]:
     """The sentences of ``explain``, each with a key saying what it is about, so a reader (the page's
     compare view) finds one by its key, never by its wording: "sign", "on_policy", "clip", "unbounded",
-    "gspo", "negative_kl", "clamp", "zero_std", "kl_off", "kl_dominates", "length"."""
+    "gspo", "negative_kl", "clamp", "zero_std", "per_token_advantages", "kl_off", "kl_dominates", "length"."""
     return [(key, plain(text)) for key, text in _marked_items(bd)]
 
 
@@ -453,6 +476,9 @@ def _marked_items(bd: Breakdown, why: TokenWhy | None = None) -> list[tuple[str,
     out += [("clamp", s) for s in _clamp_sentences(bd)]
     if bd.zero_std_groups:
         out.append(("zero_std", _zero_std_sentence(bd)))
+    per_token = _per_token_advantage_sentence(bd)
+    if per_token:
+        out.append(("per_token_advantages", per_token))
     if beta == 0:
         out.append(("kl_off", "beta = 0: the KL term is off, so the loss is the policy term alone."))
     elif kl > 0 and kl > 10 * abs(surrogate) and kl > 1e-8:

@@ -18,7 +18,7 @@ import numpy as np
 import orjson
 
 from grpo.errors import GrpoInputError
-from grpo.fields import BATCH_FIELDS, fields_of, padded, present, ragged
+from grpo.fields import BATCH_FIELDS, fields_of, given_per_token, padded, present, ragged
 from grpo.requests import batch_from_request
 
 # The formats written and their MIME types, filled by ``grpo.io.register_format`` from its entries (the
@@ -52,7 +52,9 @@ def padded_arrays(fields: dict[str, Any], lengths: list[int] | None = None) -> d
         if fields.get(name) is not None:
             out[name] = padded(name, fields[name], lengths)
     for name in (*PER_ROW, *fields_of("batch")):
-        if fields.get(name) is not None:
+        if fields.get(name) is not None and given_per_token(name, fields[name]):  # advantages per token: (B, T)
+            out[name] = padded(name, fields[name], lengths)
+        elif fields.get(name) is not None:
             out[name] = np.asarray(fields[name], dtype=np.int64 if BATCH_FIELDS[name].dtype == "int" else np.float64)
     return out
 

@@ -7,7 +7,8 @@ columns, the run step files' tensors and the upload help. A new input is one ``r
 arrives checked in ``Batch.extra``.
 
 Shapes: ``token`` (B, T) per token, ragged in requests; ``row`` (B,) one per row (an int is accepted
-for every row where ``scalar_ok``); ``batch`` one number for the whole batch.
+for every row where ``scalar_ok``; (B, T), ragged in requests, where ``per_token_ok``); ``batch`` one
+number for the whole batch.
 
 Also here: the one ragged <-> padded converter (``padded``, ``ragged``, ``present``).
 """
@@ -52,6 +53,9 @@ class BatchField:
     """A JSONL line's key for a per-row field (``reward`` for ``rewards``)."""
     scalar_ok: bool = False
     """A per-row field that may be one number for every row (``prompt_lengths``)."""
+    per_token_ok: bool = False
+    """A per-row field that may come per token instead: (B, T) like the log-probs, ragged rows in a request
+    (``advantages``: verl hands its policy losses (B, T), TRL accepts them from subclasses)."""
 
     def bounds_text(self) -> str:
         """The bounds in words, as an error's "expected"."""
@@ -76,6 +80,7 @@ class BatchField:
             "aliases": list(self.aliases),
             "required": self.required,
             "scalar_ok": self.scalar_ok,
+            "per_token_ok": self.per_token_ok,
         }
 
 
@@ -135,7 +140,14 @@ for _field in (
         row_key="prompt_length",
         scalar_ok=True,
     ),
-    BatchField("advantages", "row", "float", "One advantage per row (give this or rewards).", row_key="advantage"),
+    BatchField(
+        "advantages",
+        "row",
+        "float",
+        "One advantage per row, or one per token (a list per row, ragged like per_token_logps); give this or rewards.",
+        row_key="advantage",
+        per_token_ok=True,
+    ),
     BatchField("rewards", "row", "float", "One reward per row (give this or advantages).", row_key="reward"),
     BatchField("group_size", "batch", "int", "Consecutive rows per prompt; default: all rows are one group.", low=1.0),
     BatchField(
@@ -166,6 +178,27 @@ for _field in (
 def fields_of(shape: Shape) -> tuple[str, ...]:
     """The names of the fields of one shape, in the table's order."""
     return tuple(name for name, f in BATCH_FIELDS.items() if f.shape == shape)
+
+
+def given_per_token(name: str, value: Any) -> bool:
+    """Whether a ``per_token_ok`` field's value comes per token: a 2-D array, or a list of rows (lists);
+    a list that mixes numbers and rows is refused, naming the first row that breaks the pattern."""
+    if not BATCH_FIELDS[name].per_token_ok:
+        return False
+    ndim = getattr(value, "ndim", None)
+    if ndim is not None:
+        return int(ndim) == 2
+    if not isinstance(value, list | tuple) or not value:
+        return False
+    nested = [isinstance(v, list | tuple | np.ndarray) for v in value]
+    if all(nested):
+        return True
+    if any(nested):
+        first = nested.index(not nested[0])
+        raise GrpoInputError(
+            name, "one number per row, or a list per row (one per token), not both", row=first, got="a mix"
+        )
+    return False
 
 
 def names_of(name: str) -> list[str]:

@@ -87,6 +87,8 @@ class TokenBreakdown:
     correction: Tensor
     """int8 codes into CORRECTION_CODES: kept, truncated, masked, not_scored, sequence_masked (0: does not
     count)."""
+    advantage: Tensor
+    """The advantage the token's term is scaled by: its row's, or its own when the batch gives them per token."""
 
     def correction_names(self) -> list[list[str]]:
         return [[CORRECTION_CODES[c] for c in row] for row in self.correction.tolist()]
@@ -131,7 +133,8 @@ class Breakdown:
     """Trainer metrics under their own names (TRL, verl), meaning what the trainer means; GRPO Lens's
     own quantities under ``lens/`` (``lens/grad_norm_logps``, ``lens/ratio/max``, ...)."""
     advantages: Tensor
-    """(B,): the advantages used (given, or computed from rewards)."""
+    """(B,): the advantages used (given, or computed from rewards); given per token, a row's value where it is
+    the same on all its counted tokens, else their mean (``tokens.advantage`` holds each token's)."""
     rows: RowBreakdown
     tokens: TokenBreakdown
     clamp_counts: dict[str, int]
@@ -153,6 +156,8 @@ class Breakdown:
     """0-d: the entropy bonus's part of the loss, -entropy_coef · mean entropy (None when entropy_coef is 0)."""
     entropy_tokens: Tensor | None = None
     """(B, T): each token's share of entropy_loss (no gradient: the entropies are inputs)."""
+    per_token_advantages: bool = False
+    """Whether the batch gave its advantages per token (B, T) (``tokens.advantage``; a row's may vary)."""
 
 
 def resolve_device(name: str, input_device: torch.device) -> torch.device:
@@ -192,8 +197,10 @@ def importance_ratio(
     """(ratio, log_ratio): ratio (B, T), or (B, 1) at sequence level; log_ratio (B, T).
 
     At sequence level (GSPO) the ratio is exp(mean log-ratio over the row), differentiable
-    through the mean as in TRL; verl's token form sg(s)·pi/sg(pi) has the same value and the
-    same gradient under every aggregation here. ``touched`` records where the clamps acted.
+    through the mean as in TRL; with ``sequence_ratio_gradient="token"`` verl's token form
+    sg(s)·pi/sg(pi) (B, T): the same value, and the same gradient while a row has one advantage
+    (with per-token advantages each token's gradient then carries its own). ``touched`` records where
+    the clamps acted.
     """
     touched = {} if touched is None else touched
     log_ratio = logp - old
@@ -202,6 +209,8 @@ def importance_ratio(
     if config.importance_sampling_level == "token":
         return log_ratio.exp(), log_ratio
     seq = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # (B, T) -> (B, 1)
+    if config.sequence_ratio_gradient == "token":  # verl: log s_t = logp - sg(logp) + sg(log s), (B, T)
+        seq = logp - logp.detach() + seq.detach()
     if config.seq_log_ratio_clamp is not None:  # verl GSPO: an upper clamp only
         touched["seq_log_ratio_clamp"] = above(seq.detach(), config.seq_log_ratio_clamp)
         seq = seq.clamp(max=config.seq_log_ratio_clamp)
@@ -231,14 +240,42 @@ def kl_penalty(
 @dataclass(frozen=True)
 class _Advantages:
     values: Tensor
+    """(B,) one per row, or (B, T) when the batch gives them per token (0 where nothing counts)."""
     reward: Tensor | None
     metrics: dict[str, float]
     zero_std_groups: tuple[int, ...]
     group_size: int
 
+    @property
+    def per_token(self) -> bool:
+        return self.values.dim() == 2
+
+    def on_tokens(self) -> Tensor:
+        """(B, 1) or (B, T): what the objectives multiply each token's term by (broadcast over the row)."""
+        return self.values if self.per_token else self.values[:, None]
+
+    def of_rows(self, mask: Tensor) -> Tensor:
+        """(B,): one per row; given per token, a row's value where it is the same on every counted token
+        (bit for bit the per-row input's), else its mean over them (0 for a row with none)."""
+        if not self.per_token:
+            return self.values
+        return row_values(self.values, mask)
+
+
+def row_values(per_token: Tensor, mask: Tensor) -> Tensor:
+    """(B, T) per-token values -> (B,): the row's value where its counted tokens agree, else their mean.
+    ``mask`` (B, T) 0.0/1.0 (or bool)."""
+    weights = mask.to(per_token.dtype)
+    first = per_token.gather(-1, weights.argmax(-1, keepdim=True)).squeeze(-1)  # first counted token's value
+    length = weights.sum(-1)
+    varies = ((per_token != first[:, None]) & (weights > 0)).any(-1)
+    mean = (per_token * weights).sum(-1) / length.clamp(min=1)
+    return torch.where(varies, mean, first * (length > 0))
+
 
 def compute_advantages(batch: Batch, config: LossConfig, device: torch.device, dtype: torch.dtype) -> _Advantages:
-    """Advantages (B,) from the batch: given, or from rewards by ``config.advantage``."""
+    """Advantages (B,) from the batch: given (per row, or per token (B, T)), or from rewards by
+    ``config.advantage``."""
     B = batch.shape[0]
     G = int(batch.group_size or B)
     if batch.rewards is None:
@@ -379,7 +416,7 @@ def policy_kept(inp: _Inputs, config: LossConfig) -> Tensor | None:
 def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfig, want_kl: bool) -> _Terms:
     """Every per-token term, from the log-probs the policy and the KL terms read (the same values)."""
     touched: Touched = {}
-    A = inp.adv.values[:, None]  # (B,) -> (B, 1), broadcast over the row's tokens
+    A = inp.adv.on_tokens()  # (B, 1) broadcast over the row's tokens, or (B, T) given per token
     ratio, log_ratio = importance_ratio(logp_policy, inp.old, inp.mask, config, touched)
     given = ObjectiveInputs(old=inp.old, log_ratio=log_ratio, mask=inp.mask)
     objective = OBJECTIVES.get(config.objective)(ratio, logp_policy, A, config, given)
@@ -497,6 +534,7 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         log_ratio=t.log_ratio.detach(),
         mask=inp.counted,
         **_correction_tokens(t.correction, inp),
+        advantage=adv.on_tokens().expand(shape) * mask,
     )
     rows = _rows(tokens, adv, mask)
     metrics = _metrics(batch, config, t.objective.flags, tokens, rows, adv, mask, t.ratio.detach())
@@ -520,7 +558,7 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         policy_loss=tokens.policy_loss.sum(),
         kl_loss=tokens.kl_loss.sum(),
         metrics=metrics,
-        advantages=adv.values,
+        advantages=rows.advantage,
         rows=rows,
         tokens=tokens,
         clamp_counts=_clamp_counts(t.touched, tokens, mask, config),
@@ -534,6 +572,7 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         entropy_loss=entropy_loss,
         aux_loss=router_part(config, loss).detach() if config.aux_loss_coef else None,
         entropy_tokens=t.entropy_tokens,
+        per_token_advantages=adv.per_token,
     )
 
 
@@ -573,7 +612,7 @@ def _rows(tokens: TokenBreakdown, adv: _Advantages, mask: Tensor) -> RowBreakdow
     outside = above(tokens.region.to(mask.dtype), TRUST).sum(-1)
     B = mask.shape[0]
     return RowBreakdown(
-        advantage=adv.values,
+        advantage=adv.of_rows(mask),
         reward=adv.reward,
         length=lengths,
         loss=tokens.loss.sum(-1),
@@ -652,8 +691,8 @@ def _metrics(
         "lens/ratio/min": float(ratio_min) if any_counted else 1.0,
         "lens/ratio/mean": float(tokens.ratio.sum() / n_tokens) if any_counted else 1.0,
         "lens/ratio/max": float(ratio_max) if any_counted else 1.0,
-        "lens/advantage/mean": float(adv.values.mean()),
-        "lens/advantage/std": float(unbiased_std(adv.values, dim=None)) if adv.values.numel() > 1 else 0.0,
+        "lens/advantage/mean": float(rows.advantage.mean()),
+        "lens/advantage/std": float(unbiased_std(rows.advantage, dim=None)) if rows.advantage.numel() > 1 else 0.0,
     }
     if batch.entropies is not None:
         metrics["entropy"] = float(masked_mean(batch.entropies.to(mask.device, mask.dtype), mask))

@@ -1,7 +1,8 @@
 """Per-token policy objectives: the term each token adds to J before aggregation.
 
 Every objective takes ``ratio`` ((B, T), or (B, 1) at sequence level; differentiable),
-``logp`` ((B, T), the current log-probs; differentiable), ``advantages`` ((B, 1), constant),
+``logp`` ((B, T), the current log-probs; differentiable), ``advantages`` ((B, 1), constant; (B, T) when
+the batch gives them per token, as verl hands them to its losses),
 its ``settings`` (the few fields of ObjectiveSettings; a LossConfig is one) and ``inputs``
 (ObjectiveInputs: the old log-probs, the log-ratio and the mask, which verl's later losses read;
 None where a caller has only a ratio, as the clip view's curves), and returns ``ObjectiveTerms``.
@@ -481,12 +482,13 @@ def geo_mean(
     Paper: https://arxiv.org/abs/2507.20673
     """
     x, mask = given_inputs(ratio, logp, inputs).log_ratio, given_inputs(ratio, logp, inputs).mask
-    sign = torch.sign(advantages)  # (B, 1)
+    sign = torch.sign(advantages)  # (B, 1), or (B, T) per token
     x_clipped = x.clamp(-config.epsilon_low, config.epsilon_high)
     x_min = sign * torch.minimum(sign * x, sign * x_clipped)  # the pessimistic side of the clip, per token
     length = mask.sum(-1, keepdim=True)  # (B, T) -> (B, 1)
     row_ratio = torch.exp((x_min * mask).sum(-1, keepdim=True) / (length + 1e-8))
-    surrogate = advantages * length / (length + 1e-8) * row_ratio  # (B, 1): Ā_i · geometric-mean ratio
+    row_advantage = (advantages.expand_as(mask) * mask).sum(-1, keepdim=True) / (length + 1e-8)  # Ā_i, as verl
+    surrogate = row_advantage * row_ratio  # (B, 1): Ā_i · geometric-mean ratio
     weight = mask / (mask.shape[0] * length.clamp(min=1))  # a row's tokens share its 1/B: torch.mean over rows
 
     xd = x.detach()

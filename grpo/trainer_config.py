@@ -270,6 +270,7 @@ VERL_LOSS_MODES: dict[str, dict[str, Any]] = {
     "gspo": {
         "objective": "clip",
         "importance_sampling_level": "sequence",
+        "sequence_ratio_gradient": "token",  # sg(s)·pi/sg(pi): each token's gradient carries its own advantage
         "seq_log_ratio_clamp": 10.0,
         "dual_clip": None,
         "log_ratio_clamp": None,

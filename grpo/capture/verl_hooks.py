@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -130,7 +129,7 @@ class VerlCapture:
             "per_token_logps": call["log_prob"].detach(),
             "old_per_token_logps": call["old_log_prob"].detach(),
             "completion_mask": mask,
-            "advantages": _row_advantages(call["advantages"].detach(), mask),
+            "advantages": call["advantages"].detach(),  # (B, T) as verl hands them: per token, kept as they are
         }
         if call.get("rollout_is_weights") is not None:
             self.unsupported["rollout_is_weights"] = "rollout importance weights are not applied"
@@ -168,22 +167,6 @@ def _with_batch_info(config: LossConfig, info: Any) -> LossConfig:
         token_normalizer=None if tokens is None else _float(tokens) / dp,
         sequence_normalizer=None if rows is None else _float(rows) / dp,
     )
-
-
-def _row_advantages(advantages: Tensor, mask: Tensor) -> Tensor:
-    """verl broadcasts each row's advantage over its tokens (B, T); GRPO Lens takes one per row (B,).
-
-    The row's value at its first counted token (0 for a row with none); a row whose counted tokens
-    disagree is reported, since per-token advantages are not a GRPO-family input here.
-    """
-    if advantages.dim() == 1:
-        return advantages
-    first = mask.float().argmax(-1, keepdim=True)  # (B, T) -> (B, 1)
-    per_row = advantages.gather(-1, first).squeeze(-1) * mask.any(-1)
-    spread = ((advantages - per_row[:, None]).abs() * mask).max()
-    if float(spread) > 0:
-        warnings.warn("grpo.capture.verl: advantages vary within a row; the first token's value is kept", stacklevel=2)
-    return per_row
 
 
 def install(cap: VerlCapture) -> Callable[[], None]:

@@ -140,6 +140,8 @@ export const ROWS = {
   row: "row",
   allRows: "all rows",
   rowN: (i) => `row ${i}`,
+  // a row whose tokens carry different advantages (given per token): its mean, its range, and the words
+  perTokenAdvantage: (mean, low, high) => `${mean} (${low} … ${high}, per token)`,
 };
 
 export const SCENARIO = {

@@ -192,7 +192,7 @@ export function renderRowsTable(data) {
 function rowNode(data, i, position) {
   const cells = rowsView.columns.map((key) => {
     const v = data.rows[key] ? data.rows[key][i] : null;
-    const text = key === "clip_fraction" ? pct(v) : fmt(v);
+    const text = key === "clip_fraction" ? pct(v) : key === "advantage" ? advantageText(data, i, v) : fmt(v);
     return el("td", { class: "num", text, ...tagged(`rows/${key}/${i}`, v) });
   });
   const pick = () => hooks.pickRow(i);
@@ -210,6 +210,14 @@ function rowNode(data, i, position) {
     el("td", { text: String(i), ...tagged(`rows/index/${i}`, i) }),
     ...cells,
   );
+}
+
+// A row's advantage: its value, or where the batch gave it per token and its tokens differ, the row's mean
+// and range (the server's numbers: answer.advantage_per_token).
+function advantageText(data, i, v) {
+  const spread = data.advantage_per_token;
+  if (!spread || !spread.varies[i]) return fmt(v);
+  return ROWS.perTokenAdvantage(fmt(v), fmt(spread.min[i]), fmt(spread.max[i]));
 }
 
 function spacer(rows) {
