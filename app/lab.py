@@ -25,6 +25,7 @@ from app.lab_workers import LabManager, new_manager, tasks_json
 from app.schemas import ConfigRequest, ErrorResponse
 from app.store import RUN_NAME_PATTERN
 from grpo.lab import DEFAULT_TASK, TASKS, LabConfig
+from grpo.lab.train import check_lab_inputs
 
 RUN_NAME = rf"^{RUN_NAME_PATTERN}$"  # the run store's names (pydantic's $ is the true end of the text)
 
@@ -89,6 +90,7 @@ class LabRunRequest(BaseModel):
             fields = self.config.model_dump(exclude_unset=True) | dict(self.config.model_extra or {})
         try:
             loss = grpo.LossConfig.resolve({**fields, "device": "cpu"})
+            check_lab_inputs(loss)  # ReMax's greedy baselines: the lab's rollouts have none
         except grpo.GrpoInputError as exc:
             raise config_error(["body", "config"], exc) from exc
         knobs = self.model_dump(exclude={"config", "name", "task"})

@@ -11,6 +11,7 @@ from grpo.examples import SCENARIOS
 from grpo.export import FORMATS as EXPORT_FORMATS
 from grpo.glossary import GLOSSARY
 from grpo.io import UPLOAD_FORMATS
+from grpo.trainer_config import VERL_ADVANTAGES_NEED
 
 
 @lru_cache
@@ -27,6 +28,8 @@ def options_json() -> dict[str, Any]:
         "glossary": [dataclasses.asdict(g) for g in GLOSSARY],
         "formats": formats_json(),
         "batch_fields": [f.describe() for f in grpo.BATCH_FIELDS.values()],
+        # the trainers' estimators no batch can reproduce, and what each would need (GAE: a critic)
+        "unsupported_advantages": {f"verl:{name}": need for name, need in VERL_ADVANTAGES_NEED.items()},
     }
 
 

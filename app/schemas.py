@@ -55,12 +55,14 @@ def _request_type(spec: BatchField) -> Any:
         row = Annotated[list[value], Field(fail_fast=True, **length)]  # type: ignore[valid-type]
         return Annotated[list[row], Field(fail_fast=True, **length)]
     if spec.shape == "row":
-        if spec.per_token_ok:  # each row one number, or a list of numbers (one per token, ragged; lax like them)
-            token = Annotated[float, Field(allow_inf_nan=False, **_bounds(spec))]
+        if spec.per_token_ok or spec.columns_ok:  # each row one number, or a list of them (per token, per function)
+            token = Annotated[float, Field(allow_inf_nan=False, strict=not spec.per_token_ok, **_bounds(spec))]
             entry = value | Annotated[list[token], FAIL_FAST]
             return Annotated[list[entry], FAIL_FAST]  # type: ignore[valid-type]
         rows = Annotated[list[value], FAIL_FAST]  # type: ignore[valid-type]
         return value | rows if spec.scalar_ok else rows
+    if spec.vector_ok:  # one number, or one per reward function
+        return value | Annotated[list[value], FAIL_FAST]  # type: ignore[valid-type]
     return value
 
 

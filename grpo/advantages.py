@@ -11,11 +11,19 @@ OpenRLHF alike. A group of one completion gets mean 0 and std 1, as in verl
 verl 0.9.1's outcome estimators that need nothing but these (``algorithm.adv_estimator``): grpo
 (``group``, ``none`` without the std), rloo, grpo_passk (``passk``, ``passk-no-std``),
 reinforce_plus_plus_baseline, opo and gpg; verl writes each row's value on its every token.
+
+Estimators that read more take a keyword ``inputs`` (AdvantageInputs) and name the batch fields they need
+in their entry (``needs``): GDPO and TRL's normalize_then_sum read the rewards per reward function (n, G, K)
+and their weights, ReMax the greedy baselines (``reward_baselines``), REINFORCE++ the counted tokens and
+``gamma`` (it gives each token its own discounted return, (B, T): ``per_token``). Rewards given per function
+reach the others combined as TRL's default ``sum_then_normalize`` combines them, Σ_k w_k·r_k.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -25,6 +33,31 @@ from grpo.registry import Registry
 
 Advantage = Callable[..., Tensor]  # (rewards (n, G), epsilon, lengths (n, G) | None = None) -> (n, G)
 ADVANTAGES: Registry[Advantage] = Registry("advantage")
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """What an estimator may read beyond the rewards (the keyword ``inputs``, for those that declare it)."""
+
+    per_function: Tensor
+    """(n, G, K): the rewards per reward function ((n, G, 1) when the batch gives one reward per row)."""
+    weights: Tensor
+    """(K,): the reward functions' weights (reward_weights; all 1 when not given)."""
+    mask: Tensor
+    """(B, T) 1.0 where a token counts (B = n·G)."""
+    gamma: float
+    """The discount of a per-token return (verl algorithm.gamma)."""
+    baselines: Tensor | None = None
+    """(n, G): ReMax's greedy rewards (reward_baselines), None when the batch has none."""
+    old: Tensor | None = None
+    """(B, T): the old (sampling) policy's log-probs (the current ones when the batch has none)."""
+    sum_pi_squared: Tensor | None = None
+    """(B, T): Σ_v π(v)² of the distribution that scored each token (None when the batch has none)."""
+
+
+def takes_inputs(fn: Advantage) -> bool:
+    """Whether an estimator reads AdvantageInputs (a keyword ``inputs``); the older ones take three arguments."""
+    return "inputs" in inspect.signature(fn).parameters
 
 
 def group_mean(rewards: Tensor) -> Tensor:
@@ -133,6 +166,20 @@ def _token_mean(values: Tensor, weights: Tensor) -> Tensor:
     return (values * weights).sum() / (weights.sum() + 1e-8)
 
 
+def whiten_tokens(values: Tensor, weights: Tensor) -> Tensor:
+    """verl's ``masked_whiten``: (v - mean)·rsqrt(var + 1e-8) with the mean and the unbiased variance over the
+    counted tokens, each value weighing by its tokens (``weights``: a row's length for a per-row value, the
+    0/1 mask for a per-token one)."""
+    tokens = weights.sum()
+    if tokens < 2:
+        raise GrpoInputError(
+            "completion_mask", "at least 2 counted tokens in the batch to whiten over", got=str(int(tokens))
+        )
+    mean = _token_mean(values, weights)
+    var = _token_mean((values - mean).square(), weights) * (tokens / (tokens - 1))
+    return (values - mean) * torch.rsqrt(var + 1e-8)
+
+
 @ADVANTAGES.register("reinforce-pp-baseline", label="REINFORCE++ baseline", reward_std=group_std_mean)
 def reinforce_pp_baseline(rewards: Tensor, epsilon: float, lengths: Tensor | None = None) -> Tensor:
     """REINFORCE++ with baseline: R - group mean, then whitened over the batch's counted tokens.
@@ -142,16 +189,7 @@ def reinforce_pp_baseline(rewards: Tensor, epsilon: float, lengths: Tensor | Non
     completion weighs more in both; (v - mean)·rsqrt(var + 1e-8). ``epsilon`` is unused.
     Paper: https://arxiv.org/abs/2501.03262
     """
-    weights = _counted(rewards, lengths)
-    centred = rewards - group_mean(rewards)
-    tokens = weights.sum()
-    if tokens < 2:
-        raise GrpoInputError(
-            "completion_mask", "at least 2 counted tokens in the batch to whiten over", got=str(int(tokens))
-        )
-    mean = _token_mean(centred, weights)
-    var = _token_mean((centred - mean).square(), weights) * (tokens / (tokens - 1))
-    return (centred - mean) * torch.rsqrt(var + 1e-8)
+    return whiten_tokens(rewards - group_mean(rewards), _counted(rewards, lengths))
 
 
 @ADVANTAGES.register("opo", label="OPO (length-weighted baseline)", reward_std=group_std_mean)
@@ -180,3 +218,140 @@ def gpg(rewards: Tensor, epsilon: float, lengths: Tensor | None = None) -> Tenso
     """
     alpha = rewards.numel() / torch.count_nonzero(rewards).clamp(min=1)
     return alpha * (rewards - group_mean(rewards))
+
+
+# --- estimators that read more than one reward per row ------------------------------------------------
+def _per_function(rewards: Tensor, inputs: AdvantageInputs | None) -> AdvantageInputs:
+    if inputs is None:  # called on its own: one reward function, weight 1
+        mask = torch.ones(rewards.numel(), 1, dtype=rewards.dtype, device=rewards.device)
+        return AdvantageInputs(rewards[..., None], torch.ones(1, dtype=rewards.dtype), mask, 1.0)
+    return inputs
+
+
+def _gdpo(
+    rewards: Tensor, epsilon: float, lengths: Tensor | None, inputs: AdvantageInputs | None, by_std: bool
+) -> Tensor:
+    given = _per_function(rewards, inputs)
+    per_function = given.per_function.movedim(-1, 0)  # (n, G, K) -> (K, n, G)
+    normalised = group(per_function, epsilon) if by_std else none(per_function, epsilon)
+    weights = given.weights.to(normalised.dtype)[:, None, None]
+    return whiten_tokens((weights * normalised).sum(0), _counted(rewards, lengths))
+
+
+@ADVANTAGES.register("gdpo", label="GDPO (per-reward GRPO, whitened)", reward_std=group_std_mean)
+def gdpo(
+    rewards: Tensor, epsilon: float, lengths: Tensor | None = None, inputs: AdvantageInputs | None = None
+) -> Tensor:
+    """GDPO: each reward function's rewards normalised within the group, (r_k - mean) / (std + eps), then
+    Σ_k w_k·A_k, whitened over the batch's counted tokens as REINFORCE++ baseline is.
+
+    verl ``gdpo`` (``gdpo_reward_keys``, ``gdpo_reward_weights``): its GRPO per reward key, then
+    ``masked_whiten`` (token-weighted mean and unbiased variance, rsqrt(var + 1e-8)). With one reward per
+    row it is GRPO then the whitening, as verl's fallback to the token-level rewards. Always by the std:
+    verl's trainer calls it without its norm_adv_by_std_in_grpo (the function's default, True).
+    Paper: https://arxiv.org/abs/2601.05242
+    """
+    given = _per_function(rewards, inputs)
+    normalised = group(given.per_function.movedim(-1, 0), epsilon)  # (n, G, K) -> (K, n, G), GRPO per function
+    weights = given.weights.to(normalised.dtype)[:, None, None]
+    return whiten_tokens((weights * normalised).sum(0), _counted(rewards, lengths))
+
+
+@ADVANTAGES.register("normalize-then-sum", label="normalise per reward, then sum", reward_std=batch_std)
+def normalize_then_sum(
+    rewards: Tensor, epsilon: float, lengths: Tensor | None = None, inputs: AdvantageInputs | None = None
+) -> Tensor:
+    """TRL's multi_objective_aggregation="normalize_then_sum": each reward function's rewards normalised
+    within the group, (r_k - mean) / (std + eps), summed with reward_weights, then normalised over the batch,
+    (s - batch mean) / (batch std + eps).
+
+    TRL 1.16 ``GRPOTrainer._generate_and_score_completions``; std unbiased (its ``nanstd``); a group of one
+    gets std 0, a batch of one too. The same eps at both steps (TRL's 1e-4).
+    Paper: https://arxiv.org/abs/2601.05242
+    """
+    given = _per_function(rewards, inputs)
+    scores = given.per_function  # (n, G, K)
+    G = scores.shape[1]
+    mean = scores.mean(dim=1, keepdim=True)
+    std = scores.std(dim=1, keepdim=True) if G > 1 else torch.zeros_like(mean)
+    summed = (((scores - mean) / (std + epsilon)) * given.weights.to(scores.dtype)).sum(-1)  # (n, G)
+    spread = summed.std() if summed.numel() > 1 else torch.zeros((), dtype=summed.dtype)
+    return (summed - summed.mean()) / (spread + epsilon)
+
+
+@ADVANTAGES.register(
+    "remax", label="ReMax (minus the greedy reward)", reward_std=group_std_mean, needs=("reward_baselines",)
+)
+def remax(
+    rewards: Tensor, epsilon: float, lengths: Tensor | None = None, inputs: AdvantageInputs | None = None
+) -> Tensor:
+    """ReMax: R minus the reward of the prompt's greedy completion (reward_baselines), no std.
+
+    verl ``remax``: the return (the outcome reward, on every token up to it) minus the baseline. ``epsilon``
+    is unused.
+    Paper: https://arxiv.org/abs/2310.10505
+    """
+    if inputs is None or inputs.baselines is None:
+        raise GrpoInputError("reward_baselines", "the greedy completion's reward per row: advantage remax reads it")
+    return rewards - inputs.baselines.to(rewards.dtype)
+
+
+@ADVANTAGES.register("reinforce-pp", label="REINFORCE++ (discounted return)", per_token=True)
+def reinforce_pp(
+    rewards: Tensor, epsilon: float, lengths: Tensor | None = None, inputs: AdvantageInputs | None = None
+) -> Tensor:
+    """REINFORCE++: each token's discounted return γ^k·R (k: the row's counted tokens after it; the reward sits
+    on the row's last counted token), whitened over the batch's counted tokens. (B, T): one per token.
+
+    verl ``reinforce_plus_plus`` (``algorithm.gamma``): the return runs back over the counted tokens and
+    carries across masked ones, then ``masked_whiten``. ``epsilon`` is unused; no group baseline.
+    Paper: https://arxiv.org/abs/2501.03262
+    """
+    if inputs is None:
+        raise GrpoInputError("completion_mask", "the counted tokens: advantage reinforce-pp returns one per token")
+    mask = inputs.mask.to(rewards.dtype)
+    after = mask.flip(-1).cumsum(-1).flip(-1) - mask  # counted tokens after each position
+    returns = rewards.reshape(-1, 1) * torch.pow(torch.as_tensor(inputs.gamma, dtype=mask.dtype), after) * mask
+    return whiten_tokens(returns, mask) * mask
+
+
+OTB_EPSILON = 1e-8  # verl's default for compute_optimal_token_baseline_advantage (its trainer passes none)
+
+
+@ADVANTAGES.register(
+    "optimal-token-baseline", label="optimal token baseline", needs=("sum_pi_squared",), per_token=True
+)
+def optimal_token_baseline(
+    rewards: Tensor, epsilon: float, lengths: Tensor | None = None, inputs: AdvantageInputs | None = None
+) -> Tensor:
+    """Optimal token baseline: each token's return minus a baseline per response position, the group's
+    returns weighted by each path's cumulative variance W_t = Σ_{j<=t} (1 - 2π_j + Σπ²_j). (B, T).
+
+    verl ``optimal_token_baseline`` (``actor.calculate_sum_pi_squared``): π_j from the old log-probs, Σπ² per
+    token (``sum_pi_squared``; the logits path computes it), B_t = Σ_i G_t·W_t / (Σ_i W_t + 1e-8) over the
+    group's rows at position t, 0 for a group of one; the longest row, when it alone is the longest, gets
+    baseline 0 past the second longest (``handle_zero_tail``). Positions are the batch's columns (verl's
+    response layout). No rollout IS weights; ``epsilon`` is unused.
+    Paper: https://arxiv.org/abs/2510.16880
+    """
+    if inputs is None or inputs.sum_pi_squared is None or inputs.old is None:
+        raise GrpoInputError("sum_pi_squared", "Σπ² per token: advantage optimal-token-baseline reads it")
+    mask = inputs.mask.to(rewards.dtype)
+    n, G = rewards.shape
+    B, T = mask.shape
+    positions = torch.arange(T, device=mask.device)
+    last = torch.where(mask > 0, positions, -1).amax(-1)  # the reward's position: the row's last counted token
+    returns = rewards.reshape(B, 1) * (positions[None, :] <= last[:, None]).to(mask.dtype)
+    w = 1 - 2 * inputs.old.to(mask.dtype).exp() + inputs.sum_pi_squared.to(mask.dtype)
+    cumulative = (w * mask).cumsum(-1)
+    g, W, m = (x.reshape(n, G, T) for x in (returns, cumulative, mask))
+    baseline = (g * W * m).sum(1, keepdim=True) / ((W * m).sum(1, keepdim=True) + OTB_EPSILON)  # (n, 1, T)
+    baseline = baseline.expand(n, G, T) if G > 1 else torch.zeros_like(g)
+    if G > 1:  # handle_zero_tail: a group's one longest row gets 0 past the second longest
+        length = m.sum(-1)  # (n, G)
+        top = length.topk(2, dim=-1).values  # (n, 2)
+        alone = ((length == top[:, :1]).sum(-1) == 1) & (top[:, 0] > top[:, 1])
+        longest = (length == top[:, :1]) & alone[:, None]  # (n, G)
+        tail = longest[:, :, None] & (positions[None, None, :] >= top[:, 1, None, None])
+        baseline = baseline.masked_fill(tail, 0.0)
+    return ((g - baseline) * m).reshape(B, T)

@@ -80,6 +80,7 @@ class Batch:
     """(B,), or (B, T) when given per token (0 wherever nothing counts), in per_token_logps' dtype; None when
     rewards were given."""
     rewards: Tensor | None
+    """(B,), or (B, K) one per reward function; None when advantages were given."""
     group_size: int | None
     entropies: Tensor | None
     sampling_per_token_logps: Tensor | None
@@ -254,7 +255,8 @@ def _targets(
     advantages: TensorLike | None, rewards: TensorLike | None, logp: Tensor, mask: Tensor, weights: Tensor
 ) -> tuple[Tensor | None, ...]:
     """(advantages, rewards): exactly one given, as (B,) finite numbers in logp's dtype; advantages may
-    also come per token, (B, T) like the log-probs (finite where a token counts, 0 elsewhere)."""
+    also come per token, (B, T) like the log-probs (finite where a token counts, 0 elsewhere), rewards per
+    reward function (B, K)."""
     if (advantages is None) == (rewards is None):
         raise GrpoInputError("advantages", "exactly one of advantages or rewards")
     name, given = ("advantages", advantages) if advantages is not None else ("rewards", rewards)
@@ -268,11 +270,20 @@ def _targets(
                 got=f"shape {tuple(values.shape)}",
             )
         return _checked(name, values.to(logp.device), mask, weights), None
-    if values.shape != (B,):
+    if BATCH_FIELDS[name].columns_ok and values.dim() == 2:  # rewards per reward function (B, K)
+        if values.shape[0] != B or values.shape[1] == 0:
+            raise GrpoInputError(
+                name,
+                f"one number per row ({B}), or K per row (one per reward function)",
+                got=f"shape {tuple(values.shape)}",
+            )
+    elif values.shape != (B,):
         raise GrpoInputError(name, f"one number per row ({B})", got=f"shape {tuple(values.shape)}")
     bad = ~torch.isfinite(values)
     if bad.any():
-        raise GrpoInputError(name, "finite numbers", row=int(bad.nonzero()[0, 0]))
+        raise GrpoInputError(
+            name, "finite numbers", row=_first_row(bad) if bad.dim() == 2 else int(bad.nonzero()[0, 0])
+        )
     values = values.to(logp.device)
     return (values, None) if name == "advantages" else (None, values)
 

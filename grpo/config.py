@@ -330,6 +330,13 @@ class LossConfig:
     advantage_epsilon: float = _f(
         1e-5, "Added to the std: (R - mean) / (std + eps). Article 1e-5, TRL 1e-4, verl 1e-6.", "advantage", ge=0.0
     )
+    gamma: float = _f(
+        1.0,
+        "The discount of a per-token return γ^k·R (verl algorithm.gamma; the reinforce-pp advantage reads it).",
+        "advantage",
+        ge=0.0,
+        le=1.0,
+    )
 
     # --- runtime -------------------------------------------------------------------------------
     dtype: str = _f("float32", "Compute dtype.", "runtime", choices=("float32", "float64"))

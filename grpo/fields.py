@@ -56,6 +56,10 @@ class BatchField:
     per_token_ok: bool = False
     """A per-row field that may come per token instead: (B, T) like the log-probs, ragged rows in a request
     (``advantages``: verl hands its policy losses (B, T), TRL accepts them from subclasses)."""
+    columns_ok: bool = False
+    """A per-row field that may come as K numbers per row, (B, K) (``rewards``: one per reward function)."""
+    vector_ok: bool = False
+    """A batch field that may be a list, one number per reward function (``reward_weights``)."""
 
     def bounds_text(self) -> str:
         """The bounds in words, as an error's "expected"."""
@@ -81,6 +85,8 @@ class BatchField:
             "required": self.required,
             "scalar_ok": self.scalar_ok,
             "per_token_ok": self.per_token_ok,
+            "columns_ok": self.columns_ok,
+            "vector_ok": self.vector_ok,
         }
 
 
@@ -148,7 +154,15 @@ for _field in (
         row_key="advantage",
         per_token_ok=True,
     ),
-    BatchField("rewards", "row", "float", "One reward per row (give this or advantages).", row_key="reward"),
+    BatchField(
+        "rewards",
+        "row",
+        "float",
+        "One reward per row, or K per row (one per reward function: TRL's rewards_per_func, verl GDPO's "
+        "gdpo_reward_keys), combined by reward_weights; give this or advantages.",
+        row_key="reward",
+        columns_ok=True,
+    ),
     BatchField("group_size", "batch", "int", "Consecutive rows per prompt; default: all rows are one group.", low=1.0),
     BatchField(
         "entropies",
@@ -170,6 +184,31 @@ for _field in (
         high=0.0,
         expected=LOGP_HIGH,
         nan_ok=True,
+    ),
+    BatchField(
+        "reward_weights",
+        "batch",
+        "float",
+        "One weight per reward function (TRL reward_weights, verl gdpo_reward_weights), for rewards given "
+        "per function; default all 1.",
+        vector_ok=True,
+    ),
+    BatchField(
+        "reward_baselines",
+        "row",
+        "float",
+        "ReMax: the reward of the prompt's greedy completion, one per row (verl's reward_baselines).",
+        row_key="reward_baseline",
+    ),
+    BatchField(
+        "sum_pi_squared",
+        "token",
+        "float",
+        "Σπ² over the vocabulary per token, of the distribution that scored it (verl's sum_pi_squared), for the "
+        "optimal token baseline; the logits path computes it.",
+        low=0.0,
+        high=1.0,
+        expected="0 <= sum_pi_squared <= 1",
     ),
 ):
     register_field(_field)

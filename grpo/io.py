@@ -469,6 +469,8 @@ def _from_logits(tensors: dict[str, Tensor]) -> dict[str, Any]:
         "completion_mask": mask.numpy(),
         "entropies": out.entropies.double().numpy(),
     }
+    if out.sum_pi_squared is not None:  # for the optimal token baseline (an advantage that reads it)
+        request["sum_pi_squared"] = out.sum_pi_squared.double().clamp(0.0, 1.0).numpy()
     if out.ref_logps is not None:
         request["ref_per_token_logps"] = out.ref_logps.double().numpy()
         request["full_kl"] = out.full_kl.double().numpy() if out.full_kl is not None else None

@@ -33,11 +33,19 @@ class TokenLogprobs:
     """The same under ``ref_logits``, when given."""
     full_kl: Tensor | None = None
     """KL(pi || pi_ref) over the whole vocabulary at each position, when ref_logits are given."""
+    sum_pi_squared: Tensor | None = None
+    """Σ_v π(v)² of the distribution that scored each token: the old one when old_logits are given (verl's
+    actor computes it beside the old log-probs), else this one. For the optimal token baseline."""
 
 
 def _log_softmax(logits: Tensor, start: int, temperature: float) -> Tensor:
     """Shifted log-softmax: (B, T, V) -> (B, T - start, V), row t scoring token start + t."""
     return F.log_softmax(logits[:, start - 1 : -1].float() / temperature, dim=-1)
+
+
+def _sum_squared(probs: Tensor) -> Tensor:
+    """Σ_v p(v)² per position, as a batched dot product (no (B, W, V) temporary). (B, W, V) -> (B, W)"""
+    return (probs.unsqueeze(-2) @ probs.unsqueeze(-1)).squeeze(-1).squeeze(-1)
 
 
 def _gather(logsm: Tensor, targets: Tensor) -> Tensor:
@@ -91,6 +99,9 @@ def token_logprobs(
         ref_logsm = _log_softmax(ref_logits, start, temperature)
         ref_logps = _gather(ref_logsm, targets)
         full_kl = (probs * (logsm - ref_logsm)).masked_fill(probs == 0, 0).sum(-1)
+    squared = _sum_squared(probs)
     if old_logits is not None:
-        old_logps = _gather(_log_softmax(old_logits, start, temperature), targets)
-    return TokenLogprobs(_gather(logsm, targets), entropies, mask, old_logps, ref_logps, full_kl)
+        old_logsm = _log_softmax(old_logits, start, temperature)
+        old_logps = _gather(old_logsm, targets)
+        squared = _sum_squared(old_logsm.exp())
+    return TokenLogprobs(_gather(logsm, targets), entropies, mask, old_logps, ref_logps, full_kl, squared)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from grpo.advantages import ADVANTAGES, group_std_mean, unbiased_std
+from grpo.advantages import ADVANTAGES, AdvantageInputs, group_std_mean, takes_inputs, unbiased_std
 from grpo.aggregation import AGGREGATIONS
 from grpo.batch import Batch
 from grpo.config import REGISTRIES, LossConfig
@@ -31,6 +31,7 @@ from grpo.corrections import (
     verl_mismatch_metrics,
 )
 from grpo.errors import GrpoInputError
+from grpo.fields import BATCH_FIELDS
 from grpo.kl import KL_ESTIMATORS
 from grpo.objectives import OBJECTIVES, REGIONS, TRUST, ObjectiveInputs, ObjectiveTerms, above
 
@@ -281,10 +282,32 @@ def compute_advantages(batch: Batch, config: LossConfig, device: torch.device, d
     if batch.rewards is None:
         assert batch.advantages is not None  # the Batch holds exactly one of the two
         return _Advantages(batch.advantages.to(device, dtype), None, {}, (), G)
-    rewards = batch.rewards.to(device, dtype)
+    entry = ADVANTAGES.entry(config.advantage)
+    missing = [name for name in entry.needs if name not in batch.extra]
+    if missing:
+        doc = BATCH_FIELDS[missing[0]].doc.rstrip(".")
+        raise GrpoInputError(missing[0], f"{doc}: advantage {config.advantage} reads it")
+    per_function, weights = reward_columns(batch, device, dtype)
+    rewards = (per_function * weights).sum(-1)  # TRL's Σ_k w_k·r_k (one reward function: r, as given)
     grouped = rewards.view(-1, G)  # (B,) -> (B/G, G)
     lengths = batch.mask.sum(dim=-1).to(device, dtype).view(-1, G)  # counted tokens per row
-    values = ADVANTAGES.get(config.advantage)(grouped, config.advantage_epsilon, lengths).reshape(B)
+    if takes_inputs(entry.fn):
+        baselines = batch.extra.get("reward_baselines")
+        given = AdvantageInputs(
+            per_function=per_function.view(-1, G, per_function.shape[-1]),
+            weights=weights,
+            mask=batch.mask_float.to(device, dtype),
+            gamma=config.gamma,
+            baselines=None if baselines is None else baselines.to(device, dtype).view(-1, G),
+            old=(batch.per_token_logps if batch.old_per_token_logps is None else batch.old_per_token_logps)
+            .detach()
+            .to(device, dtype),
+            sum_pi_squared=batch.extra.get("sum_pi_squared"),
+        )
+        values = entry.fn(grouped, config.advantage_epsilon, lengths, inputs=given)
+    else:
+        values = entry.fn(grouped, config.advantage_epsilon, lengths)
+    values = values.reshape(batch.shape) if entry.per_token else values.reshape(B)
     group_std = unbiased_std(grouped)  # (B/G, 1)
     zero = (
         torch.isclose(group_std, torch.zeros_like(group_std)).reshape(-1)
@@ -299,6 +322,26 @@ def compute_advantages(batch: Batch, config: LossConfig, device: torch.device, d
     }
     zero_groups = tuple(int(g) for g in zero.nonzero().flatten().tolist())
     return _Advantages(values, rewards, metrics, zero_groups, G)
+
+
+def reward_columns(batch: Batch, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """(rewards (B, K), weights (K,)): the batch's rewards per reward function (K = 1 for one per row) and
+    reward_weights (all 1 when not given), whose length must be K."""
+    assert batch.rewards is not None
+    rewards = batch.rewards.to(device, dtype)
+    per_function = rewards if rewards.dim() == 2 else rewards[:, None]
+    K = per_function.shape[-1]
+    given = batch.extra.get("reward_weights")
+    if given is None:
+        return per_function, torch.ones(K, device=device, dtype=dtype)
+    weights = given.to(device, dtype).reshape(-1)
+    if weights.numel() != K:
+        raise GrpoInputError(
+            "reward_weights",
+            f"{K} weights, one per reward function (rewards has {K} per row)",
+            got=f"{weights.numel()}",
+        )
+    return per_function, weights
 
 
 @dataclass(frozen=True)

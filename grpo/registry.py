@@ -91,6 +91,11 @@ class Entry(Generic[F]):
     reward_std: Callable[[Tensor], Tensor] | None = None
     """Advantages only: the reward spread TRL logs as reward_std under this normalisation, from
     the rewards grouped (n_groups, G)."""
+    needs: tuple[str, ...] = ()
+    """Advantages only: the batch fields the estimator reads beyond the rewards (a batch without one is
+    refused, naming it)."""
+    per_token: bool = False
+    """Advantages only: the estimator gives each token its own advantage, (B, T) (a discounted return)."""
     why: Why | None = None
     """Objectives only: what each token's code means (None: the region names, read as they are)."""
 
@@ -124,6 +129,7 @@ class Entry(Generic[F]):
             "axis": self.axis,
             "flat": self.flat,
             "metrics": dict(self.metrics),
+            **({"needs": list(self.needs)} if self.needs else {}),
         }
 
 
@@ -149,6 +155,8 @@ class Registry(Generic[F]):
         warnings: Warnings = no_warnings,
         reward_std: Callable[[Tensor], Tensor] | None = None,
         why: Why | None = None,
+        needs: tuple[str, ...] = (),
+        per_token: bool = False,
     ) -> Callable[[F], F]:
         """Decorator: register ``fn`` under ``name`` with what the rest of the code needs to know."""
 
@@ -156,7 +164,17 @@ class Registry(Generic[F]):
             if name in self._entries:
                 raise KeyError(f"{self.kind} {name!r} is already registered")
             self._entries[name] = Entry(
-                name, fn, label or name, axis, flat, dict(metrics or {}), warnings, reward_std, why
+                name,
+                fn,
+                label or name,
+                axis,
+                flat,
+                dict(metrics or {}),
+                warnings,
+                reward_std=reward_std,
+                why=why,
+                needs=needs,
+                per_token=per_token,
             )
             return fn
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo.advantages import ADVANTAGES
 from grpo.config import PRESETS, LossConfig, Preset, register_preset
 from grpo.corrections import CORRECTIONS, rs_criteria
 from grpo.errors import GrpoInputError
@@ -341,15 +342,16 @@ VERL_ADVANTAGES: dict[str, tuple[str, str]] = {
     "reinforce_plus_plus_baseline": ("reinforce-pp-baseline", "reinforce-pp-baseline"),
     "opo": ("opo", "opo"),
     "gpg": ("gpg", "gpg"),
+    # the rewards per reward function (rewards (B, K), reward_weights: gdpo_reward_keys, gdpo_reward_weights)
+    "gdpo": ("gdpo", "gdpo"),  # verl's trainer never passes gdpo its norm_adv_by_std_in_grpo: always by the std
+    "remax": ("remax", "remax"),  # the greedy completion's reward per row: reward_baselines
+    "reinforce_plus_plus": ("reinforce-pp", "reinforce-pp"),  # one advantage per token, algorithm.gamma
+    "optimal_token_baseline": ("optimal-token-baseline", "optimal-token-baseline"),  # sum_pi_squared per token
 }
 VERL_ADVANTAGES_NEED = {
     "gae": "a critic's value per token (GAE): out of scope, GRPO Lens has no critic",
-    "gdpo": "per-reward-function rewards (B, K), normalised one by one: a batch holds one reward per row",
-    "remax": "the greedy baseline's reward per row (reward_baselines): a batch does not hold it",
-    "reinforce_plus_plus": "token-level rewards and the discounted return per token (gamma): a batch holds "
-    "one reward per row",
-    "optimal_token_baseline": "sum_pi_squared (Σπ² over the vocabulary per token), from the logits",
-    "tir_optimal_token_baseline": "sum_pi_squared (Σπ² over the vocabulary per token) and the turn layout",
+    "tir_optimal_token_baseline": "sum_pi_squared (Σπ² over the vocabulary per token, from the logits) and the "
+    "turn layout of a multi-turn rollout: a batch of log-probs does not hold them",
 }
 
 
@@ -367,6 +369,9 @@ def _map_verl_algorithm(
             else ""
         )
         mapped["norm_adv_by_std_in_grpo"] = "advantage (with or without the std)"
+        if ADVANTAGES.entry(settings["advantage"]).per_token:  # a discounted return per token
+            settings["gamma"] = float(alg.get("gamma", 1.0))
+            mapped["gamma"] = "gamma"
     else:
         need = VERL_ADVANTAGES_NEED.get(name, "an estimator verl 0.9.1 does not register")
         unsupported["adv_estimator"] = f"{name!r} needs {need}; given advantages are reproduced as they are"

@@ -32,12 +32,20 @@ def test_every_reader_and_writer_takes_its_fields_from_the_table() -> None:
         "group_size",
         "entropies",
         "sampling_per_token_logps",
+        "reward_weights",
+        "reward_baselines",
+        "sum_pi_squared",
     ]
     assert io.ALIASES is ALIASES and ALIASES["pi_old_logprob"] == "old_per_token_logps" and ALIASES["input_len"]
     assert set(PER_TOKEN) == set(fields_of("token")) == {*export.PER_TOKEN, "completion_mask"}
-    assert export.PER_ROW == {"prompt_lengths": "prompt_length", "advantages": "advantage", "rewards": "reward"}
+    assert export.PER_ROW == {
+        "prompt_lengths": "prompt_length",
+        "advantages": "advantage",
+        "rewards": "reward",
+        "reward_baselines": "reward_baseline",
+    }
     assert {v: k for k, v in export.PER_ROW.items()} == io.ROW_KEYS
-    assert set(runs.BATCH_TENSORS) == set(BATCH_FIELDS) - {"group_size"}
+    assert set(runs.BATCH_TENSORS) == set(BATCH_FIELDS) - {"group_size", "reward_weights"}
     assert set(BatchRequest.model_fields) == {*BATCH_FIELDS, "tokens"}
     assert NAMES["completion_mask"] == ["completion_mask", "response_mask"]
 

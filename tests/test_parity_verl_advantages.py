@@ -115,3 +115,155 @@ def test_every_registered_verl_estimator_is_mapped_or_said_why() -> None:
     for name in core_algos.ADV_ESTIMATOR_REGISTRY:
         mapping = map_verl({}, {"adv_estimator": name})
         assert (name in VERL_ADVANTAGES) != ("adv_estimator" in mapping.unsupported), name
+
+
+# --- the estimators that read more than one reward per row -------------------------------------------------
+def gdpo_verl(
+    data: dict[str, torch.Tensor], components: torch.Tensor, weights: list[float] | None, group_size: int
+) -> torch.Tensor:
+    """verl's gdpo as its trainer (ray_trainer.compute_advantage) calls it: the config, the per-key scores in
+    non_tensor_batch (verl makes them float32 and writes each on the row's last response position: the
+    attention mask's response part minus 1), and no norm_adv_by_std_in_grpo (so the function's default, True)."""
+    B, T = data["mask"].shape
+    P = 2
+    lengths = data["mask"].sum(-1).long()
+    attention = torch.cat(
+        [torch.ones(B, P), (torch.arange(T)[None, :] < lengths[:, None].clamp(min=1)).float()], 1
+    ).long()
+    keys = [f"r{k}" for k in range(components.shape[1])]
+    config = AlgoConfig(adv_estimator="gdpo", gdpo_reward_keys=keys, gdpo_reward_weights=weights)
+    advantages, _ = core_algos.get_adv_estimator_fn("gdpo")(
+        token_level_rewards=data["token_rewards"].clone(),
+        response_mask=data["mask"],
+        index=np.array([i // group_size for i in range(B)]),
+        config=config,
+        non_tensor_batch={key: components[:, k].numpy() for k, key in enumerate(keys)},
+        batch={"prompts": torch.ones(B, P), "attention_mask": attention},
+    )
+    return advantages
+
+
+@pytest.mark.parametrize("norm", [True, False])  # verl's trainer never passes gdpo the switch: both map by the std
+@pytest.mark.parametrize("weights", [None, [1.0, 0.5, 2.0]])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gdpo_matches_verl_per_reward_function(norm: bool, weights: list[float] | None, seed: int) -> None:
+    """Three reward functions (B, 3), ties and a zero-std group in each: verl normalises each within the
+    group, sums them weighted and whitens over the tokens. verl holds the per-key scores as float32 (so does
+    the test's batch: the same numbers) and computes in float32: a few float32 ulps of results of order 1."""
+    group_size = 4
+    data = batch(seed, group_size)
+    g = torch.Generator().manual_seed(100 + seed)
+    components = torch.randint(0, 3, (16, 3), generator=g).to(torch.float64) * 0.5
+    components[:group_size, 1] = 1.0  # one function ties in the first group
+    expected = gdpo_verl(data, components, weights, group_size)
+    mapping = map_verl({}, {"adv_estimator": "gdpo", "norm_adv_by_std_in_grpo": norm})
+    assert not mapping.unsupported, mapping.unsupported
+    extra = {} if weights is None else {"reward_weights": weights}
+    lens_batch = grpo.Batch(
+        per_token_logps=data["logp"], completion_mask=data["mask"], rewards=components, group_size=group_size, **extra
+    )
+    got = grpo.evaluate(lens_batch, grpo.LossConfig.resolve({"dtype": "float64"}, base=mapping.config)).advantages
+    counted = data["mask"].bool()
+    torch.testing.assert_close(
+        got[:, None].expand_as(expected)[counted], expected[counted].double(), rtol=2e-6, atol=2e-6
+    )
+
+
+@pytest.mark.parametrize("group_size", [1, 4])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gdpo_with_one_reward_per_row_is_verls_fallback(group_size: int, seed: int) -> None:
+    """Without gdpo_reward_keys verl's gdpo normalises the token-level rewards (one reward function): float64."""
+    data = batch(seed, group_size)
+    expected = verl_advantages("gdpo", True, data, group_size)
+    got = lens_advantages("gdpo", True, data, group_size)
+    counted = data["mask"].bool()
+    rtol = 1e-7 if group_size == 1 else 1e-12  # a group of one: verl's mean 0 / std 1 are float32 (see above)
+    torch.testing.assert_close(got[:, None].expand_as(expected)[counted], expected[counted], rtol=rtol, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_remax_matches_verl(seed: int) -> None:
+    data = batch(seed, 4)
+    g = torch.Generator().manual_seed(200 + seed)
+    baselines = torch.randint(0, 3, (4,), generator=g).to(torch.float64).repeat_interleave(4) * 0.5  # one per prompt
+    expected, _ = core_algos.get_adv_estimator_fn("remax")(
+        token_level_rewards=data["token_rewards"].clone(),
+        reward_baselines=baselines,
+        response_mask=data["mask"],
+        config=AlgoConfig(adv_estimator="remax"),
+    )
+    mapping = map_verl({}, {"adv_estimator": "remax"})
+    assert not mapping.unsupported, mapping.unsupported
+    lens_batch = grpo.Batch(
+        per_token_logps=data["logp"], completion_mask=data["mask"], rewards=data["rewards"], reward_baselines=baselines
+    )
+    got = grpo.evaluate(lens_batch, grpo.LossConfig.resolve({"dtype": "float64"}, base=mapping.config)).advantages
+    counted = data["mask"].bool()
+    torch.testing.assert_close(got[:, None].expand_as(expected)[counted], expected[counted], rtol=1e-12, atol=1e-12)
+    with pytest.raises(grpo.GrpoInputError, match="reward_baselines"):
+        grpo.evaluate(grpo.Batch(per_token_logps=data["logp"], rewards=data["rewards"]), mapping.config)
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.9, 0.5])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_reinforce_plus_plus_matches_verl_per_token(gamma: float, seed: int) -> None:
+    """The discounted return per token, whitened over the batch's tokens: (B, T), as verl's; a mask with a hole
+    (a tool's tokens) that the return carries across."""
+    data = batch(seed, 4)
+    data["mask"][3, 1] = 0.0 if data["mask"][3].sum() > 2 else data["mask"][3, 1]
+    expected, _ = core_algos.get_adv_estimator_fn("reinforce_plus_plus")(
+        token_level_rewards=data["token_rewards"].clone(),
+        response_mask=data["mask"],
+        config=AlgoConfig(adv_estimator="reinforce_plus_plus", gamma=gamma),
+    )
+    mapping = map_verl({}, {"adv_estimator": "reinforce_plus_plus", "gamma": gamma})
+    assert not mapping.unsupported, mapping.unsupported
+    assert mapping.config.gamma == gamma
+    lens_batch = grpo.Batch(per_token_logps=data["logp"], completion_mask=data["mask"], rewards=data["rewards"])
+    bd = grpo.evaluate(lens_batch, grpo.LossConfig.resolve({"dtype": "float64"}, base=mapping.config))
+    assert bd.per_token_advantages
+    torch.testing.assert_close(bd.tokens.advantage, expected * data["mask"], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("group_size", [1, 4])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_optimal_token_baseline_matches_verl(group_size: int, seed: int) -> None:
+    """Σπ² per token and the old log-probs: the per-position baseline over each group, its zero tail, and a
+    group of one (no baseline), as verl's function gives them ((B, T), one per token)."""
+    data = batch(seed, group_size)
+    g = torch.Generator().manual_seed(300 + seed)
+    old = data["logp"] - 0.2 * torch.rand(data["logp"].shape, generator=g, dtype=torch.float64)
+    pi = old.exp()
+    sum_pi_squared = pi.square() + (1 - pi).square() * torch.rand(old.shape, generator=g, dtype=torch.float64)
+    if group_size == 4:  # make the first group's longest row the only longest: its tail gets baseline 0
+        data["mask"][1] = 0.0
+        data["mask"][1, :9] = 1.0
+        data["mask"][0, 7:] = data["mask"][2, 7:] = data["mask"][3, 7:] = 0.0
+        data["token_rewards"] = torch.zeros_like(data["token_rewards"])
+        last = data["mask"].cumsum(-1).argmax(-1)
+        data["token_rewards"][torch.arange(16), last] = data["rewards"] * (data["mask"].sum(-1) > 0)
+    expected, _ = core_algos.get_adv_estimator_fn("optimal_token_baseline")(
+        token_level_rewards=data["token_rewards"].clone(),
+        response_mask=data["mask"],
+        index=np.array([i // group_size for i in range(16)]),
+        old_log_probs=old,
+        sum_pi_squared=sum_pi_squared,
+        rollout_is_weights=None,
+        config=AlgoConfig(adv_estimator="optimal_token_baseline"),
+    )
+    mapping = map_verl({}, {"adv_estimator": "optimal_token_baseline"})
+    assert not mapping.unsupported, mapping.unsupported
+    lens_batch = grpo.Batch(
+        per_token_logps=data["logp"],
+        old_per_token_logps=old,
+        completion_mask=data["mask"],
+        rewards=data["rewards"],
+        group_size=group_size,
+        sum_pi_squared=sum_pi_squared,
+    )
+    bd = grpo.evaluate(lens_batch, grpo.LossConfig.resolve({"dtype": "float64"}, base=mapping.config))
+    assert bd.per_token_advantages
+    torch.testing.assert_close(bd.tokens.advantage, expected * data["mask"], rtol=1e-12, atol=1e-12)
+    without = grpo.Batch(per_token_logps=data["logp"], rewards=data["rewards"], group_size=group_size)
+    with pytest.raises(grpo.GrpoInputError, match="sum_pi_squared"):
+        grpo.evaluate(without, mapping.config)

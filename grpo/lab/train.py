@@ -19,9 +19,11 @@ import torch
 from torch import Tensor
 
 import grpo
+from grpo.advantages import ADVANTAGES
 from grpo.batch import Batch
 from grpo.config import LossConfig
 from grpo.errors import GrpoInputError
+from grpo.fields import BATCH_FIELDS
 from grpo.lab.policy import VOCAB, Policy, Rollout, frozen_copy, init_policy, sample
 from grpo.lab.tasks import DEFAULT_TASK, Task, get_task
 from grpo.logits import token_logprobs
@@ -29,6 +31,23 @@ from grpo.metrics import LAB_METRICS
 
 METRICS: tuple[str, ...] = LAB_METRICS
 """What every step logs, under the trainers' names (TRL's where it has one)."""
+
+
+LAB_INPUTS = frozenset({"rewards", "group_size", "entropies", "completion_mask", "sum_pi_squared"})
+"""The batch fields the lab's rollouts supply beyond the log-probs: one reward per row, nothing per function."""
+
+
+def check_lab_inputs(loss: LossConfig) -> None:
+    """GrpoInputError naming the advantage (and the input it lacks) when the loss reads a batch field the lab's
+    rollouts do not produce (ReMax's greedy baselines); every other variant trains."""
+    missing = [name for name in ADVANTAGES.entry(loss.advantage).needs if name not in LAB_INPUTS]
+    if missing:
+        raise GrpoInputError(
+            "advantage",
+            f"an estimator the lab can supply inputs for: {loss.advantage} reads {missing[0]} "
+            f"({BATCH_FIELDS[missing[0]].doc.rstrip('.')}), which the lab's rollouts do not produce",
+            got=repr(loss.advantage),
+        )
 
 
 def _f(default: Any, doc: str, **bounds: float) -> Any:
@@ -53,6 +72,7 @@ class LabConfig:
 
     def __post_init__(self) -> None:
         get_task(self.task)
+        check_lab_inputs(self.loss)
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name in ("task", "loss"):
@@ -84,6 +104,8 @@ class _Sampled:
     old_logps: Tensor | None = None
     """Set by the rollout's first step: the policy has not moved since sampling, so it is that
     step's log-probs, detached (as TRL does); one forward pass fewer per rollout."""
+    sum_pi_squared: Tensor | None = None
+    """Σπ² per token of the same pass (the optimal token baseline reads it, as verl's actor computes it)."""
 
 
 class Trainer:
@@ -126,6 +148,8 @@ class Trainer:
         logps = current.logps * mask
         if s.old_logps is None:
             s.old_logps = logps.detach()
+            assert current.sum_pi_squared is not None
+            s.sum_pi_squared = current.sum_pi_squared.detach().clamp(0.0, 1.0) * mask
         batch = Batch(
             per_token_logps=logps,
             old_per_token_logps=s.old_logps,
@@ -134,6 +158,7 @@ class Trainer:
             rewards=s.rewards,
             group_size=c.group_size,
             entropies=current.entropies.detach() * mask,
+            extra={} if s.sum_pi_squared is None else {"sum_pi_squared": s.sum_pi_squared},
         )
         loss = grpo.compute_loss(batch, c.loss)
         self.optimizer.zero_grad(set_to_none=True)
@@ -156,7 +181,10 @@ class Trainer:
             "old_per_token_logps": s.old_logps,
             "ref_per_token_logps": s.ref_logps,
             "completion_mask": s.rollout.completion_mask,
-            "advantages": breakdown.advantages.detach(),
+            # one per row, or one per token where the estimator gives them so (REINFORCE++'s discounted return)
+            "advantages": (
+                breakdown.tokens.advantage if breakdown.per_token_advantages else breakdown.advantages
+            ).detach(),
             "row_rewards": s.rewards,
             "row_groups": torch.arange(s.rewards.shape[0]) // self.config.group_size,
         }
