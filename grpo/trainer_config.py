@@ -201,6 +201,12 @@ def map_trl(args: Any) -> TrainerMapping:
         if loss_type in TRL_DIVIDED_BY_GA
         else "token_normalizer (with num_items_in_batch, set by the capture)",
     }
+    if a.get("multi_objective_aggregation") == "normalize_then_sum":  # per reward function, then over the batch
+        settings["advantage"] = "normalize-then-sum"
+        mapped["multi_objective_aggregation"] = (
+            "advantage normalize-then-sum (rewards per function (B, K) and reward_weights: batch fields); "
+            "sum_then_normalize, TRL's default: Σ w·r, then scale_rewards"
+        )
     settings["top_entropy_quantile"] = float(a["top_entropy_quantile"])
     mapped["top_entropy_quantile"] = "top_entropy_quantile (the quantile over one rank's entropies: on several, TRL's "
     "is over all ranks')"

@@ -185,3 +185,12 @@ def test_the_logits_path_gives_sum_pi_squared_for_the_optimal_token_baseline() -
 
     trainer = Trainer(LabConfig(loss=grpo.LossConfig(advantage="optimal-token-baseline"), steps=1, prompts_per_step=2))
     assert math.isfinite(trainer.step()["loss"])
+
+
+def test_map_trl_picks_the_aggregation() -> None:
+    from grpo.trainer_config import map_trl
+
+    assert map_trl({"multi_objective_aggregation": "normalize_then_sum"}).config.advantage == "normalize-then-sum"
+    assert map_trl(
+        {"multi_objective_aggregation": "sum_then_normalize", "scale_rewards": "batch"}
+    ).config.advantage == ("batch")
