@@ -107,11 +107,6 @@ LOSSES = [("vanilla", "token-mean"), ("vanilla", "seq-mean-token-mean"), ("gspo"
 @pytest.mark.parametrize(("loss_mode", "agg"), LOSSES, ids=lambda v: str(v))
 @pytest.mark.parametrize("scale", [0.05, 0.5])
 def test_value_gradient_weights_float64(case: dict[str, Any], loss_mode: str, agg: str, scale: float) -> None:
-    if loss_mode == "gspo" and case["rollout_is"] == "token":
-        # verl's GSPO is the token form sg(s)·π/sg(π): a per-token weight then weighs each token's own
-        # gradient, where GRPO Lens (and TRL) take the gradient through the row's mean. Same value; the
-        # gradient differs: not reproduced yet (test_verl_gspo_with_token_weights_differs_in_gradient_only).
-        pytest.skip("verl's GSPO token form under token-level IS weights: see the test below")
     tensors = inputs(int(scale * 100), scale)
     mask = tensors[3].bool()
     verl = run_verl(case, tensors, loss_mode, agg)
@@ -202,15 +197,23 @@ def test_no_rollout_is_means_no_weights() -> None:
     assert map_verl({}, {"rollout_correction": {"rollout_is": None}}).config.rollout_correction == "none"
 
 
-def test_verl_gspo_with_token_weights_differs_in_gradient_only() -> None:
-    """The one combination not reproduced: its value agrees, its gradient does not (said in docs/variants.md)."""
+def test_verl_gspo_with_token_weights_agrees_in_gradient_too() -> None:
+    """verl's GSPO is the token form sg(s)·π/sg(π): a per-token IS weight weighs each token's own gradient.
+    map_verl's gspo takes that form (sequence_ratio_gradient="token"), so the gradient agrees with verl's; TRL's
+    form (through the row's mean log-ratio) has the same value and another gradient under these weights."""
     case = {"rollout_is": "token", "rollout_is_threshold": 2.0}
     tensors = inputs(5, 0.5)
     mask = tensors[3].bool()
     verl = run_verl(case, tensors, "gspo", "seq-mean-token-mean")
     bd = run_lens(case, tensors, "gspo", "seq-mean-token-mean")
+    assert bd.config.sequence_ratio_gradient == "token"
     torch.testing.assert_close(bd.loss, verl["loss"], rtol=RTOL, atol=ATOL)
-    assert not torch.allclose(bd.tokens.grad[mask], verl["grad"][mask], rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(bd.tokens.grad[mask], verl["grad"][mask], rtol=RTOL, atol=ATOL)
+    logp, old, rollout, _, adv = tensors
+    batch = grpo.Batch(logp, old, completion_mask=tensors[3], advantages=adv, sampling_per_token_logps=rollout)
+    mean_form = grpo.evaluate(batch, bd.config.replace(sequence_ratio_gradient="mean"))
+    torch.testing.assert_close(mean_form.loss, verl["loss"], rtol=RTOL, atol=ATOL)
+    assert not torch.allclose(mean_form.tokens.grad[mask], verl["grad"][mask], rtol=1e-6, atol=1e-9)
 
 
 BYPASS_CASES = [
