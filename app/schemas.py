@@ -56,7 +56,7 @@ def _request_type(spec: BatchField) -> Any:
         return Annotated[list[row], Field(fail_fast=True, **length)]
     if spec.shape == "row":
         if spec.per_token_ok or spec.columns_ok:  # each row one number, or a list of them (per token, per function)
-            token = Annotated[float, Field(allow_inf_nan=False, strict=not spec.per_token_ok, **_bounds(spec))]
+            token = Annotated[float, Field(allow_inf_nan=False, strict=True, **_bounds(spec))]  # numbers, not true
             entry = value | Annotated[list[token], FAIL_FAST]
             return Annotated[list[entry], FAIL_FAST]  # type: ignore[valid-type]
         rows = Annotated[list[value], FAIL_FAST]  # type: ignore[valid-type]
