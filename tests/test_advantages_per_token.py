@@ -271,3 +271,40 @@ def test_the_sentence_says_how_many_rows_vary_and_the_range() -> None:
     )
     constant = grpo.from_rows([[-1.0, -1.0]], advantages=[[0.5, 0.5]])
     assert "per_token_advantages" not in dict(explain_items(grpo.evaluate(constant)))
+
+
+# --- parity: TRL's _compute_loss with (B, T) advantages (a subclass's; TRL unsqueezes only a (B,) tensor) -----
+TRL_CASES = [(t, "token") for t in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vespo")] + [
+    ("grpo", "sequence"),
+    ("dapo", "sequence"),
+]
+
+
+@pytest.mark.parametrize(("loss_type", "level"), TRL_CASES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_trl_compute_loss_with_per_token_advantages(loss_type: str, level: str, seed: int) -> None:
+    """TRL 1.16's own _compute_loss (tests/test_vespo.py's one-process stand-in) on advantages that differ per
+    token: GRPO Lens's value, gradient and TRL's logged metrics under map_trl of the same GRPOConfig. At sequence
+    level TRL's gradient goes through the row's mean log-ratio: map_trl keeps sequence_ratio_gradient="mean"."""
+    pytest.importorskip("trl")
+    from test_vespo import trl_compute_loss
+
+    from grpo.trainer_config import map_trl
+
+    inputs = random_inputs(seed, B=6, T=7, noise=0.5)
+    advantages = per_token(inputs, varying=True, seed=seed).nan_to_num(0.0)
+    given = Inputs(inputs.logp, inputs.old, inputs.ref, inputs.mask, advantages, inputs.rewards, inputs.group_size)
+    settings = {"loss_type": loss_type, "importance_sampling_level": level, "beta": 0.04}
+    loss, grad, metrics, trainer = trl_compute_loss(given, **settings)
+    config = map_trl(trainer.args).config.replace(dtype="float64")
+    assert config.sequence_ratio_gradient == "mean"
+    bd = grpo.evaluate(grpo.Batch(**given.batch_fields()), config)
+    scale = float(bd.tokens.loss.abs().sum()) + 1.0
+    # sapo: TRL's torch.where(A > 0, 1.0, 1.05) of Python floats is a float32 tensor, so its 1.05 is float32's
+    # (a relative 2e-8 off): a few 1e-8 of the loss; everything else is float64 round-off
+    rtol, atol = (1e-6, 1e-9) if loss_type == "sapo" else (1e-11, 1e-13 * scale)
+    torch.testing.assert_close(bd.loss, loss, rtol=rtol, atol=atol)
+    torch.testing.assert_close(bd.tokens.grad, grad, rtol=max(rtol, 1e-10), atol=atol)
+    for name, value in metrics.items():
+        if name != "entropy":  # TRL's from the stand-in's zero entropies; the batch gives none
+            assert bd.metrics[name] == pytest.approx(value, rel=1e-9, abs=1e-12), name

@@ -234,15 +234,18 @@ function inputRow(req, row, i, target, promptLength) {
     el(
       "label",
       { text: target === "rewards" ? INPUT.reward : INPUT.advantage },
-      numberCell(
-        req[target][i],
-        (v) => {
-          const inp = editableInput();
-          inp[target][i] = v ?? 0;
-          valueChanged();
-        },
-        { "aria-label": `row ${i} ${target}` },
-      ),
+      // a list (advantages per token, rewards per reward function) is edited in the JSON tab, not here
+      Array.isArray(req[target][i])
+        ? el("span", { class: "muted", text: INPUT.listValue(target, req[target][i].length) })
+        : numberCell(
+            req[target][i],
+            (v) => {
+              const inp = editableInput();
+              inp[target][i] = v ?? 0;
+              valueChanged();
+            },
+            { "aria-label": `row ${i} ${target}` },
+          ),
     ),
     el("button", {
       type: "button",
@@ -293,13 +296,19 @@ function resizeRow(i, delta) {
       inp[name][i].push(name === "tokens" ? "" : name === "completion_mask" ? 1 : (inp[name][i].at(-1) ?? -1));
     else inp[name][i].pop();
   }
+  const perToken = inp.advantages && Array.isArray(inp.advantages[i]) ? inp.advantages[i] : null;
+  if (perToken && delta > 0)
+    perToken.push(perToken.at(-1) ?? 0); // a token's own advantage: its row's last
+  else if (perToken) perToken.pop();
   inputChanged();
 }
 
 function addRow(inp) {
   const last = inp.per_token_logps.length - 1;
   for (const name of ROW_FIELDS) if (inp[name]) inp[name].push(inp[name][last].slice());
-  for (const name of ["rewards", "advantages"]) if (inp[name]) inp[name].push(0);
+  for (const name of ["rewards", "advantages"]) {
+    if (inp[name]) inp[name].push(Array.isArray(inp[name][last]) ? inp[name][last].map(() => 0) : 0);
+  }
   if (Array.isArray(inp.prompt_lengths)) inp.prompt_lengths.push(inp.prompt_lengths[last]);
   delete inp.group_size;
 }

@@ -90,6 +90,10 @@ export const CELL_LABELS = {
 
 export const INPUT = {
   perRow: "per row",
+  listValue: (target, n) =>
+    target === "rewards"
+      ? `${n} (one per reward function: the JSON tab edits them)`
+      : "per token (the JSON tab edits them)",
   targetRewards: "rewards (advantages computed)",
   targetAdvantages: "advantages (given)",
   groupSize: "group size",
