@@ -218,8 +218,9 @@ def _fast(
     if lengths.min() == 0:
         raise _Slow
     config = getattr(checked, "config", None)
-    check_cost(lengths, len(flats), dtype or _dtype(config), settings, copies)
     fields = checked.batch_fields()
+    grids = len(flats) + sum(given_per_token(name, fields.get(name)) for name in PER_TOKEN_OK)  # advantages (B, T)
+    check_cost(lengths, grids, dtype or _dtype(config), settings, copies)
     for name, (flat, row_lengths) in flats.items():
         _same_rows(name, row_lengths, lengths)
         fields[name] = flat
