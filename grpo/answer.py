@@ -19,6 +19,7 @@ from grpo.explain import explain_parts, number, token_why
 from grpo.fields import ragged
 from grpo.glossary import metric_meaning_parts
 from grpo.loss import Breakdown
+from grpo.mismatch import mismatch_view
 from grpo.objectives import REGIONS
 from grpo.pooling import pool_extreme, pool_factors
 
@@ -166,6 +167,9 @@ def breakdown_to_json(
         "device": bd.device,
         "dtype": bd.dtype,
         "warnings": list(bd.warnings),
+        # the mismatch view (grpo.mismatch): the sampler against the trainer and what the correction did; null
+        # without the sampler's log-probs when no correction acted
+        "mismatch": mismatch_view(bd),
     }
 
 

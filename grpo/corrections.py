@@ -363,21 +363,31 @@ def within(stat: Tensor, c: Criterion) -> Tensor:
 def rejection_keep(log_ratio: Tensor, mask: Tensor, criteria: list[Criterion]) -> Tensor:
     """(B, T) 1.0 where every criterion keeps the token (verl's ``compute_rollout_rejection_mask``; sums and
     means over the counted tokens, a mean dividing by the count + 1e-8, an empty row's max 0)."""
-    safe = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
-    stats = {"k1": -safe, "k2": 0.5 * safe**2, "k3": safe.exp() - 1.0 - safe}
     keep = torch.ones_like(mask)
     for c in criteria:
-        level, k = c.name.rsplit("_", 1)
-        stat = stats[k]
-        if level == "seq_sum":
-            stat = (stat * mask).sum(-1, keepdim=True)
-        elif level == "seq_mean":
-            stat = (stat * mask).sum(-1, keepdim=True) / (mask.sum(-1, keepdim=True) + VERL_MEAN_EPSILON)
-        elif level == "seq_max":
-            stat = stat.masked_fill(mask == 0, -math.inf).amax(-1, keepdim=True)
-            stat = torch.where(torch.isinf(stat), 0.0, stat)  # a row without a counted token: 0
-        keep = keep * within(stat, c).to(mask.dtype)
+        keep = keep * within(rs_statistic(log_ratio, mask, c.name), c).to(mask.dtype)
     return keep
+
+
+def rs_statistic(log_ratio: Tensor, mask: Tensor, name: str) -> Tensor:
+    """One rollout_rs criterion's statistic: (B, T) per token, (B, 1) per row (its sum, mean or max over
+    the counted tokens), as ``rejection_keep`` compares it with the criterion's bounds."""
+    safe = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    level, k = name.rsplit("_", 1)
+    if k == "k1":
+        stat = -safe
+    elif k == "k2":
+        stat = 0.5 * safe**2
+    else:
+        stat = safe.exp() - 1.0 - safe
+    if level == "seq_sum":
+        stat = (stat * mask).sum(-1, keepdim=True)
+    elif level == "seq_mean":
+        stat = (stat * mask).sum(-1, keepdim=True) / (mask.sum(-1, keepdim=True) + VERL_MEAN_EPSILON)
+    elif level == "seq_max":
+        stat = stat.masked_fill(mask == 0, -math.inf).amax(-1, keepdim=True)
+        stat = torch.where(torch.isinf(stat), 0.0, stat)  # a row without a counted token: 0
+    return stat
 
 
 VERL_MISMATCH_METRICS = (

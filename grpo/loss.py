@@ -153,6 +153,23 @@ class Breakdown:
     """0-d: the entropy bonus's part of the loss, -entropy_coef · mean entropy (None when entropy_coef is 0)."""
     entropy_tokens: Tensor | None = None
     """(B, T): each token's share of entropy_loss (no gradient: the entropies are inputs)."""
+    rollout_logps: RolloutLogps | None = None
+    """The log-probs the rollout correction compared (None unless the batch has the sampler's log-probs or
+    the off-policy sequence mask is on): the mismatch view (grpo.mismatch) reads them."""
+
+
+@dataclass(frozen=True)
+class RolloutLogps:
+    """The log-probs behind the rollout correction, detached, (B, T), in the compute dtype."""
+
+    base: Tensor
+    """What the sampler's are compared with: old (in bypass mode the current ones); 0 where nothing counts."""
+    sampler: Tensor | None
+    """The sampler's (NaN where it did not score a counted token), or None."""
+    current: Tensor
+    """The current policy's (the off-policy sequence mask measures against them)."""
+    counted: Tensor
+    """bool: the positions that count before verl's rollout_rs (its rejection reads these)."""
 
 
 def resolve_device(name: str, input_device: torch.device) -> torch.device:
@@ -534,7 +551,14 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         entropy_loss=entropy_loss,
         aux_loss=router_part(config, loss).detach() if config.aux_loss_coef else None,
         entropy_tokens=t.entropy_tokens,
+        rollout_logps=_rollout_logps(inp, config),
     )
+
+
+def _rollout_logps(inp: _Inputs, config: LossConfig) -> RolloutLogps | None:
+    if inp.sampler is None and config.off_policy_mask_threshold is None:
+        return None
+    return RolloutLogps(inp.base, inp.sampler, inp.logp.detach(), inp.before_rejection.bool())
 
 
 def _correction_tokens(applied: Applied | None, inp: _Inputs) -> dict[str, Tensor]:
