@@ -313,23 +313,40 @@ def _scatter(
     bd: Breakdown, gap: _Gap, config: LossConfig, level: str | None, criteria: list[Criterion]
 ) -> dict[str, Any]:
     """The (old, sampler) pair of every scored token, what the correction did to it, and the token bounds."""
-    lines = _token_lines(config, level, criteria)
     if gap.sampler is None:
         empty = np.zeros(0, np.float32)
-        return {"x": empty, "y": empty, "row": [], "position": [], "code": [], "total": 0, "lines": lines}
+        return {
+            **{k: empty for k in ("x", "y", "log_ratio")},
+            **{k: [] for k in ("row", "position", "code", "lines")},
+            "total": 0,
+            "range": [-1.0, 0.0],
+        }
     where = gap.scored.nonzero()  # (n, 2), row-major
     code = bd.tokens.correction[gap.scored].long()
     order = torch.argsort((code == KEPT).to(torch.int8), stable=True)[:SCATTER_MAX]  # acted first
     pick = where[order]
     rows, positions = pick[:, 0], pick[:, 1]
+    x, y = gap.base[rows, positions], gap.sampler[rows, positions]
+    # the lines' ends: the points' extent, a little wider (the page draws what it is given)
+    both = torch.cat([x, y])
+    low, high = (float(both.min()), float(both.max())) if both.numel() else (-1.0, 0.0)
+    pad = 0.05 * (high - low) + 0.01
+    ends = [low - pad, min(high + pad, 0.0) if high <= 0 else high + pad]
+    lines = [{"label": "diagonal: sampler = old", "offset": 0.0}, *_token_lines(config, level, criteria)]
     return {
-        "x": gap.base[rows, positions].float().cpu().numpy(),
-        "y": gap.sampler[rows, positions].float().cpu().numpy(),
+        "x": x.float().cpu().numpy(),
+        "y": y.float().cpu().numpy(),
+        "log_ratio": gap.log_ratio[rows, positions].float().cpu().numpy(),
         "row": rows.to(torch.int32).cpu().numpy(),
         "position": positions.to(torch.int32).cpu().numpy(),
         "code": code[order].to(torch.int8).cpu().numpy(),
         "total": int(where.shape[0]),
-        "lines": lines,
+        "range": ends,
+        # each line as sampler = old + offset (its ends), and as the log-ratio old − sampler it stands at
+        "lines": [
+            {**line, "x": ends, "y": [e + line["offset"] for e in ends], "log_ratio": 0.0 - line["offset"]}
+            for line in lines
+        ],
     }
 
 

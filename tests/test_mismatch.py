@@ -178,7 +178,11 @@ def test_one_token_the_sampler_scored_far_lower_is_masked_by_icepop() -> None:
     scatter = view["scatter"]
     assert (scatter["row"][0], scatter["position"][0], CORRECTION_CODES[scatter["code"][0]]) == (1, 3, "masked")
     assert scatter["total"] == len(scatter["x"]) == 24
-    assert sorted(line["offset"] for line in scatter["lines"]) == pytest.approx([-math.log(2.0), math.log(2.0)])
+    assert sorted(line["offset"] for line in scatter["lines"]) == pytest.approx([-math.log(2.0), 0.0, math.log(2.0)])
+    for line in scatter["lines"]:  # drawn from end to end: sampler = old + offset, i.e. old − sampler = -offset
+        assert [y - x for x, y in zip(line["x"], line["y"], strict=True)] == pytest.approx([line["offset"]] * 2)
+        assert line["log_ratio"] == -line["offset"] and line["x"] == scatter["range"]
+    assert scatter["log_ratio"].tolist() == pytest.approx((scatter["x"] - scatter["y"]).tolist(), abs=1e-6)
     for x, y, i, j in zip(scatter["x"], scatter["y"], scatter["row"], scatter["position"], strict=True):
         assert (x, y) == pytest.approx((req["per_token_logps"][i][j], req["sampling_per_token_logps"][i][j]), rel=1e-6)
     # sequence_mask would drop the whole row instead
@@ -206,7 +210,8 @@ def test_rollout_rs_rejections_are_counted_per_criterion() -> None:
     assert view["rows"]["rs/seq_max_k2"].tolist() == pytest.approx([max(0.5 * g * g for g in row) for row in gaps])
     assert [c["field"] for c in view["row_charts"]] == ["sum_log_ratio", "rs/seq_max_k2"]
     assert view["row_charts"][1]["lines"][0]["value"] == 0.5
-    assert sorted(line["offset"] for line in view["scatter"]["lines"]) == pytest.approx([math.log(0.5), math.log(2.0)])
+    offsets = sorted(line["offset"] for line in view["scatter"]["lines"])
+    assert offsets == pytest.approx([math.log(0.5), 0.0, math.log(2.0)])
     assert float(bd.loss) != float(bd.loss_without_correction)
 
 
