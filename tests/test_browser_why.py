@@ -28,6 +28,8 @@ NUMBER_VIEWS = (
     "#clamp-counts",
     "#rows-table",
     "#compare-table",
+    "#mismatch-thresholds",
+    "#mismatch-sentences",
 )
 
 # Every text node in those views with a digit outside an element tagged with its quantity: names that hold
@@ -105,6 +107,12 @@ SAMPLE = [
     "?scenario=off-policy-clipping&preset=verl-kl_cov&compare=verl-kl_cov",
     "?scenario=off-policy-clipping&preset=verl-dppo_tv&compare=verl-dppo_tv",
     "?scenario=negative-loss&preset=verl-dppo_kl&compare=verl-dppo_kl",
+    # (the rollout correction set over the preset: compared with other presets, whose columns differ)
+    "?scenario=mismatch-bf16&preset=trl-grpo&rollout_correction=sequence_mask&compare=article",
+    "?scenario=mismatch-long-row&preset=trl-grpo&rollout_correction=sequence_mask&rollout_rs=seq_sum_k1"
+    "&rollout_rs_threshold=0.5_2&off_policy_mask_threshold=0&compare=trl-dapo",
+    "?scenario=mismatch-one-token&preset=verl-grpo&rollout_correction=token_mask&rollout_is_min=0.5&rollout_is_max=2"
+    "&rollout_is_log_ratio_clamp=20&compare=verl-dapo",
 ]
 
 

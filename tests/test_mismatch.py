@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -285,3 +286,39 @@ def test_every_number_in_a_sentence_is_the_blocks_own(name: str, overrides: dict
     for i, row_code in enumerate(view["rows"]["code"]):
         names = {CORRECTION_CODES[c] for c in codes[i].tolist()}
         assert CORRECTION_CODES[row_code] == max(names, key=order.index)
+
+
+# --- the API ---------------------------------------------------------------------------------------------------
+def test_the_loss_answer_carries_the_block_as_the_library_computes_it() -> None:
+    from api_fixtures import client, ragged_body
+
+    s = SCENARIOS["mismatch-long-row"]
+    config = {"preset": s.preset, **s.overrides}
+    answer = client().post("/api/v1/loss", json={**s.request, "config": config}).json()
+    bd = grpo.evaluate(scenario_batch("mismatch-long-row"), grpo.LossConfig.from_preset(s.preset, **s.overrides))
+    view = mismatch_view(bd)
+    assert view is not None
+    block = answer["mismatch"]
+    assert block["sentences"] == view["sentences"] and block["sentence_keys"] == view["sentence_keys"]
+    assert block["stats"] == pytest.approx(view["stats"], rel=1e-6)
+    for field, values in view["rows"].items():  # float32 in JSON (its shortest form) reads back exactly
+        assert (np.asarray(block["rows"][field], dtype=values.dtype) == values).all(), field
+    assert (np.asarray(block["scatter"]["x"], dtype=np.float32) == view["scatter"]["x"]).all()
+    assert [c["field"] for c in block["row_charts"]] == ["sum_log_ratio"]
+    # a batch without the sampler's log-probs: the key, null
+    plain_answer = client().post("/api/v1/loss", json=ragged_body(3)).json()
+    assert "mismatch" in plain_answer and plain_answer["mismatch"] is None
+
+
+def test_a_bad_rollout_rs_threshold_gets_a_4xx_naming_the_field() -> None:
+    from api_fixtures import client
+
+    s = SCENARIOS["mismatch-one-token"]
+    for rs, spec in (("token_k1", "3_1"), ("seq_sum_k2", "3_1"), ("token_k1,seq_sum_k2", "0.5_2,0.1,4")):
+        config = {"preset": s.preset, "rollout_rs": rs, "rollout_rs_threshold": spec}
+        r = client().post("/api/v1/loss", json={**s.request, "config": config})
+        assert r.status_code == 422, r.text
+        detail = r.json()["detail"][0]
+        assert "rollout_rs_threshold" in detail["loc"] or "rollout_rs_threshold" in detail["msg"], detail
+    bad = client().post("/api/v1/loss", json={**s.request, "config": {"preset": s.preset, "rollout_rs": "seq_k9"}})
+    assert bad.status_code == 422 and "rollout_rs" in bad.text and "token_k1" in bad.text
