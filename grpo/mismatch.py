@@ -224,10 +224,10 @@ def _rows(
 
 def _row_codes(codes: Tensor) -> Tensor:
     """(B,) int8: the strongest action among each row's tokens (ROW_PRIORITY)."""
-    rank = torch.tensor([ROW_PRIORITY.index(c) for c in range(len(CORRECTION_CODES))], device=codes.device)
-    best = rank[codes.long()].amax(-1)
-    order = torch.tensor(ROW_PRIORITY, device=codes.device)
-    return order[best].to(torch.int8)
+    out = torch.full(codes.shape[:1], NOT_COUNTED, dtype=torch.int8, device=codes.device)
+    for code in ROW_PRIORITY[1:]:  # a stronger action overwrites a weaker one
+        out = torch.where((codes == code).any(-1), code, out).to(torch.int8)
+    return out
 
 
 def _counts(bd: Breakdown) -> dict[str, int]:
@@ -321,10 +321,12 @@ def _scatter(
             "total": 0,
             "range": [-1.0, 0.0],
         }
-    where = gap.scored.nonzero()  # (n, 2), row-major
-    code = bd.tokens.correction[gap.scored].long()
-    order = torch.argsort((code == KEPT).to(torch.int8), stable=True)[:SCATTER_MAX]  # acted first
-    pick = where[order]
+    codes = bd.tokens.correction
+    kept = codes == KEPT
+    acted = (gap.scored & ~kept).nonzero()[:SCATTER_MAX]  # (n, 2), row-major: the acted on first
+    room = SCATTER_MAX - acted.shape[0]
+    rest = (gap.scored & kept).nonzero()[:room] if room else acted[:0]
+    pick = torch.cat([acted, rest])
     rows, positions = pick[:, 0], pick[:, 1]
     x, y = gap.base[rows, positions], gap.sampler[rows, positions]
     # the lines' ends: the points' extent, a little wider (the page draws what it is given)
@@ -339,8 +341,8 @@ def _scatter(
         "log_ratio": gap.log_ratio[rows, positions].float().cpu().numpy(),
         "row": rows.to(torch.int32).cpu().numpy(),
         "position": positions.to(torch.int32).cpu().numpy(),
-        "code": code[order].to(torch.int8).cpu().numpy(),
-        "total": int(where.shape[0]),
+        "code": codes[rows, positions].to(torch.int8).cpu().numpy(),
+        "total": int(gap.scored.sum()),
         "range": ends,
         # each line as sampler = old + offset (its ends), and as the log-ratio old − sampler it stands at
         "lines": [
