@@ -168,6 +168,36 @@ def test_rollout_rs_is_a_text_control_that_round_trips_and_a_bad_spec_is_named(p
         other.context.close()
 
 
+def test_the_input_table_edits_the_sampler_log_probs(page: Page) -> None:
+    """The table shows the sampler's row when the batch has one; an edit there recomputes the view, and a token
+    added to a row grows the sampler's row with it (before: the table left it out, so the field no longer
+    matched the batch's shape and the server refused it)."""
+    page.open(
+        "?scenario=mismatch-one-token&preset=verl-grpo&rollout_correction=token_mask&rollout_is_min=0.5"
+        "&rollout_is_max=2&rollout_is_log_ratio_clamp=20"
+    )
+    cell = page.page.locator("[aria-label='row 1 sampler 3']")
+    assert float(cell.input_value()) == SCENARIOS["mismatch-one-token"].request["sampling_per_token_logps"][1][3]
+    before = page.drawn()
+    cell.fill("-2.4")  # now within 0.03 nats of the trainer's -2.376
+    cell.dispatch_event("change")
+    page.wait_drawn(before)
+    assert page.last()["mismatch"]["counts"]["masked"] == 0
+    assert "token" not in page.last()["mismatch"]["sentence_keys"] or "keeps every token" in (
+        page.page.text_content("#mismatch-sentences") or ""
+    )
+    before = page.drawn()
+    page.page.locator(".input-row").first.locator("button", has_text="+ token").click()
+    page.wait_drawn(before)
+    answer = page.last()
+    assert answer["mismatch"]["rows"]["length"][0] == 7 and len(answer["tokens"]["correction"][0]) == 7
+    assert page.page.locator("[aria-label='row 0 sampler 6']").count() == 1
+    page.check_clean()
+    # a batch without the sampler's log-probs shows no sampler row
+    page.open("?scenario=article&preset=article")
+    assert page.page.locator("[aria-label='row 0 sampler 3']").count() == 0
+
+
 # --- a captured run's step with sampler log-probs ---------------------------------------------------------------
 @pytest.fixture(scope="module")
 def sampled_run_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:

@@ -98,6 +98,7 @@ export const CELL_LABELS = {
   per_token_logps: "logp",
   old_per_token_logps: "old",
   ref_per_token_logps: "ref",
+  sampling_per_token_logps: "sampler",
 };
 
 export const INPUT = {
