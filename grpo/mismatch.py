@@ -78,6 +78,8 @@ class _Sentences:
     """Sentences under construction; every number marked and recorded in ``stats`` (or ``rows``)."""
 
     rows: dict[str, Any]
+    base: str
+    """What the sampler's log-probs are compared with: "old", or in bypass mode "current"."""
     stats: dict[str, float] = field(default_factory=dict)
     items: list[tuple[str, str]] = field(default_factory=list)
 
@@ -136,7 +138,7 @@ def mismatch_view(bd: Breakdown) -> dict[str, Any] | None:
         else rs_criteria(config.rollout_rs, config.rollout_rs_threshold)
     )
     rows = _rows(bd, gap, level, logps, criteria)
-    s = _Sentences(rows)
+    s = _Sentences(rows, "current" if config.rollout_bypass else "old")
     _gap_sentence(s, bd, gap)
     if level == "sequence" and gap.sampler is not None:
         _sequence_sentence(s, bd, gap, code)
@@ -158,10 +160,10 @@ def mismatch_view(bd: Breakdown) -> dict[str, Any] | None:
         if config.rollout_bypass
         else "trainer's old log-prob",
         "y_label": "sampler's log-prob",
-        "thresholds": _thresholds(config, level, criteria),
+        "thresholds": _thresholds(config, level, criteria, s.base),
         "scatter": _scatter(bd, gap, config, level, criteria),
         "rows": {k: v.cpu().numpy() if isinstance(v, Tensor) else v for k, v in rows.items()},
-        "row_charts": _row_charts(config, level, criteria, rows),
+        "row_charts": _row_charts(config, level, criteria, rows, s.base),
         "counts": _counts(bd),
         "stats": s.stats,
         "sentence_keys": [key for key, _ in s.items],
@@ -236,12 +238,14 @@ def _counts(bd: Breakdown) -> dict[str, int]:
 
 
 # --- thresholds -----------------------------------------------------------------------------------------
-def _thresholds(config: LossConfig, level: str | None, criteria: list[Criterion]) -> list[dict[str, Any]]:
+def _thresholds(config: LossConfig, level: str | None, criteria: list[Criterion], base: str) -> list[dict[str, Any]]:
     """The bounds in force, each with the config field it comes from and what it bounds."""
     out: list[dict[str, Any]] = []
     if level is not None:
         what = (
-            "the row's ratio exp(Σ old − sampler)" if level == "sequence" else "each token's ratio exp(old − sampler)"
+            f"the row's ratio exp(Σ {base} − sampler)"
+            if level == "sequence"
+            else f"each token's ratio exp({base} − sampler)"
         )
         for name in ("rollout_is_min", "rollout_is_max"):
             value = getattr(config, name)
@@ -353,7 +357,7 @@ def _scatter(
 
 
 def _row_charts(
-    config: LossConfig, level: str | None, criteria: list[Criterion], rows: dict[str, Tensor]
+    config: LossConfig, level: str | None, criteria: list[Criterion], rows: dict[str, Tensor], base: str
 ) -> list[dict[str, Any]]:
     """Per-row charts: a row statistic (a field of ``rows``) with the sequence-level bounds on it."""
     charts: list[dict[str, Any]] = []
@@ -367,9 +371,9 @@ def _row_charts(
         charts.append(
             {
                 "field": "sum_log_ratio",
-                "title": "Per row: Σ (old − sampler) log-prob = log of the sequence ratio"
+                "title": f"Per row: Σ ({base} − sampler) log-prob = log of the sequence ratio"
                 + (", with the sequence bounds" if lines else ""),
-                "y_label": "Σ old − sampler",
+                "y_label": f"Σ {base} − sampler",
                 "lines": lines,
             }
         )
@@ -432,9 +436,9 @@ def _gap_sentence(s: _Sentences, bd: Breakdown, gap: _Gap) -> None:
         "gap",
         f"The sampler and the trainer disagree on the {s.n('num_scored', n)} scored tokens by "
         f"{s.q('abs_gap_mean', float(gap.log_ratio.abs()[gap.scored].mean()))} nats on average "
-        f"(|old − sampler|; at most {s.q('abs_gap_max', float(absolute[r, p]))}, at row "
+        f"(|{s.base} − sampler|; at most {s.q('abs_gap_max', float(absolute[r, p]))}, at row "
         f"{mark(f'rows/index/{r}', r, 12)} position {s.n('abs_gap_max_position', p)}). Summed over a row the "
-        f"gaps add up: Σ (old − sampler) runs from {s.row_value('sum_log_ratio', low)} (row "
+        f"gaps add up: Σ ({s.base} − sampler) runs from {s.row_value('sum_log_ratio', low)} (row "
         f"{mark(f'rows/index/{low}', low, 12)}) to {s.row_value('sum_log_ratio', high)} (row "
         f"{mark(f'rows/index/{high}', high, 12)}), a sequence ratio exp(Σ) of {s.row_value('is_ratio', low)} to "
         f"{s.row_value('is_ratio', high)}.",
@@ -509,7 +513,7 @@ def _token_sentence(s: _Sentences, bd: Breakdown, gap: _Gap, code: int) -> None:
         if kept.numel():
             s.add(
                 "token",
-                f"Every scored token's ratio exp(old − sampler) is {_bounds_text(config, True)} (from "
+                f"Every scored token's ratio exp({s.base} − sampler) is {_bounds_text(config, True)} (from "
                 f"{s.q('token_ratio_min', float(kept.min()))} to {s.q('token_ratio_max', float(kept.max()))}): "
                 f"{name} keeps every token with its weight.",
             )
@@ -522,7 +526,7 @@ def _token_sentence(s: _Sentences, bd: Breakdown, gap: _Gap, code: int) -> None:
         "token",
         f"{s.n('token_acted', n)} token(s) were {verb} by {name} ({meaning}): "
         f"{s.q('token_acted_percent', _share(hit, gap.scored))}% of the scored tokens, in {named}. "
-        f"{'Its ratio exp(old − sampler) is' if n == 1 else 'Their ratios exp(old − sampler) are'} "
+        f"{'Its ratio' if n == 1 else 'Their ratios'} exp({s.base} − sampler) {'is' if n == 1 else 'are'} "
         f"{_bounds_text(config, False)}; the farthest, row {mark(f'rows/index/{r}', r, 12)} "
         f"position {s.n('token_far_position', p)}, has ratio {s.q('token_far_ratio', float(ratio[r, p]))} (old "
         f"{s.q('token_far_old', float(gap.base[r, p]))}, sampler "
@@ -545,7 +549,8 @@ def _off_policy_sentence(s: _Sentences, bd: Breakdown, gap: _Gap) -> None:
         s.add(
             "off_policy",
             f"{named[0].upper() + named[1:]} {'was' if one else 'were'} dropped by the off-policy sequence mask: "
-            f"A < 0 and the mean {behaviour} − current log-prob {'is' if one else 'are'} {values}, above "
+            f"A < 0 and {'its' if one else 'their'} mean {behaviour} − current log-prob{'' if one else 's'} "
+            f"{'is' if one else 'are'} {values}, above "
             f"off_policy_mask_threshold = {t}; {'it holds' if one else 'they hold'} "
             f"{s.q('off_policy_token_percent', _share(gap.counted[dropped], gap.counted))}% of the batch's tokens.",
         )

@@ -216,6 +216,17 @@ def test_rollout_rs_rejections_are_counted_per_criterion() -> None:
     assert float(bd.loss) != float(bd.loss_without_correction)
 
 
+def test_in_bypass_mode_the_gap_is_current_minus_sampler() -> None:
+    """verl's bypass: the sampler's log-probs stand in for old, so the correction weighs current − sampler; the
+    view's x is the current log-prob and its sentences say so (here current = the request's per_token_logps)."""
+    view, _ = _view("mismatch-one-token", rollout_bypass=True)
+    assert view["x_label"].startswith("current log-prob")
+    assert all("old − sampler" not in text for text in view["sentences"])
+    assert "|current − sampler|" in view["sentences"][0]
+    req = SCENARIOS["mismatch-one-token"].request
+    assert view["scatter"]["x"][0] == pytest.approx(req["per_token_logps"][1][3])
+
+
 def test_k3_bounds_meet_the_statistic() -> None:
     for upper in (0.01, 0.5, 3.0):
         low, high = _k3_roots(upper)
@@ -260,6 +271,7 @@ CONFIGS: list[dict[str, Any]] = [
     {"off_policy_mask_threshold": 0.0},
     {"rollout_rs": "token_k2,seq_mean_k3,seq_sum_k1", "rollout_rs_threshold": "0.0005,0.001,0.5_1.5"},
     {"rollout_correction": "sequence_truncate", "rollout_is_batch_normalize": True},
+    {"rollout_bypass": True, "rollout_correction": "token_mask", "rollout_is_min": 0.99, "rollout_is_max": 1.01},
 ]
 
 
