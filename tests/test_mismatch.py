@@ -334,3 +334,47 @@ def test_a_bad_rollout_rs_threshold_gets_a_4xx_naming_the_field() -> None:
         assert "rollout_rs_threshold" in detail["loc"] or "rollout_rs_threshold" in detail["msg"], detail
     bad = client().post("/api/v1/loss", json={**s.request, "config": {"preset": s.preset, "rollout_rs": "seq_k9"}})
     assert bad.status_code == 422 and "rollout_rs" in bad.text and "token_k1" in bad.text
+
+
+RANDOM_CONFIGS: list[dict[str, Any]] = [
+    {"rollout_correction": "token_mask", "rollout_is_min": 0.8, "rollout_is_max": 1.25},
+    {"rollout_correction": "sequence_mask", "off_policy_mask_threshold": 0.1},
+    {
+        "rollout_correction": "sequence_truncate",
+        "rollout_rs": "seq_mean_k1,token_k3",
+        "rollout_rs_threshold": "0.9_1.1,0.02",
+    },
+    {"rollout_bypass": True, "rollout_correction": "token_truncate", "rollout_is_batch_normalize": True},
+    {"rollout_rs": "seq_max_k2", "rollout_rs_threshold": "0.01"},
+]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_random_ragged_batches_with_unscored_tokens_give_a_consistent_block(seed: int) -> None:
+    """Holes in the mask, prompts, tokens the sampler did not score: the block is built, every sentence's
+    numbers are its own, the scatter holds exactly the scored tokens and the counts are the tokens'."""
+    from api_fixtures import ragged_body
+
+    body = ragged_body(seed)
+    g = np.random.default_rng(100 + seed)
+    sampler = []
+    for i, row in enumerate(body["old_per_token_logps"]):
+        out: list[float | None] = []
+        for j, v in enumerate(row):
+            counted = body["completion_mask"][i][j] and j >= body["prompt_lengths"][i]
+            out.append(None if counted and g.random() < 0.15 else min(v - 0.1 * g.standard_normal(), -1e-4))
+        sampler.append(out)
+    fields = {k: v for k, v in body.items() if k != "tokens"}
+    batch = batch_from_request({**fields, "sampling_per_token_logps": sampler})
+    bd = grpo.evaluate(batch, grpo.LossConfig(dtype="float64", **RANDOM_CONFIGS[seed % len(RANDOM_CONFIGS)]))
+    answer = breakdown_to_json(bd)
+    view = answer["mismatch"]
+    assert view is not None
+    for parts in view["sentence_parts"]:
+        for p in parts:
+            if not isinstance(p, str):
+                assert p["value"] == pytest.approx(_resolve(view, answer, p["quantity"]), rel=1e-12, abs=1e-15), p
+    assert bd.rollout_logps is not None and bd.rollout_logps.sampler is not None
+    scored = bd.rollout_logps.counted & ~torch.isnan(bd.rollout_logps.sampler)
+    assert view["scatter"]["total"] == int(scored.sum()) == len(view["scatter"]["x"])
+    assert sum(view["counts"].values()) == int(bd.rollout_logps.counted.sum())
