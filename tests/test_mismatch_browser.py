@@ -198,6 +198,26 @@ def test_the_input_table_edits_the_sampler_log_probs(page: Page) -> None:
     assert page.page.locator("[aria-label='row 0 sampler 3']").count() == 0
 
 
+def test_a_batch_past_the_per_token_limit_draws_the_whole_view(page: Page) -> None:
+    """Past the server's per-token limit the answer carries one row's tokens, but the view's block covers the
+    batch: every scored token in the scatter (up to its cap), every row in the row chart."""
+    rows = 8
+    old = [[-0.2 - 0.05 * ((3 * i + j) % 17) for j in range(40)] for i in range(rows)]
+    sampler = [[v - (0.06 if i == 5 else 0.01) for v in row] for i, row in enumerate(old)]  # row 5: Σ = 2.4
+    page.open("?scenario=article&preset=trl-grpo&rollout_correction=sequence_mask")
+    body = {
+        "per_token_logps": old,
+        "sampling_per_token_logps": sampler,
+        "rewards": [1.0, 0.0] * (rows // 2),
+        "group_size": 4,
+    }
+    answer = page.apply_json(body)
+    assert not answer["tokens_complete"] and answer["mismatch"]["scatter"]["total"] == rows * 40
+    assert answer["mismatch"]["stats"]["above_token_percent"] == pytest.approx(100 / rows)
+    _check_view(page, answer)
+    page.check_clean()
+
+
 # --- a captured run's step with sampler log-probs ---------------------------------------------------------------
 @pytest.fixture(scope="module")
 def sampled_run_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
