@@ -129,7 +129,14 @@ function heatmapLayout(title, rows, width, showlegend) {
     plot_bgcolor: "#e3e6eb",
     showlegend,
     legend: { orientation: "h", x: 1, xanchor: "right", y: 1.02, yanchor: "bottom" },
-    xaxis: { title: { text: "position" }, showgrid: false, zeroline: false, dtick: width <= 40 ? 1 : undefined },
+    // the cells' own span: a marks trace over them (clipped, dropped) would widen an autoranged axis
+    xaxis: {
+      title: { text: "position" },
+      showgrid: false,
+      zeroline: false,
+      dtick: width <= 40 ? 1 : undefined,
+      range: [-0.5, width - 0.5],
+    },
     yaxis: { autorange: "reversed", showgrid: false, automargin: true },
   });
 }
