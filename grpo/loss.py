@@ -23,11 +23,12 @@ from grpo.corrections import (
     NOT_COUNTED,
     REJECTED,
     Applied,
+    SamplingSums,
     correct,
     rejection_keep,
     rs_criteria,
     sampler_log_ratio,
-    sampling_metrics,
+    sampling_sums,
     verl_mismatch_metrics,
 )
 from grpo.errors import GrpoInputError
@@ -153,6 +154,9 @@ class Breakdown:
     """0-d: the entropy bonus's part of the loss, -entropy_coef · mean entropy (None when entropy_coef is 0)."""
     entropy_tokens: Tensor | None = None
     """(B, T): each token's share of entropy_loss (no gradient: the entropies are inputs)."""
+    sampling: SamplingSums | None = None
+    """What TRL's ``sampling/*`` metrics need of this batch, in sums a check joins over a generation batch's
+    micro-batches (None when TRL would not log them: no sampler log-probs, or no correction chosen)."""
 
 
 def resolve_device(name: str, input_device: torch.device) -> torch.device:
@@ -500,8 +504,10 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
     )
     rows = _rows(tokens, adv, mask)
     metrics = _metrics(batch, config, t.objective.flags, tokens, rows, adv, mask, t.ratio.detach())
+    sampling = None
     if t.correction is not None and inp.sampler is not None and config.rollout_correction != "none":
-        metrics |= sampling_metrics(t.correction, inp.base, inp.sampler, mask)  # TRL logs them only then
+        sampling = sampling_sums(t.correction, inp.base, inp.sampler, mask)
+        metrics |= sampling.metrics()  # TRL logs them only then
     if inp.sampler is not None:  # verl's mismatch diagnostics, over the tokens before its rejection
         metrics |= verl_mismatch_metrics(inp.base, inp.sampler, inp.before_rejection)
     entropy_loss = None if t.entropy_tokens is None else t.entropy_tokens.sum()
@@ -534,6 +540,7 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         entropy_loss=entropy_loss,
         aux_loss=router_part(config, loss).detach() if config.aux_loss_coef else None,
         entropy_tokens=t.entropy_tokens,
+        sampling=sampling,
     )
 
 
