@@ -640,7 +640,8 @@ def _metrics(
     metrics |= {
         name: value
         for name, value in {
-            "actor/ppo_kl": 0.0 - float(tokens.log_ratio.sum() / n_tokens),
+            # over the tokens that count: verl's rejection leaves log-ratios on the tokens it took out
+            "actor/ppo_kl": 0.0 - float((tokens.log_ratio * mask).sum() / n_tokens),
         }.items()
         if name not in flags
     }
