@@ -158,7 +158,7 @@ def test_the_drivers_correction_reaches_the_workers_files(local_ray: None, tmp_p
     assert len(returned[0]) == len(returned[1]) == STEPS
 
     run = load_run(run_dir)
-    assert not run.info.get("unsupported")  # (the workers are killed, so run.json keeps what the first write said)
+    assert not run.info.get("unsupported")  # every loss call's rows were found in the driver's records
     assert [(s.step, s.rank) for s in run.steps] == [(step, r) for step in range(1, STEPS + 1) for r in (0, 1)]
     for ref in run.steps:
         batch, config, _ = load_step(ref.path)

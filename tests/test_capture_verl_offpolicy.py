@@ -157,7 +157,10 @@ def test_without_the_driver_the_weights_are_reported(tmp_path: Path) -> None:
     after, weights = driver(whole, CASES["token_truncate"])
     assert weights is not None
     config = actor_config(loss_agg_mode="token-mean")
-    with grpo.capture.verl(tmp_path / "run", micro_batches_per_step=1):
+    with grpo.capture.verl(tmp_path / "run") as cap:
         mb = whole | {"response_mask": after, "rollout_is_weights": weights}
         call_ppo_loss(config, mb, {"dp_size": 1, "batch_num_tokens": None, "global_batch_size": None})
+        cap.next_step()
+        # said as soon as the call is written, not only when the block ends (a Ray worker may be killed first)
+        assert "driver" in load_run(tmp_path / "run").info["unsupported"]["rollout_is_weights"]
     assert "driver" in load_run(tmp_path / "run").info["unsupported"]["rollout_is_weights"]

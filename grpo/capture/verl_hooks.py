@@ -163,6 +163,8 @@ class VerlCapture:
             # the passes over each rollout; which rollout and pass this call is, the loss functions do not see
             meta["rollout"] = {"iterations": epochs}
         self.writer.write_step(self.step, self.micro, tensors, meta, config=config)
+        if self.unsupported != self.writer.info.get("unsupported", {}):  # said at once: a Ray worker may never exit
+            self.writer.update(unsupported=dict(self.unsupported))
         self._next_micro()
 
     def _next_micro(self) -> None:
