@@ -92,7 +92,7 @@ def constant_warnings(config: AggregationSettings, longest_row: int) -> list[str
     return [
         f"max_completion_length = {mark('config/max_completion_length', constant, 12)} is far from the longest "
         f"counted row ({mark('metrics/completions/max_length', longest_row, 12)} tokens): the loss is divided by it, "
-        f"so it comes out {mark('lens/warnings/constant_scale', longest_row / constant, 3)}x what a constant of "
+        f"so it comes out {mark('lens/warnings/constant_scale', longest_row / constant)}x what a constant of "
         f"{mark('metrics/completions/max_length', longest_row, 12)} gives; set it to the run's max_completion_length."
     ]
 

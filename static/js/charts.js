@@ -88,37 +88,47 @@ export const HEATMAPS = [
 
 const CLIP_MARK_LIMIT = 3000; // past this many clipped cells, one SVG mark each would be slow: hover says it
 
-// Cells the token's why marks (data.why.marked: the codes that silence a token's policy gradient, the token
-// masks, the objective's own pick), one trace per code named by the server's label; [] when there are none
-// or too many cells for one SVG mark each.
+// Cells the token's why marks (data.why.marked): those on a flat part of the objective (no policy gradient,
+// one trace), and apart, each token mask's (the entropy mask) and the objective's own pick (KL-Cov's penalty,
+// Clip-Cov's cut), named by the server's labels; [] when there are none or too many for one SVG mark each.
 function whyMarks(data) {
   const t = data.tokens;
   const labels = rowLabels(data);
-  const marked = new Map(data.why.marked.map((name) => [data.why.names.indexOf(name), { name, x: [], y: [] }]));
+  const own = (name) => data.why.masks.includes(name) || name === data.why.selected;
+  const groups = new Map();
+  const byCode = new Map();
+  for (const name of data.why.marked) {
+    const key = own(name) ? name : "flat";
+    if (!groups.has(key)) {
+      const label = own(name) ? data.why.labels[name] || name : LABELS.clippedCell;
+      groups.set(key, { label, marker: whyMarker(data, name), x: [], y: [] });
+    }
+    byCode.set(data.why.names.indexOf(name), groups.get(key));
+  }
   t.why.forEach((row, k) =>
     row.forEach((code, j) => {
-      const cells = marked.get(code);
+      const cells = byCode.get(code);
       if (cells && t.mask[k][j]) {
         cells.x.push(j);
         cells.y.push(labels[k]);
       }
     }),
   );
-  const traces = [...marked.values()].filter((m) => m.x.length);
-  if (traces.reduce((n, m) => n + m.x.length, 0) > CLIP_MARK_LIMIT) return [];
-  return traces.map(({ name, x, y }) => ({
+  const traces = [...groups.values()].filter((g) => g.x.length);
+  if (traces.reduce((n, g) => n + g.x.length, 0) > CLIP_MARK_LIMIT) return [];
+  return traces.map(({ label, marker, x, y }) => ({
     type: "scatter",
     mode: "markers",
     x,
     y,
-    name: data.why.labels[name] || name,
+    name: label,
     hoverinfo: "skip",
     showlegend: true,
-    marker: { ...whyMarker(data, name), size: 9, color: "#1d2330", line: { width: 1.5 } },
+    marker: { ...marker, size: 9, color: "#1d2330", line: { width: 1.5 } },
   }));
 }
 
-// A token mask's cells (the entropy mask) and the objective's own pick are marked apart from the silenced ones.
+// A token mask's cells (the entropy mask) and the objective's own pick are marked apart from the flat ones.
 function whyMarker(data, name) {
   if (data.why.masks.includes(name)) return { symbol: "line-ew-open" };
   if (name === data.why.selected) return { symbol: "circle-open" };
