@@ -376,7 +376,8 @@ def test_kl_cov_and_clip_cov_tokens_are_named_in_every_view(page: Page) -> None:
     hover = _hover_cell(page, "heat-ratio", k, j, len(why), len(answer["tokens"]["ratio"][0]))
     assert "kl_penalized" in hover and "KL penalty applied" in hover
     _shoot(page, "#heat-ratio", "kl_cov-hover.png", above=80)
-    shown = page.page.evaluate("[...document.querySelectorAll('#metrics-table tbody tr')].map(r => r.cells[0].innerText)")
+    rows = "[...document.querySelectorAll('#metrics-table tbody tr')]"
+    shown = page.page.evaluate(f"{rows}.map(r => r.cells[0].innerText)")
     assert shown == answer["metrics_logged"]
     assert "vespo/phi_seq_mean" not in shown and "cispo_clip_ratio" not in shown and "actor/ppo_kl" in shown
     assert "vespo/phi_seq_mean" in answer["metrics"]  # still in the answer: check-run compares every metric

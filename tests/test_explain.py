@@ -387,7 +387,7 @@ SENTENCES: list[tuple[str, Callable[[Breakdown, re.Match[str]], None]]] = [
 
 
 # The key explain_items gives each kind of sentence (the page finds a sentence by it, never by its words).
-KEYS = {
+KEYS: dict[Callable[[Breakdown, re.Match[str]], None], str] = {
     _sign: "sign",
     _on_policy: "on_policy",
     _flat: "clip",
