@@ -41,8 +41,8 @@ from grpo.corrections import (
     sampler_log_ratio,
     sequence_ratio,
 )
-from grpo.explain import mark, number, parts_of, plain
 from grpo.loss import Breakdown, RolloutLogps
+from grpo.marks import mark, number, parts_of, plain
 
 SCATTER_MAX = 5000
 """Points the scatter carries at most: the tokens a correction acted on first, then the others in order."""

@@ -1,6 +1,6 @@
 // Chart functions: the API's JSON in, Plotly {data, layout} out. No numbers are computed here.
 
-import { REGION_COLORS, fmt, plotlyText } from "./format.js";
+import { REGION_COLORS, fmt, plotlyText, whyColor } from "./format.js";
 import { HEATMAP_TITLES, HOVER, LABELS, POOLED } from "./labels.js";
 
 const FONT = { family: "system-ui, sans-serif", size: 12 };
@@ -88,31 +88,51 @@ export const HEATMAPS = [
 
 const CLIP_MARK_LIMIT = 3000; // past this many clipped cells, one SVG mark each would be slow: hover says it
 
-// Cells on a flat part of the objective, as marks over the heatmap (or null when too many).
-function clippedMarks(data) {
+// Cells the token's why marks (data.why.marked): those on a flat part of the objective (no policy gradient,
+// one trace), and apart, each token mask's (the entropy mask) and the objective's own pick (KL-Cov's penalty,
+// Clip-Cov's cut), named by the server's labels; [] when there are none or too many for one SVG mark each.
+function whyMarks(data) {
   const t = data.tokens;
   const labels = rowLabels(data);
-  const x = [];
-  const y = [];
-  t.region.forEach((row, k) =>
-    row.forEach((g, j) => {
-      if (g !== "trust" && g !== "masked") {
-        x.push(j);
-        y.push(labels[k]);
+  const own = (name) => data.why.masks.includes(name) || name === data.why.selected;
+  const groups = new Map();
+  const byCode = new Map();
+  for (const name of data.why.marked) {
+    const key = own(name) ? name : "flat";
+    if (!groups.has(key)) {
+      const label = own(name) ? data.why.labels[name] || name : LABELS.clippedCell;
+      groups.set(key, { label, marker: whyMarker(data, name), x: [], y: [] });
+    }
+    byCode.set(data.why.names.indexOf(name), groups.get(key));
+  }
+  t.why.forEach((row, k) =>
+    row.forEach((code, j) => {
+      const cells = byCode.get(code);
+      if (cells && t.mask[k][j]) {
+        cells.x.push(j);
+        cells.y.push(labels[k]);
       }
     }),
   );
-  if (!x.length || x.length > CLIP_MARK_LIMIT) return null;
-  return {
+  const traces = [...groups.values()].filter((g) => g.x.length);
+  if (traces.reduce((n, g) => n + g.x.length, 0) > CLIP_MARK_LIMIT) return [];
+  return traces.map(({ label, marker, x, y }) => ({
     type: "scatter",
     mode: "markers",
     x,
     y,
-    name: LABELS.clippedCell,
+    name: label,
     hoverinfo: "skip",
     showlegend: true,
-    marker: { symbol: "x-thin-open", size: 9, color: "#1d2330", line: { width: 1.5 } },
-  };
+    marker: { ...marker, size: 9, color: "#1d2330", line: { width: 1.5 } },
+  }));
+}
+
+// A token mask's cells (the entropy mask) and the objective's own pick are marked apart from the flat ones.
+function whyMarker(data, name) {
+  if (data.why.masks.includes(name)) return { symbol: "line-ew-open" };
+  if (name === data.why.selected) return { symbol: "circle-open" };
+  return { symbol: "x-thin-open" };
 }
 
 // No WebGL traces (scattergl): the installed plotly.js builds its WebGL programs with new Function(),
@@ -209,7 +229,7 @@ export function heatmap(data, spec, hover) {
   if (rows * width > 4096) trace.zsmooth = "fast"; // one pixel per cell, scaled: fast for big grids
   Object.assign(trace, { colorscale: DIVERGING, zmid: spec.mid });
   if (spec.range) Object.assign(trace, { zmin: spec.range[0], zmax: spec.range[1] });
-  const marks = [clippedMarks(data), correctionMarks(data)].filter(Boolean);
+  const marks = [...whyMarks(data), correctionMarks(data)].filter(Boolean);
   const layout = heatmapLayout(spec.title, rows, width, marks.length > 0);
   return { data: [trace, ...marks], layout };
 }
@@ -529,13 +549,14 @@ export function clipCurves(data, options) {
       legendgroup: "objective",
       showlegend: !panel.axis,
     });
-    for (const region of Object.keys(REGION_COLORS)) {
-      const idx = p.sign.map((s, i) => (s === panel.sign && p.region[i] === region ? i : -1)).filter((i) => i >= 0);
+    // each point coloured by its token's why (the server's code name: Clip-Cov's cut is not a dual clip)
+    for (const region of data.why.names) {
+      const idx = p.sign.map((s, i) => (s === panel.sign && p.why[i] === region ? i : -1)).filter((i) => i >= 0);
       if (!idx.length) continue;
       traces.push({
         type: "scatter",
         mode: "markers",
-        name: region,
+        name: data.why.labels[region] || region,
         xaxis: xref,
         yaxis: yref,
         legendgroup: region,
@@ -544,7 +565,7 @@ export function clipCurves(data, options) {
         y: idx.map((i) => p.y[i]),
         text: idx.map((i) => `row ${p.row[i]}, position ${p.position[i]}`),
         hovertemplate: "%{text}<br>ratio %{x:.4g}<br>objective per unit A %{y:.4g}<extra>" + region + "</extra>",
-        marker: { color: REGION_COLORS[region], size: 9, line: { color: "#fff", width: 1 } },
+        marker: { color: whyColor(region), size: 9, line: { color: "#fff", width: 1 } },
       });
       shown.add(region);
     }
