@@ -283,10 +283,12 @@ def _selected(bd: Breakdown, m: re.Match[str]) -> None:
         assert bd.tokens.selected is not None and int(bd.tokens.selected.sum()) == max(1, int(share * n))
         # a picked token the entropy mask silenced reads entropy_masked: the mask acts on the whole term
         assert torch.equal(picked, bd.tokens.selected.bool() & bd.tokens.policy_kept.bool())
-        penalised = plain - coef * bd.tokens.log_ratio.abs()
+        # the rollout correction's weight multiplies the whole policy term (1 without sampler log-probs)
+        w = bd.tokens.is_weight
+        penalised = (plain - coef * bd.tokens.log_ratio.abs()) * w
         torch.testing.assert_close(bd.tokens.surrogate[picked], penalised[picked], rtol=1e-12, atol=1e-15)
         rest = counted & ~bd.tokens.selected.bool() & bd.tokens.policy_kept.bool()
-        torch.testing.assert_close(bd.tokens.surrogate[rest], plain[rest], rtol=1e-12, atol=1e-15)
+        torch.testing.assert_close(bd.tokens.surrogate[rest], (plain * w)[rest], rtol=1e-12, atol=1e-15)
         assert f"ppo_kl_coef = {grpo.explain.number(coef)}" in m[4] and "KL penalty applied" in m[4]
 
 
