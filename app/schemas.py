@@ -84,7 +84,7 @@ def _batch_field(spec: BatchField) -> tuple[Any, Any]:
 # range torch refuses them, so the request model bounds them as LossConfig does (grpo.config).
 CONFIG_TYPES: dict[str, Any] = {
     "string": str,
-    "number": Annotated[float, Field(ge=-MAX_MAGNITUDE, le=MAX_MAGNITUDE, allow_inf_nan=False)],
+    "number": Annotated[float, Field(ge=-MAX_MAGNITUDE, le=MAX_MAGNITUDE, allow_inf_nan=False, strict=True)],
     "integer": Annotated[int, Field(ge=-MAX_INT, le=MAX_INT)],
     "boolean": bool,
 }

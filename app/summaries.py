@@ -66,7 +66,7 @@ from grpo.runs import FORMAT as RUN_FORMAT
 from grpo.runs import LOGGED_FILE, STEP_FILE, Run, StepRef, load_run, load_step, package_versions, read_header
 
 SUMMARY_FILE = ".lens-summary.json"
-FORMAT = 2  # of the summary: a change in the page's or the entry's shape bumps it
+FORMAT = 3  # of the summary: a change in the page's or the entry's shape bumps it
 VERSION = package_versions().get("grpo-lens", "unknown")
 MAX_INFO_BYTES = 1024 * 1024  # run.json is a run's description: a real one is a few KB
 MAX_HEADER_BYTES = 2 * MAX_INFO_BYTES  # the summary's header holds an entry drawn from run.json

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from torch import Tensor
 
+from grpo.marks import mark
 from grpo.registry import Registry
 
 
@@ -89,9 +90,10 @@ def constant_warnings(config: AggregationSettings, longest_row: int) -> list[str
     if constant is None or not longest_row or 0.5 * longest_row <= constant <= 2 * longest_row:
         return []
     return [
-        f"max_completion_length = {constant} is far from the longest counted row ({longest_row} tokens): "
-        f"the loss is divided by it, so it comes out {longest_row / constant:.3g}x what a constant of "
-        f"{longest_row} gives; set it to the run's max_completion_length."
+        f"max_completion_length = {mark('config/max_completion_length', constant, 12)} is far from the longest "
+        f"counted row ({mark('metrics/completions/max_length', longest_row, 12)} tokens): the loss is divided by it, "
+        f"so it comes out {mark('lens/warnings/constant_scale', longest_row / constant)}x what a constant of "
+        f"{mark('metrics/completions/max_length', longest_row, 12)} gives; set it to the run's max_completion_length."
     ]
 
 

@@ -15,10 +15,13 @@ from torch import Tensor
 
 from grpo.corrections import CORRECTION_CODES, KEPT
 from grpo.curves import objective_curves
-from grpo.explain import explain_parts, number, token_why
+from grpo.explain import TokenWhy, explain_parts, number, token_why
 from grpo.fields import ragged
 from grpo.glossary import metric_meaning_parts
 from grpo.loss import Breakdown
+from grpo.marks import parts_of
+from grpo.metrics import logged_metrics
+from grpo.mismatch import mismatch_view
 from grpo.objectives import REGIONS
 from grpo.pooling import pool_extreme, pool_factors
 
@@ -139,6 +142,8 @@ def breakdown_to_json(
         "loss_without_correction": float(bd.loss_without_correction),
         "correction_names": list(CORRECTION_CODES),
         "metrics": bd.metrics,
+        # the metrics the config's trainer logs, in order (the page's table): every objective's are in metrics
+        "metrics_logged": logged_metrics(bd.config, bd.metrics),
         "explanation": [_text(parts) for _, parts in explained],
         "explanation_keys": [key for key, _ in explained],  # what each sentence is about (explain_items)
         # the same sentences with each number apart, tagged with the quantity it shows
@@ -149,6 +154,10 @@ def breakdown_to_json(
             "texts": why.texts,
             "counts": why.counts(),
             "no_gradient": sorted(why.no_gradient),
+            "labels": why.labels,  # how a group of tokens with each code is named (summary, legends)
+            "masks": list(why.masks),  # the codes of token masks (the entropy mask), marked apart on the heatmaps
+            "selected": why.selected,  # the code of the tokens the objective's own rule picked (or null)
+            "marked": list(why.marked),  # the codes the heatmaps mark over their cells
         },
         # each metric's meaning under this config, its numbers apart (the text is the parts joined)
         "metric_meaning_parts": {k: v for k, v in metric_meaning_parts(bd.config).items() if k in bd.metrics},
@@ -164,13 +173,18 @@ def breakdown_to_json(
         "tokens_complete": len(rows) == B,
         "heatmap": pooled_heatmaps(bd, lengths, list(range(B)) if every_row else rows, len(rows) == B),
         "num_positions": total,
-        "curves": drawn_curves(objective_curves(bd)),
+        "curves": drawn_curves(with_why(objective_curves(bd), why)),
         "clamp_counts": bd.clamp_counts,
         "zero_std_groups": list(bd.zero_std_groups),
         "config": config,
         "device": bd.device,
         "dtype": bd.dtype,
         "warnings": list(bd.warnings),
+        # the same warnings with each number apart, tagged with the quantity it shows (as explanation_parts)
+        "warning_parts": [parts_of(w) for w in bd.marked_warnings],
+        # the mismatch view (grpo.mismatch): the sampler against the trainer and what the correction did; null
+        # without the sampler's log-probs when no correction acted
+        "mismatch": mismatch_view(bd),
     }
 
 
@@ -182,6 +196,14 @@ def advantage_spread(bd: Breakdown) -> dict[str, Any]:
     low = torch.where(counted, a, torch.inf).amin(-1).where(any_counted, 0.0)
     high = torch.where(counted, a, -torch.inf).amax(-1).where(any_counted, 0.0)
     return {"min": low.cpu().numpy(), "max": high.cpu().numpy(), "varies": (low != high).cpu().tolist()}
+
+
+def with_why(curves: dict[str, Any], why: TokenWhy) -> dict[str, Any]:
+    """The clip view's points with each token's why (its code's name, as the hovers and counts read it): the
+    chart colours a point by it, so a token Clip-Cov cut is not drawn as a dual-clip one."""
+    points = curves["points"]
+    codes = why.codes[points["row"], points["position"]].tolist() if points["row"] else []
+    return {**curves, "points": {**points, "why": [why.names[c] for c in codes]}}
 
 
 def drawn_curves(curves: dict[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from grpo.config import LossConfig
+from grpo.corrections import SAMPLING_METRICS, SamplingSums, sampling_over_ranks
 from grpo.loss import Breakdown, evaluate
 from grpo.metrics import TOKEN_MEANS
 from grpo.runs import Run, StepRef, load_step
@@ -190,13 +191,27 @@ class MicroResult:
     metrics: dict[str, float]
     tokens: float
     loss: float
+    sampling: SamplingSums | None = None
+    """The sums behind TRL's ``sampling/*`` (``Breakdown.sampling``), joined over the generation batch."""
+    rollout: tuple[int, int, int] | None = None
+    """(rollout, iteration, steps_per_generation) as the capture recorded them (None: not recorded)."""
+
+
+def micro_result(ref: StepRef, bd: Breakdown, info: dict[str, Any], rtol: float, metric_atol: float) -> MicroResult:
+    """What a step's check keeps of one micro-batch's breakdown."""
+    check = check_micro(ref, bd, info, rtol, metric_atol)
+    meta = info.get("meta")
+    r = meta.get("rollout") if isinstance(meta, dict) else None
+    given = [r.get(k) for k in ("rollout", "iteration", "steps_per_generation")] if isinstance(r, dict) else []
+    numbers = [n for n in given if isinstance(n, int) and not isinstance(n, bool) and n >= 1]
+    rollout = (numbers[0], numbers[1], numbers[2]) if len(numbers) == 3 else None
+    return MicroResult(check, dict(bd.metrics), float(bd.tokens.mask.sum()), float(bd.loss), bd.sampling, rollout)
 
 
 def check_ref(ref: StepRef, rtol: float, metric_atol: float) -> MicroResult:
     """Load, evaluate and check one step file (a module-level function: a process pool can run it)."""
     bd, info = evaluate_ref(ref)
-    check = check_micro(ref, bd, info, rtol, metric_atol)
-    return MicroResult(check, dict(bd.metrics), float(bd.tokens.mask.sum()), float(bd.loss))
+    return micro_result(ref, bd, info, rtol, metric_atol)
 
 
 def _check_ref_args(args: tuple[StepRef, float, float]) -> MicroResult:
@@ -229,6 +244,8 @@ def check_run(
     for item in _micro_results(run, rtol, metric_atol, seen, pool):
         by_step.setdefault(item.check.step, []).append(item)
     gathered = run.info.get("source") in GATHERING_SOURCES
+    restricted = isinstance(capture, dict) and capture.get("ranks") is not None
+    generated = {} if restricted else generation_metrics(by_step, logged_all, incomplete)
     for step in run.step_numbers():
         items = by_step.pop(step)
         ranks = sorted({item.check.rank or 0 for item in items})
@@ -246,6 +263,7 @@ def check_run(
         step_log = {} if step == incomplete else logged_all.get(str(step)) or {}
         logged = {k: v for k, v in step_log.items() if _finite(v) is not None}
         metrics = _compare({k: v for k, v in logged.items() if k in per_call}, mean, metric_atol)
+        metrics |= _compare(logged, generated.get(step, {}), metric_atol)
         ok = all(m.ok for m in metrics.values())
         result.steps.append(
             StepCheck(step, len(checks), trainer_loss, lens_loss, logged, mean, weighted, metrics, ok, len(ranks))
@@ -290,7 +308,45 @@ def joined_over_ranks(items: list[MicroResult], rtol: float, metric_atol: float)
         compared = _compare({k: m.trainer for k, m in item.check.metrics.items()}, joined, metric_atol)
         rel = item.check.rel_error
         ok = (rel is None or rel <= rtol) and all(m.ok for m in compared.values())
-        out.append(MicroResult(replace(item.check, metrics=compared, ok=ok), joined, item.tokens, item.loss))
+        out.append(replace(item, check=replace(item.check, metrics=compared, ok=ok), metrics=joined))
+    return out
+
+
+def generation_metrics(
+    by_step: dict[int, list[MicroResult]], logged: dict[str, Any], incomplete: Any = None
+) -> dict[int, dict[str, float]]:
+    """TRL's ``sampling/*`` as it logs them, per logged step: TRL computes them once per generation batch (the
+    ``steps_per_generation`` micro-batches of a rollout's first pass, on each process), gathers them over the
+    processes and logs the mean over the generations since the last log. A logged step gets them only when every
+    step of its window and every micro-batch of those generations was captured (a sampled or budgeted capture
+    leaves the rest unchecked, never guessed)."""
+    passes: dict[int, dict[int, list[MicroResult]]] = {}  # rollout -> rank -> its first pass's micro-batches
+    starts: dict[int, int] = {}  # rollout -> the step its generation happened in
+    for step, items in by_step.items():
+        for item in items:
+            if item.rollout is None or item.rollout[1] != 1:
+                continue
+            passes.setdefault(item.rollout[0], {}).setdefault(item.check.rank or 0, []).append(item)
+            starts[item.rollout[0]] = min(starts.get(item.rollout[0], step), step)
+    ranks = {item.check.rank or 0 for items in by_step.values() for item in items}
+    per_generation: dict[int, dict[str, float]] = {}
+    for rollout, by_rank in passes.items():
+        sums = [[m.sampling for m in micro if m.sampling is not None] for micro in by_rank.values()]
+        size = next(iter(by_rank.values()))[0].rollout
+        whole = size is not None and set(by_rank) == ranks and all(len(s) == size[2] for s in sums)
+        if whole:
+            joined = [sum(s, SamplingSums()).metrics() for s in sums]
+            per_generation[rollout] = sampling_over_ranks(joined)
+    out: dict[int, dict[str, float]] = {}
+    logged_steps = sorted(int(k) for k in logged if k.isdigit())
+    for before, step in zip([0, *logged_steps], logged_steps, strict=False):
+        window = range(before + 1, step + 1)
+        if incomplete in window or any(s not in by_step for s in window):
+            continue
+        rollouts = [r for r, first in starts.items() if first in window]
+        if rollouts and all(r in per_generation for r in rollouts):
+            values = [per_generation[r] for r in rollouts]
+            out[step] = {k: sum(v[k] for v in values) / len(values) for k in SAMPLING_METRICS}
     return out
 
 
@@ -314,8 +370,7 @@ def _micro_results(
         bd, info = evaluate_ref(ref)
         if seen is not None:
             seen(ref, bd, info)
-        check = check_micro(ref, bd, info, rtol, metric_atol)
-        yield MicroResult(check, dict(bd.metrics), float(bd.tokens.mask.sum()), float(bd.loss))
+        yield micro_result(ref, bd, info, rtol, metric_atol)
 
 
 @contextmanager

@@ -278,6 +278,72 @@ def batch_normalizer(weight: Tensor, mask: Tensor, given: float | None) -> Tenso
     return mean if bool(mean > eps) else 1.0
 
 
+SAMPLING_METRICS = (
+    "sampling/sampling_logp_difference/mean",
+    "sampling/sampling_logp_difference/max",
+    "sampling/importance_sampling_ratio/min",
+    "sampling/importance_sampling_ratio/mean",
+    "sampling/importance_sampling_ratio/max",
+)
+
+
+@dataclass(frozen=True)
+class SamplingSums:
+    """What TRL's ``sampling/*`` metrics need of a batch, in a form that adds up over micro-batches: TRL computes
+    them once per generation batch (every micro-batch it later trains on, on one process), so a check joins the
+    micro-batches' sums before taking the means. ``delta``: |old - sampler| over the counted tokens the sampler
+    scored; ``ratio``: the applied IS weight over the rows (sequence level, empty rows included) or the counted
+    tokens (token level)."""
+
+    delta_sum: float = 0.0
+    delta_count: int = 0
+    delta_max: float = -math.inf
+    ratio_sum: float = 0.0
+    ratio_count: int = 0
+    ratio_min: float = math.inf
+    ratio_max: float = -math.inf
+
+    def __add__(self, other: SamplingSums) -> SamplingSums:
+        return SamplingSums(
+            self.delta_sum + other.delta_sum,
+            self.delta_count + other.delta_count,
+            max(self.delta_max, other.delta_max),
+            self.ratio_sum + other.ratio_sum,
+            self.ratio_count + other.ratio_count,
+            min(self.ratio_min, other.ratio_min),
+            max(self.ratio_max, other.ratio_max),
+        )
+
+    def metrics(self) -> dict[str, float]:
+        """The five metrics on one process, 0 where nothing was counted (as TRL reports an empty batch)."""
+        d, r = self.delta_count, self.ratio_count
+        values = (
+            self.delta_sum / d if d else 0.0,
+            self.delta_max if d else 0.0,
+            self.ratio_min if r else 0.0,
+            self.ratio_sum / r if r else 0.0,
+            self.ratio_max if r else 0.0,
+        )
+        return dict(zip(SAMPLING_METRICS, values, strict=True))
+
+
+def sampling_sums(applied: Applied, old: Tensor, sampler: Tensor, mask: Tensor) -> SamplingSums:
+    """The ``SamplingSums`` of one batch (see ``sampling_metrics``)."""
+    assert applied.scored is not None
+    delta = (old - sampler).abs()[applied.scored]
+    flat = applied.is_weight.flatten() if applied.sequence else applied.is_weight[mask.bool()]
+    d, r = delta.numel(), flat.numel()
+    return SamplingSums(
+        float(delta.sum()),
+        d,
+        float(delta.max()) if d else -math.inf,
+        float(flat.sum()),
+        r,
+        float(flat.min()) if r else math.inf,
+        float(flat.max()) if r else -math.inf,
+    )
+
+
 def sampling_metrics(applied: Applied, old: Tensor, sampler: Tensor, mask: Tensor) -> dict[str, float]:
     """TRL's ``sampling/*`` metrics of one batch (on one process; TRL computes them per generation batch).
 
@@ -286,19 +352,23 @@ def sampling_metrics(applied: Applied, old: Tensor, sampler: Tensor, mask: Tenso
     rows at sequence level (every row, empty ones included), over the counted tokens per token (min, mean,
     max; 0 when none).
     """
-    assert applied.scored is not None
-    delta = (old - sampler).abs()[applied.scored]
-    flat = applied.is_weight.flatten() if applied.sequence else applied.is_weight[mask.bool()]
+    return sampling_sums(applied, old, sampler, mask).metrics()
 
-    def stat(values: Tensor, reduce: Callable[[Tensor], Tensor]) -> float:
-        return float(reduce(values)) if values.numel() else 0.0
 
+def sampling_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """One generation's ``sampling/*`` over the processes, as TRL 1.16 gathers them: the mean of the ranks'
+    mean differences, the max of their maxima, and ``nanmin``/``nanmean``/``nanmax`` of the IS ratio's."""
+
+    def kept(name: str) -> list[float]:
+        return [m[name] for m in per_rank if not math.isnan(m[name])] or [math.nan]
+
+    mean, max_, ratio_min, ratio_mean, ratio_max = SAMPLING_METRICS
     return {
-        "sampling/sampling_logp_difference/mean": stat(delta, torch.mean),
-        "sampling/sampling_logp_difference/max": stat(delta, torch.max),
-        "sampling/importance_sampling_ratio/min": stat(flat, torch.min),
-        "sampling/importance_sampling_ratio/mean": stat(flat, torch.mean),
-        "sampling/importance_sampling_ratio/max": stat(flat, torch.max),
+        mean: sum(m[mean] for m in per_rank) / len(per_rank),
+        max_: max(m[max_] for m in per_rank),
+        ratio_min: min(kept(ratio_min)),
+        ratio_mean: sum(kept(ratio_mean)) / len(kept(ratio_mean)),
+        ratio_max: max(kept(ratio_max)),
     }
 
 
@@ -363,21 +433,31 @@ def within(stat: Tensor, c: Criterion) -> Tensor:
 def rejection_keep(log_ratio: Tensor, mask: Tensor, criteria: list[Criterion]) -> Tensor:
     """(B, T) 1.0 where every criterion keeps the token (verl's ``compute_rollout_rejection_mask``; sums and
     means over the counted tokens, a mean dividing by the count + 1e-8, an empty row's max 0)."""
-    safe = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
-    stats = {"k1": -safe, "k2": 0.5 * safe**2, "k3": safe.exp() - 1.0 - safe}
     keep = torch.ones_like(mask)
     for c in criteria:
-        level, k = c.name.rsplit("_", 1)
-        stat = stats[k]
-        if level == "seq_sum":
-            stat = (stat * mask).sum(-1, keepdim=True)
-        elif level == "seq_mean":
-            stat = (stat * mask).sum(-1, keepdim=True) / (mask.sum(-1, keepdim=True) + VERL_MEAN_EPSILON)
-        elif level == "seq_max":
-            stat = stat.masked_fill(mask == 0, -math.inf).amax(-1, keepdim=True)
-            stat = torch.where(torch.isinf(stat), 0.0, stat)  # a row without a counted token: 0
-        keep = keep * within(stat, c).to(mask.dtype)
+        keep = keep * within(rs_statistic(log_ratio, mask, c.name), c).to(mask.dtype)
     return keep
+
+
+def rs_statistic(log_ratio: Tensor, mask: Tensor, name: str) -> Tensor:
+    """One rollout_rs criterion's statistic: (B, T) per token, (B, 1) per row (its sum, mean or max over
+    the counted tokens), as ``rejection_keep`` compares it with the criterion's bounds."""
+    safe = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    level, k = name.rsplit("_", 1)
+    if k == "k1":
+        stat = -safe
+    elif k == "k2":
+        stat = 0.5 * safe**2
+    else:
+        stat = safe.exp() - 1.0 - safe
+    if level == "seq_sum":
+        stat = (stat * mask).sum(-1, keepdim=True)
+    elif level == "seq_mean":
+        stat = (stat * mask).sum(-1, keepdim=True) / (mask.sum(-1, keepdim=True) + VERL_MEAN_EPSILON)
+    elif level == "seq_max":
+        stat = stat.masked_fill(mask == 0, -math.inf).amax(-1, keepdim=True)
+        stat = torch.where(torch.isinf(stat), 0.0, stat)  # a row without a counted token: 0
+    return stat
 
 
 VERL_MISMATCH_METRICS = (

@@ -10,6 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -19,11 +20,27 @@ from grpo.objectives import OBJECTIVES, REGIONS, TRUST
 
 
 def unit_objective(ratio: Tensor, sign: Tensor, config: LossConfig) -> tuple[Tensor, Tensor]:
-    """(surrogate, region) at ``ratio`` (N,) for advantages ``sign`` (N,) in {-1, 0, 1}."""
+    """(surrogate, region) at ``ratio`` (N,) for advantages ``sign`` (N,) in {-1, 0, 1}.
+
+    The tokens an objective's own rule picks (Clip-Cov's cut, KL-Cov's penalty: ObjectiveTerms.selected) are
+    picked by the batch's covariance, not by their ratio: the curve is the rule for the tokens it leaves, so a
+    token the rule picked among these N is NaN here (the curves fill it from their unpicked neighbours)."""
     r = ratio[:, None].to(torch.float64)  # (N,) -> (N, 1): one token per row
     A = sign[:, None].to(torch.float64)
     terms = OBJECTIVES.get(config.objective)(r, torch.ones_like(r), A, config)
-    return terms.surrogate.detach()[:, 0], terms.region.expand_as(r)[:, 0]
+    value, region = terms.surrogate.detach()[:, 0], terms.region.expand_as(r)[:, 0]
+    if terms.selected is None:
+        return value, region
+    picked = terms.selected.expand_as(r)[:, 0] > 0
+    return value.masked_fill(picked, float("nan")), region.masked_fill(picked, TRUST)
+
+
+def _filled(x: Tensor, y: Tensor) -> Tensor:
+    """``y`` on the grid ``x`` with its NaNs (tokens a rule picked) on the line through their neighbours."""
+    gap = torch.isnan(y)
+    if not bool(gap.any()) or bool(gap.all()):
+        return y
+    return torch.from_numpy(np.interp(x.numpy(), x[~gap].numpy(), y[~gap].numpy())).to(y.dtype)
 
 
 def _flat_spans(x: Tensor, region: Tensor) -> list[dict[str, Any]]:
@@ -56,7 +73,7 @@ def _grid_curves(
     curves = {}
     for name, sign in (("positive", 1.0), ("negative", -1.0)):
         value, region = unit_objective(grid, torch.full_like(grid, sign), config)
-        curves[name] = (tuple(value.tolist()), tuple(_flat_spans(grid, region)))
+        curves[name] = (tuple(_filled(grid, value).tolist()), tuple(_flat_spans(grid, region)))
     return tuple(grid.tolist()), curves
 
 
@@ -82,6 +99,16 @@ def objective_curves(bd: Breakdown, points: int = 241, max_points: int = 500) ->
     value = torch.zeros(0, dtype=torch.float64)
     if counted:
         value, _ = unit_objective(ratios, signs, bd.config)
+        for name, sign in (("positive", 1.0), ("negative", -1.0)):  # a token the unit draw picked: on its curve
+            gap = torch.isnan(value) & (signs == sign)
+            on_curve = np.interp(ratios[gap].numpy(), np.asarray(x), np.asarray(curves[name][0]))
+            value[gap] = torch.from_numpy(on_curve).to(value.dtype)
+        value = value.masked_fill(torch.isnan(value) & (signs == 0), 0.0)  # A = 0: every objective is 0
+        if bd.tokens.selected is not None:  # the tokens the rule picked in this batch: their own term per unit A
+            picked = bd.tokens.selected[rows, positions].cpu() > 0
+            size = bd.tokens.advantage.detach().double().abs()[rows, positions].cpu()  # each token's own A
+            own = bd.tokens.surrogate[rows, positions].detach().double().cpu() / size.where(size > 0, 1.0)
+            value = torch.where(picked, own, value)
     return {
         "x": list(x),
         **{name: {"y": list(y), "flat": [dict(span) for span in flat]} for name, (y, flat) in curves.items()},

@@ -6,6 +6,7 @@ preset, and two or three sentences on what to notice. ``scenario_batch`` turns o
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,26 @@ class Scenario:
 
 def _row(*values: float) -> list[float]:
     return list(values)
+
+
+# The mismatch scenarios' log-probs: spread and gaps from a fixed sine, so a scenario stays data (the same
+# numbers on every machine), with the look of noise.
+def _logps(n: int, seed: float, low: float = -2.4, high: float = -0.2) -> list[float]:
+    """n log-probs between low and high."""
+    return [round(low + (high - low) * (0.5 + 0.5 * math.sin(7.3 * seed + 2.9 * k)), 3) for k in range(n)]
+
+
+def _sampled(logps: list[float], bias: float, wobble: float, seed: float) -> list[float]:
+    """The sampler's log-probs of the same tokens: old - (bias + a wobble), i.e. old - sampler = bias ± wobble."""
+    return [round(v - bias - wobble * math.sin(3.7 * seed + 1.9 * k + 0.5), 4) for k, v in enumerate(logps)]
+
+
+_BF16_LENGTHS = (7, 12, 9, 11, 6, 10, 12, 8)
+_BF16 = [_logps(n, i) for i, n in enumerate(_BF16_LENGTHS)]
+_LONG = [_logps(5, 10), _logps(6, 11), _logps(5, 12), _logps(40, 13)]
+_ONE = [_logps(6, 20 + i) for i in range(4)]
+_ONE_SAMPLED = [_sampled(row, 0.0, 0.02, 20 + i) for i, row in enumerate(_ONE)]
+_ONE_SAMPLED[1][3] = round(_ONE[1][3] - 5.9, 4)  # the sampler gave this token 5.9 nats less: ratio e^5.9 ≈ 365
 
 
 SCENARIOS: dict[str, Scenario] = by_name(
@@ -244,6 +265,64 @@ SCENARIOS: dict[str, Scenario] = by_name(
                 "group_size": 3,
             },
             overrides={"beta": 0.04, "kl_estimator": "k1"},
+        ),
+        Scenario(
+            "mismatch-bf16",
+            "Sampler vs trainer: bf16 noise everywhere",
+            "The first update after sampling (old = current), but the log-probs came from a different engine: "
+            "the sampler (vLLM, SGLang, bf16 kernels) and the trainer disagree by a few hundredths of a nat on "
+            "every token, both ways. TRL's default with vLLM is sequence_mask with C_max 3: a row's ratio "
+            "exp(Σ old − sampler) stays near 1 here, so every row keeps its weight. Open the Mismatch view: "
+            "the tokens hug the diagonal. Switch rollout_correction to see that none of its modes acts on noise "
+            "this small.",
+            {
+                "per_token_logps": _BF16,
+                "sampling_per_token_logps": [_sampled(row, 0.005, 0.04, i) for i, row in enumerate(_BF16)],
+                "rewards": [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0],
+                "group_size": 4,
+            },
+            preset="trl-grpo",
+            overrides={"rollout_correction": "sequence_mask", "rollout_is_max": 3.0},
+        ),
+        Scenario(
+            "mismatch-long-row",
+            "Sampler vs trainer: a long row's small gaps add up",
+            "Each token's gap is small (about 0.03 nats: a token ratio of 1.03, inside any token bound), but "
+            "the 40-token row has the same small bias on every token. At sequence level the gaps multiply: "
+            "its ratio exp(Σ) is about 3.4, past sequence_mask's C_max 3, so TRL drops the whole row, a right "
+            "answer and most of the batch's tokens. Try sequence_truncate (the row keeps weight 3) or "
+            "token_truncate (nothing acts): the Mismatch view's sentences say what each did and the loss "
+            "without it.",
+            {
+                "per_token_logps": _LONG,
+                "sampling_per_token_logps": [_sampled(row, 0.031, 0.01, 10 + i) for i, row in enumerate(_LONG)],
+                "rewards": [0.0, 1.0, 0.0, 1.0],
+                "group_size": 4,
+            },
+            preset="trl-grpo",
+            overrides={"rollout_correction": "sequence_mask", "rollout_is_max": 3.0},
+        ),
+        Scenario(
+            "mismatch-one-token",
+            "Sampler vs trainer: one token scored far lower",
+            "The sampler gave one token (row 1, position 3) 5.9 nats less than the trainer does: its ratio "
+            "exp(old − sampler) is about 365, a token the trainer would never have sampled this way. verl's "
+            "IcePop (token_mask with [0.5, 2]) zeroes that token's policy term and keeps the rest of the row; "
+            "sequence_mask would drop the whole row, token_truncate would keep it at weight 2. The Mismatch "
+            "view shows it far off the diagonal.",
+            {
+                "per_token_logps": _ONE,
+                "sampling_per_token_logps": _ONE_SAMPLED,
+                "rewards": [1.0, 0.0, 0.0, 1.0],
+                "group_size": 4,
+            },
+            preset="verl-grpo",
+            overrides={
+                "rollout_correction": "token_mask",
+                "rollout_is_min": 0.5,
+                "rollout_is_max": 2.0,
+                "rollout_is_log_ratio_clamp": 20.0,
+            },
         ),
     ]
 )

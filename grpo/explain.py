@@ -8,10 +8,8 @@ it, from its objective's registry entry) is computed once here; every count and 
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -19,52 +17,15 @@ import torch
 from torch import Tensor
 
 from grpo.config import LossConfig
-from grpo.loss import Breakdown
+from grpo.loss import Breakdown, entropy_threshold
+from grpo.marks import mark as mark
+from grpo.marks import number as number
+from grpo.marks import parts_of as parts_of
+from grpo.marks import percent
+from grpo.marks import plain as plain
 from grpo.objectives import OBJECTIVES, REGIONS
 
 NEAR_ZERO = 0.01  # a loss below this share of the total size of its per-token terms is "small next to them"
-MAX_DIGITS = 12  # a number never prints with more significant digits than this
-
-
-def number(x: float, digits: int = 4) -> str:
-    """``x`` with ``digits`` significant digits, or more where fewer would print a whole number it is
-    not (1 + 4e-4 is "1.0004", never "1"). No "-0"."""
-    x = float(x) + 0.0
-    if not math.isfinite(x):
-        return str(x)
-    text = f"{x:.{digits}g}"
-    while digits < MAX_DIGITS and "e" not in text and float(text) != x and float(text) == round(float(text)):
-        digits += 1
-        text = f"{x:.{digits}g}"
-    return text
-
-
-# A number inside a sentence, with the quantity it shows: START quantity SEP value SEP text END.
-START, SEP, END = "\x02", "\x1f", "\x03"
-_MARKED = re.compile(f"{START}([^{SEP}]*){SEP}([^{SEP}]*){SEP}([^{END}]*){END}")
-
-
-def mark(quantity: str, value: float, digits: int = 4) -> str:
-    """The number as a sentence prints it, marked with its quantity (the API's name for it)."""
-    return f"{START}{quantity}{SEP}{float(value)!r}{SEP}{number(value, digits)}{END}"
-
-
-def plain(text: str) -> str:
-    return _MARKED.sub(lambda m: m[3], text)
-
-
-def parts_of(text: str) -> list[str | dict[str, Any]]:
-    """A marked sentence as text pieces and numbers: {"quantity", "value", "text"}."""
-    out: list[str | dict[str, Any]] = []
-    last = 0
-    for m in _MARKED.finditer(text):
-        if m.start() > last:
-            out.append(text[last : m.start()])
-        out.append({"quantity": m[1], "value": float(m[2]), "text": m[3]})
-        last = m.end()
-    if last < len(text):
-        out.append(text[last:])
-    return out
 
 
 # --- one "why" per token ------------------------------------------------------------------------
@@ -76,7 +37,8 @@ ZERO_ADVANTAGE_TEXT = (
 ENTROPY_MASKED = "entropy_masked"
 ENTROPY_MASKED_TEXT = (
     "below the high-entropy mask's threshold (top_entropy_quantile {quantile}: the policy term acts on the "
-    "highest-entropy tokens only): its policy term is 0{gradient}; its KL term still counts"
+    "highest-entropy tokens only, those with entropy at least {threshold}): its policy term is 0{gradient}; "
+    "its KL term still counts"
 )
 ENTROPY_MASKED_GRADIENT = {
     "token": " and it gets no policy gradient",
@@ -97,6 +59,15 @@ def fill(template: str, values: Mapping[str, float | None]) -> str:
     return template.format_map({k: "off" if v is None else number(v) for k, v in values.items()})
 
 
+LABELS = {  # how the summary and the heatmaps' legend name a group of tokens by a code every rule may have
+    "clip_low": "clipped low",
+    "clip_high": "clipped high",
+    ZERO_ADVANTAGE: "with A = 0",
+    ENTROPY_MASKED: "masked by the entropy mask",
+}
+WHY_LABELS = LABELS  # the name it had
+
+
 @dataclass(frozen=True)
 class TokenWhy:
     """Each token's reading: a code into ``names`` and what it means under this config."""
@@ -108,11 +79,27 @@ class TokenWhy:
     """code name -> sentence, with the numbers of the config."""
     no_gradient: frozenset[str]
     """The codes whose tokens get no policy gradient."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """code name -> how a group of its tokens is named ("clipped high", "kl_cov: KL penalty applied"); every name."""
+    selected: str | None = None
+    """The code of the tokens the objective's own rule picked (its Why.selected), or None."""
+    masks: tuple[str, ...] = (ENTROPY_MASKED,)
+    """The codes of token masks (they act before any bound): the heatmaps mark them apart."""
 
     def counts(self) -> dict[str, int]:
         """Counted tokens per code (masked excluded), every code listed."""
         found = torch.bincount(self.codes.flatten(), minlength=len(self.names)).tolist()
         return {name: int(n) for name, n in zip(self.names, found, strict=True) if name != "masked"}
+
+    @property
+    def marked(self) -> tuple[str, ...]:
+        """The codes the heatmaps mark: those that silence the policy gradient (A = 0 aside: every token of a
+        zero-std group would be), the token masks, and the objective's own pick."""
+        return tuple(
+            name
+            for name in self.names
+            if (name in self.no_gradient and name != ZERO_ADVANTAGE) or name in self.masks or name == self.selected
+        )
 
     def code_names(self) -> list[list[str]]:
         return [[self.names[c] for c in row] for row in self.codes.tolist()]
@@ -136,13 +123,17 @@ def token_why(bd: Breakdown) -> TokenWhy:
     rule = OBJECTIVES.entry(config.objective).why
     a = t.advantage  # (B, T): each token's A (its row's, or its own when given per token)
     region = t.region.long()
+    labels, selected = dict(LABELS), None
     if rule is None:
         names, codes = REGIONS, region
         texts, no_gradient = dict(REGION_TEXTS), frozenset[str]()
     else:
         names, codes = rule.names, rule.codes(t.ratio, a, region, config)
         texts = dict(_filled(config, rule.values, tuple((name, rule.texts[name]) for name in rule.names)))
-        no_gradient = rule.no_gradient
+        no_gradient, selected = rule.no_gradient, rule.selected
+        labels |= rule.labels
+        if selected is not None and t.selected is not None:  # the objective's own pick, whatever the region
+            codes = torch.where(t.selected > 0, torch.full_like(codes, names.index(selected)), codes)
     names = (*names, ZERO_ADVANTAGE, ENTROPY_MASKED)
     zero = t.mask & (a == 0) & (codes == names.index("trust"))
     codes = torch.where(zero, torch.full_like(codes, names.index(ZERO_ADVANTAGE)), codes)
@@ -154,9 +145,20 @@ def token_why(bd: Breakdown) -> TokenWhy:
     texts[ZERO_ADVANTAGE] = ZERO_ADVANTAGE_TEXT.format(weight_note=note)
     gradient = ENTROPY_MASKED_GRADIENT[config.importance_sampling_level]
     template = ENTROPY_MASKED_TEXT.replace("{gradient}", gradient)
-    texts[ENTROPY_MASKED] = fill(template, {"quantile": config.top_entropy_quantile})
+    threshold = entropy_threshold_of(bd)
+    texts[ENTROPY_MASKED] = fill(template, {"quantile": config.top_entropy_quantile, "threshold": threshold})
     silenced = {ZERO_ADVANTAGE} | ({ENTROPY_MASKED} if config.importance_sampling_level == "token" else set())
-    return TokenWhy(names, codes, texts, no_gradient | silenced)
+    labels = {name: labels.get(name, name) for name in names}
+    return TokenWhy(names, codes, texts, no_gradient | silenced, labels, selected)
+
+
+def entropy_threshold_of(bd: Breakdown) -> float | None:
+    """The high-entropy mask's threshold on this batch (the entropy a token needs to keep its policy term),
+    or None when the mask is off or no token counts."""
+    if bd.config.top_entropy_quantile >= 1 or bd.entropies is None:
+        return None
+    threshold = entropy_threshold(bd.entropies, bd.tokens.mask, bd.config.top_entropy_quantile)
+    return None if threshold is None else float(threshold)
 
 
 def _sign_sentence(bd: Breakdown) -> str:
@@ -264,21 +266,12 @@ def _negative_kl_sentence(bd: Breakdown) -> str | None:
     return text
 
 
-WHY_LABELS = {  # how the summary names a group of tokens by their code
-    "clip_low": "clipped low",
-    "clip_high": "clipped high",
-    "dual_clip": "held by the dual clip",
-    "delta": "capped by delta",
-    ZERO_ADVANTAGE: "with A = 0",
-}
-
-
 def _clip_sentence(bd: Breakdown, why: TokenWhy) -> str | None:
     """The tokens that get no policy gradient, by what silenced them (their why), with their ratios;
     which of them the clip metrics count."""
     counts = why.counts()
     silent = {name: counts[name] for name in why.names if name in why.no_gradient and counts.get(name)}
-    clipped = {k: n for k, n in silent.items() if k != ZERO_ADVANTAGE}
+    clipped = {k: n for k, n in silent.items() if k != ZERO_ADVANTAGE and k not in why.masks}
     if not clipped:
         return None
     n = sum(counts.values())
@@ -292,7 +285,7 @@ def _clip_sentence(bd: Breakdown, why: TokenWhy) -> str | None:
         if lo == hi
         else (f"ratios {mark('lens/why/flat_ratio_min', lo)} to {mark('lens/why/flat_ratio_max', hi)}")
     )
-    parts = ", ".join(f"{mark(f'why/{k}', v, 12)} {WHY_LABELS.get(k, k)}" for k, v in silent.items())
+    parts = ", ".join(f"{mark(f'why/{k}', v, 12)} {why.labels[k]}" for k, v in silent.items())
     total = sum(silent.values())
     n_silent, n_all = mark("why/no_gradient", total, 12), mark("lens/num_tokens", n, 12)
     text = f"{n_silent} of {n_all} tokens get no policy gradient: {parts} ({span} on the bounded ones)."
@@ -305,6 +298,53 @@ def _clip_sentence(bd: Breakdown, why: TokenWhy) -> str | None:
             + "."
         )
     return text
+
+
+def _selected_sentence(bd: Breakdown, why: TokenWhy) -> str | None:
+    """The tokens the objective's own rule picked (Clip-Cov's cut, KL-Cov's penalised): how many, and what the
+    rule did to them (its why text, with the config's numbers)."""
+    if why.selected is None:
+        return None
+    picked = why.codes == why.names.index(why.selected)
+    k, n = int(picked.sum()), int(bd.tokens.mask.sum())
+    n_picked, n_all = mark(f"why/{why.selected}", k, 12), mark("lens/num_tokens", n, 12)
+    text = f"{n_picked} of {n_all} tokens picked by the objective's rule"
+    if k:
+        top = float(bd.tokens.log_ratio[picked].abs().max())
+        text += f" (|log-ratio| up to {mark('lens/why/selected_log_ratio_max', top)})"
+    return f"{text}; a picked token is {marked_why_text(bd.config, why.selected)}."
+
+
+def marked_why_text(config: LossConfig, name: str) -> str:
+    """The objective's why sentence for ``name`` (as ``TokenWhy.texts`` has it), each setting's number marked."""
+    rule = OBJECTIVES.entry(config.objective).why
+    assert rule is not None
+    values = {k: "off" if v is None else mark(f"lens/why/setting/{k}", v) for k, v in rule.values(config).items()}
+    return rule.texts[name].format_map(values)
+
+
+def _entropy_mask_sentence(bd: Breakdown, why: TokenWhy) -> str | None:
+    """What the high-entropy mask kept: the share and number of tokens, the threshold, and what the rest lose."""
+    threshold = entropy_threshold_of(bd)
+    if threshold is None:
+        return None
+    counted = bd.tokens.mask
+    n = int(counted.sum())
+    masked = int((why.codes == why.names.index(ENTROPY_MASKED)).sum())
+    kept = n - masked
+    rest = (
+        "the rest carry no policy gradient"
+        if ENTROPY_MASKED in why.no_gradient
+        else "the rest add no policy term of their own, yet their log-ratios still enter their row's sequence ratio"
+    )
+    quantile = mark("config/top_entropy_quantile", bd.config.top_entropy_quantile)
+    share = percent("lens/why/entropy_kept_share", kept / n if n else 0.0)
+    return (
+        f"The entropy mask (top_entropy_quantile = {quantile}) kept {share} of the "
+        f"{mark('lens/num_tokens', n, 12)} tokens: the {mark('lens/why/entropy_kept', kept, 12)} with entropy at least "
+        f"{mark('lens/why/entropy_threshold', threshold)}; {rest} "
+        f"({mark(f'why/{ENTROPY_MASKED}', masked, 12)} tokens), while their KL term still counts."
+    )
 
 
 def _held_note(bd: Breakdown, code: str) -> str:
@@ -442,7 +482,8 @@ def explain_parts(bd: Breakdown, why: TokenWhy | None = None) -> list[tuple[str,
 
 def explain_items(bd: Breakdown) -> list[tuple[str, str]]:
     """The sentences of ``explain``, each with a key saying what it is about, so a reader (the page's
-    compare view) finds one by its key, never by its wording: "sign", "on_policy", "clip", "unbounded",
+    compare view) finds one by its key, never by its wording: "sign", "on_policy", "entropy_mask",
+    "selected" (the tokens the objective's own rule picked: Clip-Cov, KL-Cov), "clip", "unbounded",
     "gspo", "negative_kl", "clamp", "zero_std", "per_token_advantages", "kl_off", "kl_dominates", "length"."""
     return [(key, plain(text)) for key, text in _marked_items(bd)]
 
@@ -467,6 +508,8 @@ def _marked_items(bd: Breakdown, why: TokenWhy | None = None) -> list[tuple[str,
         out.append(("on_policy", on_policy + "."))
     why = token_why(bd) if why is None else why
     candidates = (
+        ("entropy_mask", _entropy_mask_sentence(bd, why)),
+        ("selected", _selected_sentence(bd, why)),
         ("clip", _clip_sentence(bd, why)),
         ("unbounded", _unbounded_sentence(bd, why)),
         ("gspo", _gspo_sentence(bd)),

@@ -314,7 +314,7 @@ GLOSSARY: tuple[Term, ...] = (
         "exp); kl = mean(log π_sampler − log π_old); k3_kl = mean(ρ − log ρ − 1) with ρ = π_old / π_sampler; "
         "log_ppl_diff = per row mean log π_sampler − mean log π_old (mean, mean of |·|, max, min); ppl_ratio = "
         "mean over rows of exp(log_ppl_diff); chi2_token = mean(ρ²) − 1; chi2_seq = mean over rows of "
-        "(Π_t ρ_t)² − 1 (logs clamped to ±20).",
+        "(Π_t ρ_t)² − 1 (logs clamped at verl's SAFETY_BOUND, so ρ stays within e^±SAFETY_BOUND).",
         "kl and k3_kl near 0 and ppl_ratio near 1 when the engines agree; chi2_seq grows with length and "
         "explodes first: sequence-level IS weights then need a tight threshold or a mask.",
     ),

@@ -23,16 +23,18 @@ from grpo.corrections import (
     NOT_COUNTED,
     REJECTED,
     Applied,
+    SamplingSums,
     correct,
     rejection_keep,
     rs_criteria,
     sampler_log_ratio,
-    sampling_metrics,
+    sampling_sums,
     verl_mismatch_metrics,
 )
 from grpo.errors import GrpoInputError
 from grpo.fields import BATCH_FIELDS
 from grpo.kl import KL_ESTIMATORS
+from grpo.marks import MAX_DIGITS, mark, mark_all, plain
 from grpo.objectives import OBJECTIVES, REGIONS, TRUST, ObjectiveInputs, ObjectiveTerms, above
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -90,6 +92,10 @@ class TokenBreakdown:
     count)."""
     advantage: Tensor
     """The advantage the token's term is scaled by: its row's, or its own when the batch gives them per token."""
+
+    selected: Tensor | None = None
+    """1.0 on the tokens the objective's own rule picked (Clip-Cov's cut, KL-Cov's penalised: ObjectiveTerms
+    .selected), 0.0 elsewhere; None when the objective picks no tokens."""
 
     def correction_names(self) -> list[list[str]]:
         return [[CORRECTION_CODES[c] for c in row] for row in self.correction.tolist()]
@@ -157,8 +163,35 @@ class Breakdown:
     """0-d: the entropy bonus's part of the loss, -entropy_coef · mean entropy (None when entropy_coef is 0)."""
     entropy_tokens: Tensor | None = None
     """(B, T): each token's share of entropy_loss (no gradient: the entropies are inputs)."""
+    sampling: SamplingSums | None = None
+    """What TRL's ``sampling/*`` metrics need of this batch, in sums a check joins over a generation batch's
+    micro-batches (None when TRL would not log them: no sampler log-probs, or no correction chosen)."""
+    entropies: Tensor | None = None
+    """(B, T): the batch's per-token entropies as given (None when the batch has none): what the high-entropy
+    mask read (``entropy_threshold``)."""
+    marked_warnings: tuple[str, ...] = ()
+    """``warnings`` with each number marked with the quantity it shows (grpo.marks; ``warnings`` is their
+    plain text)."""
+    rollout_logps: RolloutLogps | None = None
+    """The log-probs the rollout correction compared (None unless the batch has the sampler's log-probs or
+    the off-policy sequence mask is on): the mismatch view (grpo.mismatch) reads them."""
+
     per_token_advantages: bool = False
     """Whether the batch gave its advantages per token (B, T) (``tokens.advantage``; a row's may vary)."""
+
+
+@dataclass(frozen=True)
+class RolloutLogps:
+    """The log-probs behind the rollout correction, detached, (B, T), in the compute dtype."""
+
+    base: Tensor
+    """What the sampler's are compared with: old (in bypass mode the current ones); 0 where nothing counts."""
+    sampler: Tensor | None
+    """The sampler's (NaN where it did not score a counted token), or None."""
+    current: Tensor
+    """The current policy's (the off-policy sequence mask measures against them)."""
+    counted: Tensor
+    """bool: the positions that count before verl's rollout_rs (its rejection reads these)."""
 
 
 def resolve_device(name: str, input_device: torch.device) -> torch.device:
@@ -436,14 +469,19 @@ class _Terms:
     """(B, T) -entropy_coef · w_H · H per token (None: no entropy bonus)."""
 
 
-def high_entropy_mask(entropies: Tensor, counted: Tensor, quantile: float) -> Tensor:
-    """TRL's ``get_high_entropy_mask`` on one process: 1.0 where a counted token's entropy is at least the
-    (1 - quantile) quantile of the counted tokens' entropies (``torch.quantile`` over them as float32,
-    linear interpolation), else 0.0; in the entropies' dtype. (B, T) -> (B, T)."""
+def entropy_threshold(entropies: Tensor, counted: Tensor, quantile: float) -> Tensor | None:
+    """The high-entropy mask's threshold: the (1 - quantile) quantile of the counted tokens' entropies
+    (``torch.quantile`` over them as float32, linear interpolation, as TRL takes it); None when none counts."""
     local = entropies[counted].float()
-    if local.numel() == 0:
+    return None if local.numel() == 0 else torch.quantile(local, 1 - quantile)
+
+
+def high_entropy_mask(entropies: Tensor, counted: Tensor, quantile: float) -> Tensor:
+    """TRL's ``get_high_entropy_mask`` on one process: 1.0 where a counted token's entropy is at least
+    ``entropy_threshold``, else 0.0; in the entropies' dtype. (B, T) -> (B, T)."""
+    threshold = entropy_threshold(entropies, counted, quantile)
+    if threshold is None:
         return torch.zeros_like(entropies)
-    threshold = torch.quantile(local, 1 - quantile)
     return ((entropies * counted) >= threshold).logical_and_(counted).to(entropies.dtype)
 
 
@@ -577,12 +615,15 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         log_ratio=t.log_ratio.detach(),
         mask=inp.counted,
         **_correction_tokens(t.correction, inp),
+        selected=None if t.objective.selected is None else t.objective.selected.expand(shape) * mask,
         advantage=adv.on_tokens().expand(shape) * mask,
     )
     rows = _rows(tokens, adv, mask)
     metrics = _metrics(batch, config, t.objective.flags, tokens, rows, adv, mask, t.ratio.detach())
+    sampling = None
     if t.correction is not None and inp.sampler is not None and config.rollout_correction != "none":
-        metrics |= sampling_metrics(t.correction, inp.base, inp.sampler, mask)  # TRL logs them only then
+        sampling = sampling_sums(t.correction, inp.base, inp.sampler, mask)
+        metrics |= sampling.metrics()  # TRL logs them only then
     if inp.sampler is not None:  # verl's mismatch diagnostics, over the tokens before its rejection
         metrics |= verl_mismatch_metrics(inp.base, inp.sampler, inp.before_rejection)
     entropy_loss = None if t.entropy_tokens is None else t.entropy_tokens.sum()
@@ -595,6 +636,7 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
             "policy_loss": policy_part,
             "actor/entropy_loss": float(entropy_loss) / -config.entropy_coef,
         }
+    marked_warnings = _warnings(batch, config, inp, rows, loss, metrics["lens/ratio/max"])
     return Breakdown(
         loss=loss.detach(),
         objective=0.0 - loss.detach(),  # 0.0 - x, not -x: no -0.0 for a zero loss
@@ -605,7 +647,7 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         rows=rows,
         tokens=tokens,
         clamp_counts=_clamp_counts(t.touched, tokens, mask, config),
-        warnings=_warnings(batch, config, inp, rows, loss, metrics["lens/ratio/max"]),
+        warnings=tuple(plain(w) for w in marked_warnings),
         config=config,
         device=str(inp.device),
         dtype=config.dtype,
@@ -615,8 +657,18 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         entropy_loss=entropy_loss,
         aux_loss=router_part(config, loss).detach() if config.aux_loss_coef else None,
         entropy_tokens=t.entropy_tokens,
+        sampling=sampling,
+        entropies=inp.entropies,
+        marked_warnings=marked_warnings,
+        rollout_logps=_rollout_logps(inp, config),
         per_token_advantages=adv.per_token,
     )
+
+
+def _rollout_logps(inp: _Inputs, config: LossConfig) -> RolloutLogps | None:
+    if inp.sampler is None and config.off_policy_mask_threshold is None:
+        return None
+    return RolloutLogps(inp.base, inp.sampler, inp.logp.detach(), inp.before_rejection.bool())
 
 
 def _correction_tokens(applied: Applied | None, inp: _Inputs) -> dict[str, Tensor]:
@@ -715,7 +767,8 @@ def _metrics(
     metrics |= {
         name: value
         for name, value in {
-            "actor/ppo_kl": 0.0 - float(tokens.log_ratio.sum() / n_tokens),
+            # over the tokens that count: verl's rejection leaves log-ratios on the tokens it took out
+            "actor/ppo_kl": 0.0 - float((tokens.log_ratio * mask).sum() / n_tokens),
         }.items()
         if name not in flags
     }
@@ -768,8 +821,8 @@ def _warnings(
         out.append("No ref_per_token_logps: the reference is the current policy, so the KL is 0.")
     elif config.beta == 0:
         out.append(
-            "ref_per_token_logps given but beta = 0: the KL is reported but left out of the loss "
-            "(TRL's and verl's presets default to beta 0; set beta to include it)."
+            f"ref_per_token_logps given but beta = {mark('config/beta', config.beta)}: the KL is reported but left "
+            "out of the loss (TRL's and verl's presets default to beta 0; set beta to include it)."
         )
     sampler = batch.sampling_per_token_logps
     if sampler is None and (config.rollout_correction != "none" or config.rollout_rs is not None):
@@ -780,26 +833,32 @@ def _warnings(
     unscored = 0 if sampler is None else int(torch.isnan(sampler).sum())  # NaN only at counted tokens
     if unscored:
         out.append(
-            f"{unscored} tokens were not scored by the sampler (NaN): TRL gives them no correction (weight 1, a "
-            "log-ratio of 0 in sequence sums and in the off-policy mask) and leaves them out of "
-            "sampling/sampling_logp_difference; verl has no such case (its rollout_log_probs hold no NaN)."
+            f"{mark('lens/warnings/unscored_tokens', unscored, MAX_DIGITS)} tokens were not scored by the sampler "
+            "(NaN): TRL gives them no correction (weight 1, a log-ratio of 0 in sequence sums and in the off-policy "
+            "mask) and leaves them out of sampling/sampling_logp_difference; verl has no such case (its "
+            "rollout_log_probs hold no NaN)."
         )
     if adv.zero_std_groups:
         out.append(
-            f"Groups {list(adv.zero_std_groups)} have zero reward std: their advantages are 0, "
-            "so they give no policy gradient."
+            f"Groups {mark_all('zero_std_groups', list(adv.zero_std_groups))} have zero reward std: their advantages "
+            "are 0, so they give no policy gradient."
         )
     if batch.rewards is not None and adv.group_size == 1:
-        out.append("group_size 1: each advantage is the raw reward (verl's rule); TRL requires groups of 2 or more.")
+        out.append(
+            f"group_size {mark('lens/group_size', adv.group_size, MAX_DIGITS)}: each advantage is the raw reward "
+            f"(verl's rule); TRL requires groups of {mark('lens/trl/min_group_size', 2, MAX_DIGITS)} or more."
+        )
     empty = (rows.length == 0).nonzero().flatten().tolist()
     if empty:
-        out.append(f"Rows {empty} have no counted tokens: they add nothing but may still count in sequence means.")
+        rows_text = "[" + ", ".join(mark(f"rows/index/{i}", i, MAX_DIGITS) for i in empty) + "]"
+        out.append(f"Rows {rows_text} have no counted tokens: they add nothing but may still count in sequence means.")
     longest = int(rows.length.max())
     for kind, registry in REGISTRIES.items():  # each chosen variant's own warnings
-        out += registry.entry(getattr(config, kind)).warnings(config, longest)
+        out += registry.entry(getattr(config, kind)).warnings(config, longest)  # marked (grpo.marks) or plain
     if not math.isfinite(float(rows.sequence_ratio.max())) or not math.isfinite(metrics_ratio_max):
         out.append(
-            f"An importance ratio overflowed to inf ({config.dtype}): set log_ratio_clamp (verl: 20) or use float64."
+            f"An importance ratio overflowed to inf ({config.dtype}): set log_ratio_clamp "
+            f"(verl: {mark('lens/verl/log_ratio_clamp', 20)}) or use float64."
         )
     if not torch.isfinite(loss):
         out.append("The loss is not finite: a KL or ratio overflowed. Set kl_log_ratio_clamp / log_ratio_clamp.")

@@ -8,9 +8,12 @@ step logs) take their lists from this table.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from grpo.corrections import VERL_MISMATCH_METRICS
+from grpo.objectives import OBJECTIVES
 
 
 @dataclass(frozen=True)
@@ -63,3 +66,15 @@ METRICS: dict[str, Metric] = {
 TOKEN_MEANS = tuple(name for name, m in METRICS.items() if m.token_mean)
 SERIES_METRICS = tuple(name for name, m in METRICS.items() if m.series)
 LAB_METRICS = tuple(name for name, m in METRICS.items() if m.lab)
+
+
+def logged_metrics(config: Any, names: Iterable[str]) -> list[str]:
+    """Of a breakdown's metric ``names``, those the trainer logs under ``config``, in their order.
+
+    A breakdown carries every objective's metrics (0 where its objective defines none: verl logs 0 too, and
+    check-run compares them); the page shows only the ones the config's objective reports, as its registry
+    entry lists them. Metrics no objective claims (kl, lengths, lens/...) are always shown.
+    """
+    own = OBJECTIVES.entry(config.objective).metrics
+    claimed = {name for entry in OBJECTIVES.entries() for name in entry.metrics}
+    return [name for name in names if name not in claimed or name in own]

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from grpo.errors import GrpoInputError
+from grpo.marks import mark
 from grpo.registry import Reduction, Registry, Why
 
 # Region codes of a token: which branch of the objective is active.
@@ -45,6 +46,9 @@ class ObjectiveTerms:
     """(B, T): the policy term's own aggregation, for objectives that aggregate themselves (verl's geo_mean
     averages one term per row whatever loss_agg_mode says); None: the config's aggregation. The KL term
     keeps the config's aggregation either way."""
+    selected: Tensor | None = None
+    """(B, T) 1.0 on the tokens the objective's own rule picked (Clip-Cov's cut, KL-Cov's penalised), else 0.0;
+    None when it picks none. Its why names them (Why.selected)."""
 
 
 @dataclass(frozen=True)
@@ -268,6 +272,7 @@ CLIP_WHY = Why(
     },
     values=clip_why_values,
     no_gradient=frozenset({"clip_low", "clip_high", "dual_clip", "delta"}),
+    labels={"dual_clip": "held by the dual clip", "delta": "capped by delta"},
 )
 
 
@@ -343,8 +348,8 @@ def clip(
 def cispo_warnings(config: ObjectiveSettings, longest_row: int) -> list[str]:
     if config.cispo_bounds == "absolute" and config.epsilon_high < 1:
         return [
-            f"CISPO caps the weight at epsilon_high = {config.epsilon_high} (absolute), scaling every token "
-            "down; TRL's docs recommend 5.0."
+            f"CISPO caps the weight at epsilon_high = {mark('config/epsilon_high', config.epsilon_high)} (absolute), "
+            f"scaling every token down; TRL's docs recommend {mark('lens/trl/cispo_epsilon_high', 5.0)}."
         ]
     return []
 
@@ -520,11 +525,15 @@ CLIP_COV_WHY = Why(
         "advantage), and the covariance draw left it alone: it gets a policy gradient",
         "clip_low": "clipped low: A < 0 and ratio below 1 − ε_low = {low}: flat, no policy gradient",
         "clip_high": "clipped high: A > 0 and ratio above 1 + ε_high = {high}: flat, no policy gradient",
-        "cov_clipped": "cut by Clip-Cov: its covariance (A − mean A)·(logp − mean logp) lies in ({lb}, {ub}) and "
-        "the random draw of clip_cov_ratio = {share} of the tokens picked it: its term is 0, no policy gradient",
+        "cov_clipped": "selected by clip_cov (gradient detached): its covariance (A − mean A)·(logp − mean logp) "
+        "lies in (clip_cov_lb, clip_cov_ub) = ({lb}, {ub}) and the random draw of max(1, int(clip_cov_ratio · N)) "
+        "tokens (clip_cov_ratio = {share}, N the counted tokens) picked it: its term is multiplied by 0, so it "
+        "adds nothing to the loss and gets no policy gradient",
     },
     values=cov_why_values,
     no_gradient=frozenset({"clip_low", "clip_high", "cov_clipped"}),
+    selected="cov_clipped",
+    labels={"cov_clipped": "selected by clip_cov (gradient detached)"},
 )
 
 
@@ -577,15 +586,39 @@ def clip_cov(
     return ObjectiveTerms(
         surrogate,
         ratio_clipped.detach(),
-        regions(surrogate.detach(), clip_low, clip_high, cut),
+        regions(surrogate.detach(), clip_low, clip_high, cut),  # the cut tokens' term is flat (0): the 4th code
         {"actor/pg_clipfrac": cut},
+        selected=cut,
     )
+
+
+def kl_cov_why_values(config: ObjectiveSettings) -> dict[str, float | None]:
+    return {"share": config.kl_cov_ratio, "coef": config.ppo_kl_coef}
+
+
+KL_COV_WHY = Why(
+    names=("masked", "trust", "kl_penalized"),
+    codes=lambda ratio, advantages, region, config: region.long().clamp(max=TRUST),
+    texts={
+        "masked": "does not count (prompt, padding or masked out)",
+        "trust": "not among the kl_cov_ratio = {share} share of tokens with the largest covariance: its term is "
+        "A·ratio, unclipped and unpenalised, and it gets a policy gradient",
+        "kl_penalized": "kl_cov: KL penalty applied: it is among the max(1, int(kl_cov_ratio · N)) tokens "
+        "(kl_cov_ratio = {share}, N the counted tokens) with the largest covariance (A − mean A)·(logp − mean logp), "
+        "so its term is A·ratio − ppo_kl_coef·|log-ratio| (ppo_kl_coef = {coef}): it keeps a policy gradient, "
+        "pulled back toward the old policy",
+    },
+    values=kl_cov_why_values,
+    selected="kl_penalized",
+    labels={"kl_penalized": "kl_cov: KL penalty applied"},
+)
 
 
 @OBJECTIVES.register(
     "kl_cov",
     label="KL-Cov",
     axis=PER_UNIT_A,
+    why=KL_COV_WHY,
 )
 def kl_cov(
     ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None
@@ -610,8 +643,10 @@ def kl_cov(
         picked.view(-1)[top] = 1.0
     surrogate = A * ratio - picked * (config.ppo_kl_coef * x.abs())
     flags = {"actor/ppo_kl": x.detach().abs()}
-    # The penalised tokens keep a gradient (no region of their own): their term shows the penalty.
-    return ObjectiveTerms(surrogate, ratio.detach().expand_as(surrogate), regions(surrogate.detach()), flags)
+    # The penalised tokens keep a gradient (no region of their own): their why names them (selected).
+    return ObjectiveTerms(
+        surrogate, ratio.detach().expand_as(surrogate), regions(surrogate.detach()), flags, selected=picked
+    )
 
 
 def dppo_why_values(config: ObjectiveSettings) -> dict[str, float | None]:

@@ -62,6 +62,11 @@ class Why:
     texts: Mapping[str, str]
     values: Callable[[Any], Mapping[str, float | None]]
     no_gradient: frozenset[str] = frozenset()
+    selected: str | None = None
+    """The code of the tokens the objective's own rule picked (ObjectiveTerms.selected: Clip-Cov's cut,
+    KL-Cov's penalised), whatever their region; None: the objective picks none."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """How the page's summary and legends name a group of tokens by their code (a code without one: its name)."""
 
 
 Warnings = Callable[[Any, int], list[str]]

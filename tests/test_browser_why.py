@@ -24,10 +24,13 @@ from grpo.examples import SCENARIOS
 NUMBER_VIEWS = (
     "#summary-cards",
     "#explanation",
+    "#warnings",
     "#metrics-table tbody",
     "#clamp-counts",
     "#rows-table",
     "#compare-table",
+    "#mismatch-thresholds",
+    "#mismatch-sentences",
 )
 
 # Every text node in those views with a digit outside an element tagged with its quantity: names that hold
@@ -78,6 +81,8 @@ def _answer_value(answer: dict[str, Any], quantity: str) -> float | None:
         return float(i) if field == "index" else answer["rows"][field][int(i)]
     if head == "clamp_counts":
         return float(answer["clamp_counts"][rest])
+    if head == "zero_std_groups":
+        return float(answer["zero_std_groups"][int(rest)])
     if head == "config":
         config = answer["config"]
         sides = {"1+epsilon_high": 1 + config["epsilon_high"], "1-epsilon_low": 1 - config["epsilon_low"]}
@@ -105,6 +110,12 @@ SAMPLE = [
     "?scenario=off-policy-clipping&preset=verl-kl_cov&compare=verl-kl_cov",
     "?scenario=off-policy-clipping&preset=verl-dppo_tv&compare=verl-dppo_tv",
     "?scenario=negative-loss&preset=verl-dppo_kl&compare=verl-dppo_kl",
+    # (the rollout correction set over the preset: compared with other presets, whose columns differ)
+    "?scenario=mismatch-bf16&preset=trl-grpo&rollout_correction=sequence_mask&compare=article",
+    "?scenario=mismatch-long-row&preset=trl-grpo&rollout_correction=sequence_mask&rollout_rs=seq_sum_k1"
+    "&rollout_rs_threshold=0.5_2&off_policy_mask_threshold=0&compare=trl-dapo",
+    "?scenario=mismatch-one-token&preset=verl-grpo&rollout_correction=token_mask&rollout_is_min=0.5&rollout_is_max=2"
+    "&rollout_is_log_ratio_clamp=20&compare=verl-dapo",
 ]
 
 
@@ -329,4 +340,115 @@ def test_a_pooled_heatmap_hover_prints_each_cell_s_value_as_the_answer_holds_it(
         path=str(ARTIFACTS / "pooled-hover.png"),
         clip={"x": chart["x"], "y": chart["y"], "width": chart["width"], "height": chart["height"]},
     )
+    page.check_clean()
+
+
+# --- what each variant did (issue 21 item 4, issue 20 items 1 and 5) --------------------------------------------
+def _legend(page: Page, chart: str) -> list[str]:
+    page.current_chart(chart)
+    return list(page.page.evaluate(f"document.getElementById('{chart}').data.map(t => t.name)"))
+
+
+def _shoot(page: Page, selector: str, name: str, above: int = 0) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.page.evaluate(f"document.querySelector('{selector}').scrollIntoView({{block: 'center'}})")
+    box = page.page.locator(selector).bounding_box()
+    assert box is not None
+    clip = {"x": box["x"], "y": max(box["y"] - above, 0), "width": box["width"], "height": box["height"] + above}
+    page.page.screenshot(path=str(ARTIFACTS / name), clip=clip)
+
+
+def _hover_cell(page: Page, chart: str, k: int, j: int, rows: int, width: int) -> str:
+    page.page.evaluate(f"document.getElementById('{chart}').scrollIntoView({{block: 'center'}})")
+    box = page.page.locator(f"#{chart} .nsewdrag").first.bounding_box()
+    assert box is not None
+    page.page.mouse.move(box["x"] + box["width"] * (j + 0.5) / width, box["y"] + box["height"] * (k + 0.5) / rows)
+    page.wait_for(f"document.querySelector('#{chart} .hoverlayer .hovertext') !== null")
+    return page.page.text_content(f"#{chart} .hoverlayer") or ""
+
+
+def test_kl_cov_and_clip_cov_tokens_are_named_in_every_view(page: Page) -> None:
+    """Before: KL-Cov's penalised tokens read "trust" everywhere; Clip-Cov's cut tokens were drawn as "dual_clip"
+    in the clip-region chart; the metrics table listed every family's metrics at 0 (vespo/phi_seq_mean,
+    cispo_clip_ratio under kl_cov)."""
+    page.open("?scenario=off-policy-clipping&preset=verl-kl_cov&kl_cov_ratio=0.3")
+    answer = page.last()
+    assert answer["why"]["counts"]["kl_penalized"] == 4
+    text = page.page.inner_text("#explanation")
+    assert "4 of 16 tokens picked by the objective's rule" in text and "ppo_kl_coef = 0.1" in text
+    legend = _legend(page, "clip-curves")
+    assert "kl_cov: KL penalty applied" in legend and "dual_clip" not in legend
+    assert "kl_cov: KL penalty applied" in _legend(page, "heat-ratio")  # the cells are marked
+    why, names = answer["tokens"]["why"], answer["why"]["names"]
+    k, j = next((k, j) for k, row in enumerate(why) for j, c in enumerate(row) if names[c] == "kl_penalized")
+    hover = _hover_cell(page, "heat-ratio", k, j, len(why), len(answer["tokens"]["ratio"][0]))
+    assert "kl_penalized" in hover and "KL penalty applied" in hover
+    _shoot(page, "#heat-ratio", "kl_cov-hover.png", above=80)
+    rows = "[...document.querySelectorAll('#metrics-table tbody tr')]"
+    shown = page.page.evaluate(f"{rows}.map(r => r.cells[0].innerText)")
+    assert shown == answer["metrics_logged"]
+    assert "vespo/phi_seq_mean" not in shown and "cispo_clip_ratio" not in shown and "actor/ppo_kl" in shown
+    assert "vespo/phi_seq_mean" in answer["metrics"]  # still in the answer: check-run compares every metric
+
+    page.open("?scenario=off-policy-clipping&preset=verl-clip_cov&clip_cov_ratio=0.3&clip_cov_lb=-10&clip_cov_ub=10")
+    answer = page.last()
+    assert answer["why"]["counts"]["cov_clipped"] == 4
+    legend = _legend(page, "clip-curves")
+    assert "selected by clip_cov (gradient detached)" in legend and "dual_clip" not in legend
+    _shoot(page, "#clip-curves", "clip_cov-region-chart.png")
+    text = page.page.inner_text("#explanation")
+    assert "4 selected by clip_cov (gradient detached)" in text
+    page.check_clean()
+
+
+def test_the_entropy_mask_is_marked_and_told_with_its_numbers(page: Page) -> None:
+    """Issue 21 item 4: the entropy mask marked on the heatmaps, and "the entropy mask kept 20% of tokens: the N
+    with entropy at least T; the rest carry no policy gradient", every number tagged."""
+    g = torch.Generator().manual_seed(5)
+    logps = (-torch.rand(4, 10, generator=g) * 2 - 0.05).tolist()
+    old = (torch.tensor(logps) + 0.3 * torch.randn(4, 10, generator=g)).clamp(max=0).tolist()
+    entropies = (torch.rand(4, 10, generator=g) * 3).tolist()
+    body = {
+        "per_token_logps": logps,
+        "old_per_token_logps": old,
+        "entropies": entropies,
+        "rewards": [1.0, 0.0, 0.0, 1.0],
+        "config": {"preset": "trl-grpo", "top_entropy_quantile": 0.2},
+    }
+    page.open()
+    answer = page.apply_json(body)
+    masked = answer["why"]["counts"]["entropy_masked"]
+    assert masked == 32  # 40 tokens, the top 20% (8) kept
+    sentence = page.page.locator("#explanation li", has_text=re.compile(r"^The entropy mask"))
+    assert "kept 20% of the 40 tokens: the 8 with entropy at least" in sentence.inner_text()
+    assert "the rest carry no policy gradient" in sentence.inner_text()
+    threshold = sentence.locator("[data-quantity='lens/why/entropy_threshold']").get_attribute("data-value")
+    # TRL's threshold: the 0.8 quantile of the 40 entropies, linear between the sorted values at 0.8·39 = 31.2
+    e = sorted(x for row in entropies for x in row)
+    assert float(threshold or "nan") == pytest.approx(e[31] + 0.2 * (e[32] - e[31]), rel=1e-6)
+    assert e[31] < float(threshold or "nan") <= e[32]  # so exactly the 8 highest are kept
+    assert page.page.evaluate(UNTAGGED, ["#explanation", "#warnings"]) == []
+    page.current_chart("heat-grad")
+    marks = page.page.evaluate(
+        "document.getElementById('heat-grad').data.slice(1).map(t => [t.name, t.marker.symbol, t.x.length])"
+    )
+    assert ["masked by the entropy mask", "line-ew-open", 32] in marks
+    _shoot(page, "#heat-grad", "entropy-mask-heatmap.png")
+    _shoot(page, "#explanation", "entropy-mask-sentence.png")
+    page.check_clean()
+
+
+def test_warnings_carry_the_quantity_of_each_number(page: Page) -> None:
+    """Before: warnings were plain strings with untagged numbers ("Groups [0] have zero reward std")."""
+    page.open("?scenario=all-correct&preset=trl-dapo")
+    answer = page.last()
+    assert any("zero reward std" in w for w in answer["warnings"])
+    assert page.page.evaluate(UNTAGGED, ["#warnings"]) == []
+    tagged = page.page.evaluate(
+        "[...document.querySelectorAll('#warnings [data-quantity]')].map(e => [e.dataset.quantity, e.dataset.value])"
+    )
+    groups = [float(v) for q, v in tagged if q.startswith("zero_std_groups/")]
+    assert groups == [float(g) for g in answer["zero_std_groups"]] and groups
+    texts = page.page.evaluate("[...document.querySelectorAll('#warnings li')].map(e => e.textContent)")
+    assert texts == answer["warnings"]
     page.check_clean()

@@ -57,6 +57,35 @@ class Worker:
             optimizer.step()  # the worker's optimiser step ends its step
         return returned
 
+    def train_given(self, steps: list[list[dict[str, Any]]], infos: list[dict[str, Any]]) -> list[float]:
+        """verl's actor on the micro-batches the driver corrected (weights and the mask after rejection given),
+        with each step's global batch info."""
+        import torch
+        from test_capture_verl import actor_config, call_ppo_loss
+
+        config = actor_config(loss_agg_mode="token-mean", clip_ratio_high=0.28)
+        weight = torch.nn.Parameter(torch.zeros(1))
+        optimizer = torch.optim.SGD([weight], lr=0.1)
+        returned = []
+        for micro_batches, info in zip(steps, infos, strict=True):
+            returned += [call_ppo_loss(config, mb, info)[0] for mb in micro_batches]
+            optimizer.step()
+        return returned
+
+
+@ray.remote(num_cpus=0)
+class Driver:
+    """verl's driver, a process of its own that lives through training: its rollout correction over the whole
+    batch, recorded by the plugin (GRPO_LENS_CAPTURE_DIR in its environment) for the workers to join."""
+
+    def correct(self, seed: int, case: dict[str, Any]) -> dict[str, Any]:
+        import verl  # noqa: F401 (loads the plugin, which wraps the driver's correction)
+        from test_capture_verl_offpolicy import driver, whole_batch
+
+        whole = whole_batch(seed)
+        after, weights = driver(whole, case)
+        return whole | {"response_mask": after, "rollout_is_weights": weights}
+
 
 PATHS = os.pathsep.join([str(ROOT), str(ROOT / "tests")])  # this checkout's grpo and the test helpers
 
@@ -102,6 +131,41 @@ def test_ray_workers_capture_through_the_verl_plugin(local_ray: None, tmp_path: 
     with check_pool(ray_address="auto") as pool:
         spread = check_run(run, pool=pool)
     same_check(spread, check)
+
+
+def test_the_drivers_correction_reaches_the_workers_files(local_ray: None, tmp_path: Path) -> None:
+    """verl's off-policy correction across processes: the driver's record (its plugin) joined by two workers'
+    captures; check-run recomputes the weights and the rejection each rank's files carry."""
+    run_dir = tmp_path / "run"
+    env = {CAPTURE_DIR: str(run_dir), "PYTHONPATH": PATHS}
+    case = {
+        "rollout_is": "sequence",
+        "rollout_is_threshold": "1e-4_3.0",
+        "rollout_is_batch_normalize": True,
+        "rollout_rs": "token_k1,seq_mean_k3",
+        "rollout_rs_threshold": "0.6_1.6,0.08",
+    }
+    main = Driver.options(runtime_env={"env_vars": env}).remote()  # type: ignore[attr-defined]
+    workers = [
+        Worker.options(runtime_env={"env_vars": env | {"RANK": str(r)}}).remote()  # type: ignore[attr-defined]
+        for r in (0, 1)
+    ]
+    # one driver call per step; each rank trains on its half of the rows, token-mean over both ranks' tokens
+    steps = [ray.get(main.correct.remote(seed, case), timeout=300) for seed in range(STEPS)]
+    infos = [{"dp_size": 2, "batch_num_tokens": int(w["response_mask"].sum()), "global_batch_size": 8} for w in steps]
+    halves = {r: [[{k: (v[4 * r : 4 * r + 4] if v.dim() else v) for k, v in w.items()}] for w in steps] for r in (0, 1)}
+    returned = ray.get([workers[r].train_given.remote(halves[r], infos) for r in (0, 1)], timeout=600)
+    assert len(returned[0]) == len(returned[1]) == STEPS
+
+    run = load_run(run_dir)
+    assert not run.info.get("unsupported")  # every loss call's rows were found in the driver's records
+    assert [(s.step, s.rank) for s in run.steps] == [(step, r) for step in range(1, STEPS + 1) for r in (0, 1)]
+    for ref in run.steps:
+        batch, config, _ = load_step(ref.path)
+        assert batch.sampling_per_token_logps is not None and config.rollout_is_normalizer is not None
+    check = check_run(run)
+    assert check.ok, [(m.step, m.rank, m.rel_error, {k: v.diff for k, v in m.metrics.items()}) for m in check.micro]
+    assert all(m.rel_error is not None and m.rel_error <= 1e-5 for m in check.micro)
 
 
 @pytest.mark.parametrize("capture", [False, True])

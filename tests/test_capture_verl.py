@@ -79,10 +79,12 @@ def call_ppo_loss(config: Any, mb: dict[str, torch.Tensor], batch_info: dict[str
             "prompts": torch.ones(B, P, dtype=torch.long),
             "responses": torch.ones(B, T, dtype=torch.long),
             "attention_mask": torch.cat([torch.ones(B, P), mb["mask"]], 1).long(),
-            "response_mask": mb["mask"],
+            # after the driver's rejection (verl's rollout_rs) the response mask has holes the attention has not
+            "response_mask": mb.get("response_mask", mb["mask"]),
             "old_log_probs": mb["old"],
             "advantages": mb["advantages"],
             "ref_log_prob": mb["ref"],
+            **({"rollout_is_weights": mb["rollout_is_weights"]} if "rollout_is_weights" in mb else {}),
         },
         batch_size=[B],
     )

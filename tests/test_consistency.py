@@ -44,7 +44,9 @@ def _lookup(answer: dict[str, Any], quantity: str) -> float | None:
         return float(answer["metrics"][rest])
     if head == "rows":
         field, _, i = rest.rpartition("/")
-        return float(answer["rows"][field][int(i)])
+        return float(i) if field == "index" else float(answer["rows"][field][int(i)])
+    if head == "zero_std_groups":
+        return float(answer["zero_std_groups"][int(rest)])
     if head == "config":
         if rest == "1+epsilon_high":
             return 1 + float(answer["config"]["epsilon_high"])
@@ -63,23 +65,39 @@ def _lookup(answer: dict[str, Any], quantity: str) -> float | None:
     return None
 
 
+# Digits a text piece may hold outside a tagged number: names with digits (k1, float64, token_k1), "row 2", and
+# the constants 0 and 1 of formulas (A > 0, ratio above 1); the browser test reads the page the same way.
+UNTAGGED_DIGITS = re.compile(r"\brows? \d+|[A-Za-z_./-]*[A-Za-z_][A-Za-z_./-]*\d+[A-Za-z_./\d-]*|\b[01]\b")
+
+
+def _check_parts(answer: dict[str, Any], sentences: list[list[Any]], texts: list[str]) -> None:
+    """Sentences as parts: their text is the answer's, each number is tagged, prints its value, and equals the
+    answer's own value of its quantity; no digit is left untagged."""
+    for parts, text in zip(sentences, texts, strict=True):
+        assert "".join(p if isinstance(p, str) else p["text"] for p in parts) == text
+        for p in parts:
+            if isinstance(p, str):
+                assert not re.search(r"\d", UNTAGGED_DIGITS.sub("", p)), (p, text)
+                continue
+            if p["text"].endswith("%"):  # a share, printed as a percentage
+                assert float(p["text"][:-1]) / 100 == pytest.approx(p["value"], rel=5e-3, abs=5e-4), p
+            else:
+                assert p["text"] == number(p["value"], len(p["text"])) or float(p["text"]) == pytest.approx(
+                    p["value"], rel=5e-3, abs=1e-12
+                ), p
+            value = _lookup(answer, p["quantity"])
+            if value is not None:
+                assert p["value"] == pytest.approx(value, rel=1e-12, abs=1e-15), p
+
+
 @pytest.mark.parametrize(("scenario", "preset"), CASES)
 def test_every_number_agrees_across_the_answer(scenario: str, preset: str) -> None:
     bd = grpo.evaluate(scenario_batch(scenario), _config(scenario, preset))
     answer = breakdown_to_json(bd)
     why = token_why(bd)
-    # the sentences: each number is tagged, prints its value, and equals the answer's own value
-    for parts, text in zip(answer["explanation_parts"], answer["explanation"], strict=True):
-        assert "".join(p if isinstance(p, str) else p["text"] for p in parts) == text
-        for p in parts:
-            if isinstance(p, str):
-                continue
-            assert p["text"] == number(p["value"], len(p["text"])) or float(p["text"]) == pytest.approx(
-                p["value"], rel=5e-3, abs=1e-12
-            ), p
-            value = _lookup(answer, p["quantity"])
-            if value is not None:
-                assert p["value"] == pytest.approx(value, rel=1e-12, abs=1e-15), p
+    # the sentences and the warnings: each number is tagged, prints its value, and equals the answer's own value
+    _check_parts(answer, answer["explanation_parts"], answer["explanation"])
+    _check_parts(answer, answer["warning_parts"], answer["warnings"])
     # the why: one code per counted token, counted once; the counts are the answer's
     codes = [answer["why"]["names"][c] for row in answer["tokens"]["why"] for c in row]
     assert {k: codes.count(k) for k in answer["why"]["counts"]} == answer["why"]["counts"]
@@ -197,3 +215,63 @@ def test_number_keeps_the_digits_that_tell_it_from_one() -> None:
     assert number(1 + 4e-4) == "1.0004" and number(1 - 3e-4) == "0.9997"
     assert number(1.2) == "1.2" and number(52.4912) == "52.49" and number(1.0) == "1" and number(-0.0) == "0"
     assert number(1202604.26) == "1.203e+06" and number(3.0) == "3" and math.isnan(float(number(math.nan)))
+
+
+# --- warnings: every number tagged (issue 20 item 5; before, warnings were plain strings) ---------------------
+def _warned_batches() -> list[tuple[str, grpo.Batch, grpo.LossConfig]]:
+    """A batch and a config for each warning that prints a number."""
+    from grpo.requests import batch_from_request
+
+    ragged = {
+        "per_token_logps": [[-0.5, -1.0], [-0.3, -0.8], [-0.2, -0.1], [-1.2, -0.4]],
+        "old_per_token_logps": [[-0.6, -0.9], [-0.2, -0.9], [-0.4, -0.3], [-1.0, -0.5]],
+        "ref_per_token_logps": [[-0.4, -1.1], [-0.4, -0.7], [-0.3, -0.2], [-1.1, -0.6]],
+        "completion_mask": [[1, 1], [0, 0], [1, 1], [1, 0]],
+        "rewards": [1.0, 1.0, 0.0, 1.0],
+    }
+    batch = batch_from_request({**ragged, "group_size": 2})  # group 0's rewards are equal: zero std
+    single = batch_from_request({**ragged, "group_size": 1})
+    unscored = batch_from_request(
+        {**ragged, "sampling_per_token_logps": [[-0.6, None], [-0.2, -0.9], [-0.4, -0.3], [-1.0, -0.5]]}
+    )
+    huge = batch_from_request(  # logp - old = 99.5: a ratio past float32's range
+        {**ragged, "old_per_token_logps": [[-100.0, -0.9], [-0.2, -0.9], [-0.4, -0.3], [-1.0, -0.5]]}
+    )
+    f64 = {"dtype": "float64"}
+    return [
+        ("zero std, empty row, beta 0", batch, grpo.LossConfig.from_preset("trl-grpo", **f64)),
+        ("group_size 1", single, grpo.LossConfig.from_preset("verl-grpo", **f64)),
+        ("cispo", batch, grpo.LossConfig.from_preset("trl-cispo", epsilon_high=0.2, **f64)),
+        ("constant", batch, grpo.LossConfig.from_preset("trl-dr_grpo", max_completion_length=512, **f64)),
+        ("unscored", unscored, grpo.LossConfig.from_preset("trl-grpo", rollout_correction="token_truncate", **f64)),
+        ("overflow", huge, grpo.LossConfig.from_preset("trl-grpo", dtype="float32")),
+    ]
+
+
+@pytest.mark.parametrize("case", _warned_batches(), ids=lambda c: c[0])
+def test_every_number_in_a_warning_is_tagged(case: tuple[str, grpo.Batch, grpo.LossConfig]) -> None:
+    _, batch, config = case
+    bd = grpo.evaluate(batch, config)
+    answer = breakdown_to_json(bd)
+    assert answer["warnings"] == list(bd.warnings) and len(answer["warning_parts"]) == len(bd.warnings)
+    numbers = [p for parts in answer["warning_parts"] for p in parts if not isinstance(p, str)]
+    assert numbers, answer["warnings"]  # each case's warning prints a number
+    _check_parts(answer, answer["warning_parts"], answer["warnings"])
+
+
+def test_the_metrics_table_lists_what_the_objective_logs() -> None:
+    """Before: every objective's metrics were listed at 0 (vespo/phi_seq_mean, cispo_clip_ratio under kl_cov).
+    Now the table lists the metrics the config's objective reports (its registry entry) and those no objective
+    claims; the answer's metrics still hold them all (check-run compares them)."""
+    claimed = {name for entry in grpo.OBJECTIVES.entries() for name in entry.metrics}
+    for objective in grpo.OBJECTIVES.names():
+        config = grpo.LossConfig(objective=objective, dtype="float64", dro_beta=0.1)
+        bd = grpo.evaluate(scenario_batch("off-policy-clipping"), config)
+        answer = breakdown_to_json(bd)
+        logged = answer["metrics_logged"]
+        assert set(logged) <= set(answer["metrics"]) and set(answer["metrics"]) >= claimed
+        assert set(logged) & claimed == set(grpo.OBJECTIVES.entry(objective).metrics), objective
+        assert set(answer["metrics"]) - set(logged) <= claimed
+    kl_cov = breakdown_to_json(grpo.evaluate(scenario_batch("article"), grpo.LossConfig.from_preset("verl-kl_cov")))
+    assert "vespo/phi_seq_mean" not in kl_cov["metrics_logged"] and "cispo_clip_ratio" not in kl_cov["metrics_logged"]
+    assert "actor/ppo_kl" in kl_cov["metrics_logged"] and kl_cov["metrics"]["vespo/phi_seq_mean"] == 0

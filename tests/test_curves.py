@@ -65,3 +65,41 @@ def test_reused_curves_are_the_same_and_not_shared() -> None:
     assert len(second["x"]) == 241
     other = objective_curves(grpo.evaluate(batch(), grpo.LossConfig.from_preset("trl-dapo", epsilon_high=0.5)))
     assert other["positive"]["flat"] != second["positive"]["flat"]  # another config: its own curves
+
+
+@pytest.mark.parametrize(
+    ("preset", "settings"),
+    [
+        ("verl-clip_cov", {"clip_cov_ratio": 0.3, "clip_cov_lb": -10.0, "clip_cov_ub": 10.0}),
+        ("verl-kl_cov", {"kl_cov_ratio": 0.3}),
+    ],
+)
+def test_a_rule_s_own_picks_do_not_bend_the_curve(preset: str, settings: dict[str, float]) -> None:
+    """Before: Clip-Cov and KL-Cov picked 30% of the curve's grid points at random (their pick follows the batch's
+    covariance, not the ratio): the curve zig-zagged, with "dual_clip" flat spans. Now the curve is the rule for
+    the tokens it leaves (Clip-Cov: PPO's clip; KL-Cov: A·ratio), and each token the batch's rule picked sits at
+    its own term per unit A."""
+    bd = grpo.evaluate(batch(), grpo.LossConfig.from_preset(preset, dtype="float64", **settings))
+    out = objective_curves(bd)
+    x = torch.tensor(out["x"], dtype=torch.float64)
+    low, high = 1 - bd.config.epsilon_low, 1 + bd.config.epsilon_high
+    # PPO's clip per unit A (A = ±1): min(r, clip(r)) and -max(r, clip(r)); KL-Cov: ±r
+    clipped = preset == "verl-clip_cov"
+    want_pos = torch.minimum(x, x.clamp(low, high)) if clipped else x
+    want_neg = -torch.maximum(x, x.clamp(low, high)) if clipped else -x
+    # a picked grid point is on the line between its neighbours: exact where both are on one linear piece
+    torch.testing.assert_close(torch.tensor(out["positive"]["y"], dtype=torch.float64), want_pos, rtol=0, atol=2e-2)
+    torch.testing.assert_close(torch.tensor(out["negative"]["y"], dtype=torch.float64), want_neg, rtol=0, atol=2e-2)
+    assert {s["region"] for s in out["positive"]["flat"] + out["negative"]["flat"]} <= {"clip_low", "clip_high"}
+    points = out["points"]
+    a = bd.advantages.double()
+    for row, pos, y in zip(points["row"], points["position"], points["y"], strict=True):
+        assert bd.tokens.selected is not None
+        if bd.tokens.selected[row, pos] > 0:  # picked in this batch: its own term
+            assert y == pytest.approx(float(bd.tokens.surrogate[row, pos] / a[row].abs()), rel=1e-12)
+        else:  # on the curve: the rule for the tokens it leaves
+            r = float(bd.tokens.ratio[row, pos])
+            unit = min(r, min(max(r, low), high)) if clipped else r
+            if a[row] < 0:
+                unit = -(max(r, min(max(r, low), high)) if clipped else r)
+            assert y == pytest.approx(unit, rel=1e-12), (row, pos)

@@ -3,6 +3,7 @@ breakdown of the article's example or of a file."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable
@@ -179,9 +180,6 @@ def _on_policy(bd: Breakdown, m: re.Match[str]) -> None:
         _num(m[3], grad_norm)
 
 
-WHY_LABELS = {v: k for k, v in grpo.explain.WHY_LABELS.items()}
-
-
 def _flat(bd: Breakdown, m: re.Match[str]) -> None:
     why = token_why(bd)
     silent = torch.zeros_like(_counted(bd))
@@ -189,10 +187,14 @@ def _flat(bd: Breakdown, m: re.Match[str]) -> None:
         silent |= why.codes == why.names.index(name)
     assert int(m[1]) == int(silent.sum()) and int(m[2]) == int(_counted(bd).sum())
     assert float(bd.tokens.grad_policy[silent].abs().max()) == 0  # "get no policy gradient"
-    parts = {WHY_LABELS[label]: int(n) for n, label in (part.split(" ", 1) for part in m[3].split(", "))}
+    code_of = {label: name for name, label in why.labels.items()}  # the summary names each group by its label
+    parts = {code_of[label]: int(n) for n, label in (part.split(" ", 1) for part in m[3].split(", "))}
     assert parts == {k: n for k, n in why.counts().items() if k in why.no_gradient and n}
     bounded = silent & (why.codes != why.names.index("zero_advantage"))
-    flat = _counted(bd) & (bd.tokens.region > 1)  # regions after "masked", "trust": the same tokens
+    for name in why.masks:  # a token mask acts before any bound: its tokens read as masked, whatever the region
+        bounded &= why.codes != why.names.index(name)
+    unmasked = bd.tokens.policy_kept.bool()
+    flat = _counted(bd) & (bd.tokens.region > 1) & unmasked  # regions after "masked", "trust": the same tokens
     assert torch.equal(bounded, flat)
     _num(m[4], float(bd.tokens.ratio[flat].min()))
     _num(m[5] or m[4], float(bd.tokens.ratio[flat].max()))
@@ -256,6 +258,60 @@ def _kl_dominates(bd: Breakdown, m: re.Match[str]) -> None:
     assert k > 10 * abs(s)
 
 
+def _selected(bd: Breakdown, m: re.Match[str]) -> None:
+    """The tokens the objective's own rule picked, checked from the tensors: KL-Cov's carry exactly
+    A·ratio − ppo_kl_coef·|log-ratio| (the others A·ratio); Clip-Cov's are cut to 0 with no gradient, at most
+    max(1, int(clip_cov_ratio · N)) of them."""
+    why = token_why(bd)
+    assert why.selected is not None
+    counted = _counted(bd)
+    picked = why.codes == why.names.index(why.selected)
+    n, k = int(counted.sum()), int(picked.sum())
+    assert (int(m[1]), int(m[2])) == (k, n)
+    if m[3] is not None:
+        _num(m[3], float(bd.tokens.log_ratio[picked].abs().max()))
+    assert m[4] == why.texts[why.selected]  # the rule's own sentence, with the config's numbers
+    a = bd.advantages[:, None].expand_as(bd.tokens.ratio)
+    plain = a * bd.tokens.ratio
+    if why.selected in why.no_gradient:  # Clip-Cov: cut to 0, no gradient
+        share = bd.config.clip_cov_ratio
+        assert k <= max(1, int(share * n))
+        assert bool((bd.tokens.surrogate[picked] == 0).all()) and bool((bd.tokens.grad_policy[picked] == 0).all())
+        assert f"clip_cov_ratio = {grpo.explain.number(share)}" in m[4]
+    else:  # KL-Cov: the penalty on exactly the picked tokens, and k of them
+        share, coef = bd.config.kl_cov_ratio, bd.config.ppo_kl_coef
+        assert bd.tokens.selected is not None and int(bd.tokens.selected.sum()) == max(1, int(share * n))
+        # a picked token the entropy mask silenced reads entropy_masked: the mask acts on the whole term
+        assert torch.equal(picked, bd.tokens.selected.bool() & bd.tokens.policy_kept.bool())
+        # the rollout correction's weight multiplies the whole policy term (1 without sampler log-probs)
+        w = bd.tokens.is_weight
+        penalised = (plain - coef * bd.tokens.log_ratio.abs()) * w
+        torch.testing.assert_close(bd.tokens.surrogate[picked], penalised[picked], rtol=1e-12, atol=1e-15)
+        rest = counted & ~bd.tokens.selected.bool() & bd.tokens.policy_kept.bool()
+        torch.testing.assert_close(bd.tokens.surrogate[rest], (plain * w)[rest], rtol=1e-12, atol=1e-15)
+        assert f"ppo_kl_coef = {grpo.explain.number(coef)}" in m[4] and "KL penalty applied" in m[4]
+
+
+def _entropy_mask(bd: Breakdown, m: re.Match[str]) -> None:
+    """The share, count and threshold of the high-entropy mask, from the entropies: the threshold is the
+    (1 - quantile) quantile of the counted tokens' entropies (TRL: torch.quantile over them as float32)."""
+    counted = _counted(bd)
+    assert bd.entropies is not None
+    q = bd.config.top_entropy_quantile
+    threshold = float(torch.quantile(bd.entropies[counted].float(), 1 - q))
+    kept = counted & (bd.entropies >= threshold)
+    n, k = int(counted.sum()), int(kept.sum())
+    _num(m[1], q)
+    _num(m[2], 100 * k / n, 3)
+    assert (int(m[3]), int(m[4])) == (n, k) and int(m[7]) == n - k
+    _num(m[5], threshold)
+    assert torch.equal(bd.tokens.policy_kept.bool() & counted, kept)
+    silenced = bd.config.importance_sampling_level == "token"
+    assert (m[6] == "the rest carry no policy gradient") == silenced
+    if silenced:
+        assert float(bd.tokens.grad_policy[counted & ~kept].abs().sum()) == 0
+
+
 def _length(bd: Breakdown, m: re.Match[str]) -> None:
     length = _counted(bd).sum(dim=1)
     rows = [i for i in range(len(length)) if int(length[i])]
@@ -311,6 +367,16 @@ SENTENCES: list[tuple[str, Callable[[Breakdown, re.Match[str]], None]]] = [
         _negative_kl,
     ),
     (r"(\S+) acted on (\d+) token\(s\): a clamp passes no gradient where it acts.*", _clamp),
+    (
+        rf"(\d+) of (\d+) tokens picked by the objective's rule(?: \(\|log-ratio\| up to {N}\))?; a picked token is "
+        r"(.*)\.",
+        _selected,
+    ),
+    (
+        rf"The entropy mask \(top_entropy_quantile = {N}\) kept {N}% of the (\d+) tokens: the (\d+) with entropy at "
+        rf"least {N}; (.*) \((\d+) tokens\), while their KL term still counts\.",
+        _entropy_mask,
+    ),
     (rf"(\d+) group\(s\) have zero reward std \(frac_reward_zero_std = {N}\).*", _zero_std),
     (r"beta = 0: the KL term is off, so the loss is the policy term alone\.", _beta_zero),
     (rf"beta·KL \({N}\) dominates the loss.*", _kl_dominates),
@@ -323,7 +389,7 @@ SENTENCES: list[tuple[str, Callable[[Breakdown, re.Match[str]], None]]] = [
 
 
 # The key explain_items gives each kind of sentence (the page finds a sentence by it, never by its words).
-KEYS = {
+KEYS: dict[Callable[[Breakdown, re.Match[str]], None], str] = {
     _sign: "sign",
     _on_policy: "on_policy",
     _flat: "clip",
@@ -335,6 +401,8 @@ KEYS = {
     _beta_zero: "kl_off",
     _kl_dominates: "kl_dominates",
     _length: "length",
+    _selected: "selected",
+    _entropy_mask: "entropy_mask",
 }
 
 
@@ -430,6 +498,10 @@ CONFIG_VARIANTS: dict[str, dict[str, object]] = {
     "dual-clip": {"dual_clip": 3.0},
     "delta": {"delta": 2.0},
     "trl-gspo": {"preset": "trl-gspo"},
+    # the objectives' own picks: bounds and shares wide enough that some tokens are picked on small batches
+    "verl-clip_cov": {"preset": "verl-clip_cov", "clip_cov_ratio": 0.3, "clip_cov_lb": -10.0, "clip_cov_ub": 10.0},
+    "verl-kl_cov": {"preset": "verl-kl_cov", "kl_cov_ratio": 0.3, "ppo_kl_coef": 0.5},
+    "verl-kl_cov-default": {"preset": "verl-kl_cov"},  # kl_cov_ratio 0.0002: max(1, int(...)) = 1 token
 }
 
 
@@ -462,3 +534,54 @@ def test_the_listed_batches_show_what_they_are_for() -> None:
     assert "zero reward std" in sentences("zero-std")
     assert "acted on" in sentences("huge-ratio", preset="verl-grpo", log_ratio_clamp=5.0)
     assert "near-zero loss does not mean a zero gradient" not in sentences("empty-KL")
+
+
+def _with_entropies(batch: grpo.Batch, seed: int) -> grpo.Batch:
+    """The batch with per-token entropies in [0, 3) (0 where nothing counts), some tied."""
+    g = torch.Generator().manual_seed(seed)
+    entropies = torch.rand(batch.logp.shape, generator=g, dtype=torch.float64) * 3
+    entropies[:, ::3] = entropies[0, -1]
+    return dataclasses.replace(batch, entropies=entropies * batch.mask)
+
+
+@pytest.mark.parametrize("preset", ["trl-grpo", "trl-gspo", "verl-kl_cov"])
+@pytest.mark.parametrize("quantile", [0.2, 0.5])
+@pytest.mark.parametrize("case", _all_batches(), ids=lambda c: c[0])
+def test_the_entropy_mask_sentence_holds_numerically(
+    case: tuple[str, grpo.Batch, dict[str, object]], quantile: float, preset: str
+) -> None:
+    """Issue 21 item 4: "the entropy mask kept 20% of tokens: the 34 with entropy above 2.31; the rest carry no
+    policy gradient", every number from the tensors (and every other sentence still holds)."""
+    name, batch, _ = case
+    bd = grpo.evaluate(
+        _with_entropies(batch, len(name)),
+        grpo.LossConfig.from_preset(preset, dtype="float64", top_entropy_quantile=quantile),
+    )
+    _check_sentences(bd)
+    assert any(key == "entropy_mask" for key, _ in explain_items(bd))
+
+
+def test_kl_cov_and_clip_cov_name_their_tokens() -> None:
+    """Before: KL-Cov's penalised tokens had no why (they read "trust"), and Clip-Cov's cut ones were region
+    dual_clip on the page. Now each has its own code, label and sentence, with the config's numbers."""
+    batch = batch_from_request(SCENARIOS["off-policy-clipping"].request)
+    kl = grpo.evaluate(batch, grpo.LossConfig.from_preset("verl-kl_cov", dtype="float64", kl_cov_ratio=0.3))
+    why = token_why(kl)
+    assert why.selected == "kl_penalized" and why.counts()["kl_penalized"] == int(0.3 * 16) == 4
+    assert why.labels["kl_penalized"] == "kl_cov: KL penalty applied"
+    assert "kl_cov_ratio = 0.3" in why.texts["kl_penalized"] and "ppo_kl_coef = 0.1" in why.texts["kl_penalized"]
+    assert "kl_penalized" not in why.no_gradient and "kl_penalized" in why.marked
+    picked = kl.tokens.selected
+    assert picked is not None and torch.equal(why.codes == why.names.index("kl_penalized"), picked.bool())
+    cov = grpo.evaluate(
+        batch,
+        grpo.LossConfig.from_preset(
+            "verl-clip_cov", dtype="float64", clip_cov_ratio=0.3, clip_cov_lb=-10.0, clip_cov_ub=10.0
+        ),
+    )
+    why = token_why(cov)
+    assert why.labels["cov_clipped"] == "selected by clip_cov (gradient detached)" and "dual_clip" not in why.names
+    assert why.counts()["cov_clipped"] == 4 and "cov_clipped" in why.no_gradient
+    text = "\n".join(explain(cov))
+    assert "4 selected by clip_cov (gradient detached)" in text
+    assert "4 of 16 tokens picked by the objective's rule" in text

@@ -12,6 +12,7 @@ The fixture dumps are written the way the trainers write them, from the fields t
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -378,3 +379,30 @@ def test_imported_runs_open_in_the_server(nemo_dir: Path, slime_dir: Path, tmp_p
             assert step.status_code == 200
             expected = check_run(load_run(root / name)).micro[0].lens_loss
             assert step.json()["breakdown"]["loss"] == pytest.approx(expected, rel=1e-6)
+
+
+KILLED_IMPORT = """
+import os, signal, sys
+from pathlib import Path
+from grpo.importers import common, nemo_rl
+def killed():
+    for step in nemo_rl.steps(Path(sys.argv[1])):
+        yield step
+        os.kill(os.getpid(), signal.SIGKILL)  # killed mid-import: no clean-up runs
+common.write_run(sys.argv[2], "nemo-rl", nemo_rl.map_nemo_rl().config, killed(), {})
+"""
+
+
+def test_a_killed_import_leaves_nothing_the_next_one_keeps(nemo_dir: Path, tmp_path: Path, capsys: Any) -> None:
+    """A SIGKILL mid-import leaves its temporary directory (no clean-up runs); the next import into that name
+    removes it, since its process is gone, and leaves a live import's alone."""
+    target = tmp_path / "run"
+    killed = subprocess.run([sys.executable, "-c", KILLED_IMPORT, str(nemo_dir), str(target)], cwd=ROOT)
+    assert killed.returncode == -9
+    left = list(tmp_path.glob(".run.import-*"))
+    assert len(left) == 1 and any(left[0].rglob("*.safetensors")) and not target.exists()
+    alive = tmp_path / f".run.import-{os.getpid()}-live"  # this process: still running, so never removed
+    alive.mkdir()
+    code, _, err = run(capsys, "import", "nemo-rl", str(nemo_dir), str(target))
+    assert code == 0, err
+    assert not left[0].exists() and alive.is_dir() and load_run(target).steps

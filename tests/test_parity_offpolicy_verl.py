@@ -67,7 +67,7 @@ def run_verl(case: dict[str, Any], tensors: tuple[torch.Tensor, ...], loss_mode:
     mask = kept  # the driver's response mask after rejection: what the actor's loss sees
     leaf = logp.clone().requires_grad_(True)
     loss_fn = core_algos.get_policy_loss_fn(loss_mode)
-    loss, _ = loss_fn(
+    loss, pg_metrics = loss_fn(
         old_log_prob=old,
         log_prob=leaf,
         advantages=adv[:, None] * mask,
@@ -77,7 +77,10 @@ def run_verl(case: dict[str, Any], tensors: tuple[torch.Tensor, ...], loss_mode:
         rollout_is_weights=weights,
     )
     (grad,) = torch.autograd.grad(loss, leaf)
-    return {"loss": loss.detach(), "grad": grad, "weights": weights, "metrics": metrics, "kept": kept}
+    actor_metrics = {k: float(v) for k, v in pg_metrics.items()}
+    return {"loss": loss.detach(), "grad": grad, "weights": weights, "metrics": metrics, "kept": kept} | {
+        "actor": actor_metrics
+    }
 
 
 def run_lens(case: dict[str, Any], tensors: tuple[torch.Tensor, ...], loss_mode: str, agg: str) -> grpo.Breakdown:
@@ -172,6 +175,11 @@ def test_rejection_chains_float64(case: dict[str, Any], agg: str) -> None:
     if verl["weights"] is not None:
         torch.testing.assert_close(bd.tokens.is_weight[kept], verl["weights"][kept], rtol=RTOL, atol=0.0)
     assert float(bd.loss_without_correction) != float(bd.loss)
+    # the actor's metrics are over the tokens left after the rejection (ppo_kl too, though the rejected tokens
+    # keep their log-ratios in the breakdown). verl's masked_mean divides by count + 1e-8: n / (n + 1e-8) is
+    # within 1e-8 of 1 for n >= 1 token, hence the relative tolerance.
+    for name in ("actor/ppo_kl", "actor/pg_clipfrac", "actor/pg_clipfrac_lower"):
+        assert bd.metrics[name] == pytest.approx(verl["actor"][name], rel=1e-8 + RTOL, abs=ATOL), name
 
 
 @pytest.mark.parametrize(

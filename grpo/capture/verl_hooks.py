@@ -24,6 +24,7 @@ from typing import Any
 
 from torch import Tensor
 
+from grpo.capture import verl_driver
 from grpo.config import LossConfig
 from grpo.runs import RunWriter, Sampling, package_versions
 from grpo.trainer_config import map_verl
@@ -131,8 +132,20 @@ class VerlCapture:
             "completion_mask": mask,
             "advantages": call["advantages"].detach(),  # (B, T) as verl hands them: per token, kept as they are
         }
-        if call.get("rollout_is_weights") is not None:
-            self.unsupported["rollout_is_weights"] = "rollout importance weights are not applied"
+        config = record["config"]
+        weights = call.get("rollout_is_weights")
+        driver = self.writer.run_dir / verl_driver.DRIVER_DIR
+        joined = verl_driver.join(self.writer.run_dir, call["old_log_prob"]) if driver.is_dir() else None
+        if joined is not None:  # the driver's view of these rows: the correction is recomputed from the sampler
+            tensors |= {"sampling_per_token_logps": joined.sampler, "completion_mask": joined.mask.bool()}
+            config = dataclasses.replace(config, **joined.settings)
+            if weights is not None:  # what verl applied, compared token by token by check-run
+                tensors["importance_sampling_ratio"] = weights.detach()
+        elif weights is not None:
+            self.unsupported["rollout_is_weights"] = (
+                "the IS weights verl computed on the driver: no driver record holds this call's rows (capture the "
+                "driver too: grpo.capture.verl around the trainer's fit, or the plugin in the driver's environment)"
+            )
         pg_loss = record["pg_loss"]
         loss = pg_loss
         metrics = record["pg_metrics"] | {"actor/pg_loss": pg_loss}
@@ -148,7 +161,9 @@ class VerlCapture:
         if isinstance(epochs, int):
             # the passes over each rollout; which rollout and pass this call is, the loss functions do not see
             meta["rollout"] = {"iterations": epochs}
-        self.writer.write_step(self.step, self.micro, tensors, meta, config=record["config"])
+        self.writer.write_step(self.step, self.micro, tensors, meta, config=config)
+        if self.unsupported != self.writer.info.get("unsupported", {}):  # said at once: a Ray worker may never exit
+            self.writer.update(unsupported=dict(self.unsupported))
         self._next_micro()
 
     def _next_micro(self) -> None:
@@ -169,10 +184,16 @@ def _with_batch_info(config: LossConfig, info: Any) -> LossConfig:
     )
 
 
-def install(cap: VerlCapture) -> Callable[[], None]:
+def install(cap: VerlCapture, run_dir: str | Path | None = None) -> Callable[[], None]:
     """Wrap verl's registered policy losses, ``kl_penalty`` and ``agg_loss`` with ``cap``'s hooks, in every verl
-    module already imported (modules imported later bind the wrapped functions by name); return the undo."""
-    from verl.trainer.ppo import core_algos
+    module already imported (modules imported later bind the wrapped functions by name), and, with ``run_dir``,
+    the driver's rollout correction (``verl_driver``: imported where it is called); return the undo."""
+    from verl.trainer.ppo import core_algos, rollout_corr_helper
+
+    driver_fn = "compute_rollout_correction_and_add_to_batch"  # ray_trainer imports it by name at each call
+    correction = getattr(rollout_corr_helper, driver_fn)
+    if run_dir is not None:
+        setattr(rollout_corr_helper, driver_fn, verl_driver.hook(run_dir, correction))
 
     registry = core_algos.POLICY_LOSS_REGISTRY
     saved_registry = dict(registry)
@@ -188,6 +209,7 @@ def install(cap: VerlCapture) -> Callable[[], None]:
                 setattr(module, name, hooks[name])
 
     def remove() -> None:
+        setattr(rollout_corr_helper, driver_fn, correction)
         registry.clear()
         registry.update(saved_registry)
         for module, name, original in patched:
@@ -243,7 +265,7 @@ def verl(
     (In verl's Ray workers, where no block can be opened: ``grpo.capture.verl_plugin``.)"""
     writer = verl_writer(run_dir, rank, Sampling.of(every, steps, ranks, max_bytes))
     cap = VerlCapture(lambda: writer, micro_batches_per_step)
-    remove = install(cap)
+    remove = install(cap, run_dir)
     try:
         yield cap
     except BaseException:
@@ -253,6 +275,7 @@ def verl(
         finish(cap, "done")
     finally:
         remove()
+        verl_driver.clear(run_dir)
 
 
 def load_last_config(writer: RunWriter) -> dict[str, Any] | None:

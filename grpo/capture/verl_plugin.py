@@ -10,8 +10,10 @@ are installed for the life of the process and each worker writes its own files i
 ``-rank{r}`` from the rank verl gives the worker (``torch.distributed``, else the ``RANK`` variable), steps
 numbered by the worker's optimiser steps (torch's global optimizer-step hook: each ``optimizer.step()`` in
 the process ends a step; a process stepping other optimisers too, a colocated critic, counts those as well).
-``GRPO_LENS_CAPTURE_EVERY`` and ``GRPO_LENS_CAPTURE_MAX_BYTES`` sample a long run as ``grpo.capture.verl``'s
-``every`` and ``max_bytes`` do. Records are written at each step's end; the last status is written when the
+Set in the driver's environment too, the driver records verl's rollout correction
+(``grpo.capture.verl_driver``), which the workers' files join. ``GRPO_LENS_CAPTURE_EVERY`` and
+``GRPO_LENS_CAPTURE_MAX_BYTES`` sample a long run as ``grpo.capture.verl``'s ``every`` and ``max_bytes`` do.
+Records are written at each step's end; the last status is written when the
 process exits normally (a worker killed by ``ray.shutdown()`` keeps ``running``).
 
 Unset: this module imports nothing beyond ``os`` and does nothing.
@@ -48,7 +50,7 @@ def start(run_dir: str) -> object:
     every, max_bytes = os.environ.get(CAPTURE_EVERY), os.environ.get(CAPTURE_MAX_BYTES)
     sampling = Sampling.of(every=int(every) if every else None, max_bytes=int(max_bytes) if max_bytes else None)
     cap = VerlCapture(lambda: verl_writer(run_dir, worker_rank(), sampling), micro_batches_per_step=None)
-    install(cap)
+    install(cap, run_dir)  # in the driver, verl's rollout correction is recorded (verl_driver)
     register_optimizer_step_post_hook(lambda optimizer, args, kwargs: cap.next_step())
     atexit.register(lambda: finish(cap, "done") if cap.started else None)
     return cap

@@ -124,6 +124,28 @@ def checked(tensors: dict[str, Tensor], where: str) -> None:
         raise GrpoInputError(exc.field, f"{exc.expected} (in {where})", exc.row, exc.got) from exc
 
 
+def _temp_prefix(name: str) -> str:
+    return f".{name}.import-"
+
+
+def remove_stale(parent: Path, name: str) -> list[Path]:
+    """Remove what an import into ``parent/name`` killed before its clean-up left (its temporary directory,
+    named with the importing process's id): those whose process is gone. The paths removed."""
+    removed = []
+    for path in parent.glob(f"{_temp_prefix(name)}*"):
+        pid = path.name[len(_temp_prefix(name)) :].split("-")[0]
+        if not pid.isdigit() or path.is_symlink() or not path.is_dir():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:  # gone: nothing will finish or remove it
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        except PermissionError:  # alive, another user's
+            continue
+    return removed
+
+
 def write_run(
     run_dir: str | os.PathLike[str],
     source: str,
@@ -138,7 +160,8 @@ def write_run(
     parent = target.parent
     if not parent.is_dir():
         raise GrpoInputError("RUN_DIR", "a path in an existing directory", got=str(parent))
-    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{target.name}.import-"))
+    remove_stale(parent, target.name)
+    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f"{_temp_prefix(target.name)}{os.getpid()}-"))
     try:
         writers: dict[int | None, RunWriter] = {}
         seen: set[tuple[int, int | None]] = set()

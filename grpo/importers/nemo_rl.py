@@ -23,19 +23,7 @@ from torch import Tensor
 
 from grpo.config import LossConfig
 from grpo.errors import GrpoInputError
-from grpo.importers.common import (
-    SAMPLER_WHERE,
-    ImportedStep,
-    checked,
-    grid,
-    mismatch,
-    number,
-    optional_number,
-    row_advantages,
-    sampler_entry,
-    sampler_is_a_field,
-    write_run,
-)
+from grpo.importers import common
 from grpo.runs import read_regular
 from grpo.trainer_config import TrainerMapping
 
@@ -89,14 +77,14 @@ def map_nemo_rl(cfg: Any = None) -> TrainerMapping:
     settings: dict[str, Any] = {
         "preset": None,
         "objective": "clip",
-        "epsilon_low": number("ratio_clip_min", a["ratio_clip_min"]),
-        "epsilon_high": number("ratio_clip_max", a["ratio_clip_max"]),
-        "dual_clip": optional_number("ratio_clip_c", a["ratio_clip_c"]),
+        "epsilon_low": common.number("ratio_clip_min", a["ratio_clip_min"]),
+        "epsilon_high": common.number("ratio_clip_max", a["ratio_clip_max"]),
+        "dual_clip": common.optional_number("ratio_clip_c", a["ratio_clip_c"]),
         "importance_sampling_level": "sequence" if a["sequence_level_importance_ratios"] else "token",
-        "beta": 0.0 if a["use_kl_in_reward"] else number("reference_policy_kl_penalty", penalty),
+        "beta": 0.0 if a["use_kl_in_reward"] else common.number("reference_policy_kl_penalty", penalty),
         "kl_estimator": kl_type,
-        "kl_log_ratio_clamp": optional_number("kl_input_clamp_value", a["kl_input_clamp_value"]),
-        "kl_clamp": optional_number("kl_output_clamp_value", a["kl_output_clamp_value"]),
+        "kl_log_ratio_clamp": common.optional_number("kl_input_clamp_value", a["kl_input_clamp_value"]),
+        "kl_clamp": common.optional_number("kl_output_clamp_value", a["kl_output_clamp_value"]),
         # token level: the mean over mask = token_mask * sample_mask; else the mean over tokens of each row,
         # then over rows with sample_mask 1 (a masked-out row has no counted token: skipped, as NeMo RL)
         "aggregation": "token-mean" if token_level else "seq-mean-token-mean",
@@ -203,7 +191,7 @@ def _row_number(sample: dict[str, Any], key: str, default: float | None, where: 
     raise GrpoInputError(key, f"one number per line ({where})", got=type(value).__name__)
 
 
-def read_step(path: Path, step: int) -> ImportedStep:
+def read_step(path: Path, step: int) -> common.ImportedStep:
     """One ``train_data_step{N}.jsonl`` as a step file's tensors and meta (every line checked)."""
     prev, gen, masks, advs, rewards = [], [], [], [], []
     lines = read_regular(path).decode("utf-8", errors="replace").splitlines()
@@ -231,30 +219,30 @@ def read_step(path: Path, step: int) -> ImportedStep:
         rewards.append(_row_number(sample, "rewards", None, where))
     if not prev:
         raise GrpoInputError(path.name, "at least one sample line", got="none")
-    mask = grid(masks)
-    logps = grid(prev)
+    mask = common.grid(masks)
+    logps = common.grid(prev)
     tensors = {
         "per_token_logps": logps,
         "old_per_token_logps": logps.clone(),
         "completion_mask": mask,
-        "advantages": row_advantages(grid(advs), mask, path.name),
+        "advantages": common.row_advantages(common.grid(advs), mask, path.name),
     }
     if all(r is not None for r in rewards):
         tensors["row_rewards"] = torch.tensor(rewards, dtype=torch.float32)
-    sampler, sampler_meta = sampler_entry(gen)
+    sampler, sampler_meta = common.sampler_entry(gen)
     tensors |= sampler
-    checked(tensors, path.name)
+    common.checked(tensors, path.name)
     meta = {
         "imported_from": path.name,
         "trainer": "nemo-rl",
         "cannot_check": CANNOT_CHECK,
-        "sampler_vs_old": mismatch(logps, grid(gen, fill=float("nan")), mask),
+        "sampler_vs_old": common.mismatch(logps, common.grid(gen, fill=float("nan")), mask),
         **sampler_meta,
     }
-    return ImportedStep(step, None, tensors, meta)
+    return common.ImportedStep(step, None, tensors, meta)
 
 
-def steps(src: Path) -> Iterator[ImportedStep]:
+def steps(src: Path) -> Iterator[common.ImportedStep]:
     for step, path in step_files(src):
         yield read_step(path, step)
 
@@ -273,7 +261,7 @@ def import_nemo_rl(src: str | Path, run_dir: str | Path, loss_config: Any = None
             "cannot_check": CANNOT_CHECK,
             "unsupported": mapping.unsupported,
             "mapped": mapping.mapped,
-            "sampler_log_probs": SAMPLER_WHERE[sampler_is_a_field()],
+            "sampler_log_probs": common.SAMPLER_WHERE[common.sampler_is_a_field()],
         }
     }
-    return write_run(run_dir, "nemo-rl", mapping.config, steps(src), info)
+    return common.write_run(run_dir, "nemo-rl", mapping.config, steps(src), info)

@@ -29,19 +29,7 @@ from torch import Tensor
 
 from grpo.config import LossConfig
 from grpo.errors import GrpoInputError
-from grpo.importers.common import (
-    SAMPLER_WHERE,
-    ImportedStep,
-    checked,
-    grid,
-    mismatch,
-    number,
-    optional_number,
-    row_advantages,
-    sampler_entry,
-    sampler_is_a_field,
-    write_run,
-)
+from grpo.importers import common
 from grpo.runs import read_regular
 from grpo.trainer_config import TrainerMapping
 
@@ -86,14 +74,14 @@ def map_slime(args: Any = None) -> TrainerMapping:
     kl_type = a["kl_loss_type"]
     if kl_type not in KL_TYPES:
         raise GrpoInputError("kl_loss_type", f"one of {', '.join(KL_TYPES)}", got=repr(kl_type))
-    eps = number("eps_clip", a["eps_clip"])
+    eps = common.number("eps_clip", a["eps_clip"])
     settings: dict[str, Any] = {
         "preset": None,
         "objective": "clip",
         "epsilon_low": eps,
-        "epsilon_high": eps if a["eps_clip_high"] is None else number("eps_clip_high", a["eps_clip_high"]),
-        "dual_clip": optional_number("eps_clip_c", a["eps_clip_c"]),
-        "beta": number("kl_loss_coef", a["kl_loss_coef"]) if a["use_kl_loss"] else 0.0,
+        "epsilon_high": eps if a["eps_clip_high"] is None else common.number("eps_clip_high", a["eps_clip_high"]),
+        "dual_clip": common.optional_number("eps_clip_c", a["eps_clip_c"]),
+        "beta": common.number("kl_loss_coef", a["kl_loss_coef"]) if a["use_kl_loss"] else 0.0,
         "aggregation": "token-mean" if a["calculate_per_token_loss"] else "seq-mean-token-mean",
         **KL_TYPES[kl_type],
     }
@@ -182,7 +170,7 @@ def _tokens(sample: dict[str, Any], key: str, i: int, where: str, length: int | 
     return value.detach().to(torch.float32)
 
 
-def read_dump(path: Path) -> ImportedStep | None:
+def read_dump(path: Path) -> common.ImportedStep | None:
     """One dump file as a step (None: a file with no training log-probs, a pipeline stage before the last)."""
     data = load_dump(path)
     where = path.name
@@ -210,16 +198,16 @@ def read_dump(path: Path) -> ImportedStep | None:
             gens.append(_tokens(s, "rollout_log_probs", i, where, len(logp)))
         reward = s.get("rewards")
         rewards.append(float(reward) if isinstance(reward, int | float) and not isinstance(reward, bool) else None)
-    mask = grid(masks)
-    current = grid(logps)
+    mask = common.grid(masks)
+    current = common.grid(logps)
     tensors = {
         "per_token_logps": current,
         "old_per_token_logps": current.clone(),
         "completion_mask": mask,
-        "advantages": row_advantages(grid(advs), mask, where),
+        "advantages": common.row_advantages(common.grid(advs), mask, where),
     }
     if len(refs) == len(samples):
-        tensors["ref_per_token_logps"] = grid(refs)
+        tensors["ref_per_token_logps"] = common.grid(refs)
     if all(r is not None for r in rewards):
         tensors["row_rewards"] = torch.tensor(rewards, dtype=torch.float32)
     meta: dict[str, Any] = {"imported_from": where, "trainer": "slime", "rollout_id": rollout_id}
@@ -227,15 +215,15 @@ def read_dump(path: Path) -> ImportedStep | None:
     if len(refs) != len(samples):
         cannot.append("the KL penalty: ref_log_probs are not dumped, so the reference is the current policy (KL 0)")
     if len(gens) == len(samples):
-        sampler, sampler_meta = sampler_entry(gens)
+        sampler, sampler_meta = common.sampler_entry(gens)
         tensors |= sampler
-        meta |= {"sampler_vs_old": mismatch(current, grid(gens, fill=float("nan")), mask), **sampler_meta}
+        meta |= {"sampler_vs_old": common.mismatch(current, common.grid(gens, fill=float("nan")), mask), **sampler_meta}
     meta["cannot_check"] = cannot
-    checked(tensors, where)
-    return ImportedStep(rollout_id + 1, rank, tensors, meta)
+    common.checked(tensors, where)
+    return common.ImportedStep(rollout_id + 1, rank, tensors, meta)
 
 
-def steps(files: list[Path], skipped: list[str]) -> Iterator[ImportedStep]:
+def steps(files: list[Path], skipped: list[str]) -> Iterator[common.ImportedStep]:
     for path in files:
         step = read_dump(path)
         if step is None:
@@ -260,7 +248,7 @@ def import_slime(src: str | Path, run_dir: str | Path, args: Any = None) -> Path
             "cannot_check": CANNOT_CHECK,
             "unsupported": mapping.unsupported,
             "mapped": mapping.mapped,
-            "sampler_log_probs": SAMPLER_WHERE[sampler_is_a_field()],
+            "sampler_log_probs": common.SAMPLER_WHERE[common.sampler_is_a_field()],
         }
     }
-    return write_run(run_dir, "slime", mapping.config, steps(files, skipped), info)
+    return common.write_run(run_dir, "slime", mapping.config, steps(files, skipped), info)

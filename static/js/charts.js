@@ -1,6 +1,6 @@
 // Chart functions: the API's JSON in, Plotly {data, layout} out. No numbers are computed here.
 
-import { REGION_COLORS, fmt, plotlyText } from "./format.js";
+import { REGION_COLORS, fmt, plotlyText, whyColor } from "./format.js";
 import { HEATMAP_TITLES, HOVER, LABELS, POOLED } from "./labels.js";
 
 const FONT = { family: "system-ui, sans-serif", size: 12 };
@@ -88,31 +88,51 @@ export const HEATMAPS = [
 
 const CLIP_MARK_LIMIT = 3000; // past this many clipped cells, one SVG mark each would be slow: hover says it
 
-// Cells on a flat part of the objective, as marks over the heatmap (or null when too many).
-function clippedMarks(data) {
+// Cells the token's why marks (data.why.marked): those on a flat part of the objective (no policy gradient,
+// one trace), and apart, each token mask's (the entropy mask) and the objective's own pick (KL-Cov's penalty,
+// Clip-Cov's cut), named by the server's labels; [] when there are none or too many for one SVG mark each.
+function whyMarks(data) {
   const t = data.tokens;
   const labels = rowLabels(data);
-  const x = [];
-  const y = [];
-  t.region.forEach((row, k) =>
-    row.forEach((g, j) => {
-      if (g !== "trust" && g !== "masked") {
-        x.push(j);
-        y.push(labels[k]);
+  const own = (name) => data.why.masks.includes(name) || name === data.why.selected;
+  const groups = new Map();
+  const byCode = new Map();
+  for (const name of data.why.marked) {
+    const key = own(name) ? name : "flat";
+    if (!groups.has(key)) {
+      const label = own(name) ? data.why.labels[name] || name : LABELS.clippedCell;
+      groups.set(key, { label, marker: whyMarker(data, name), x: [], y: [] });
+    }
+    byCode.set(data.why.names.indexOf(name), groups.get(key));
+  }
+  t.why.forEach((row, k) =>
+    row.forEach((code, j) => {
+      const cells = byCode.get(code);
+      if (cells && t.mask[k][j]) {
+        cells.x.push(j);
+        cells.y.push(labels[k]);
       }
     }),
   );
-  if (!x.length || x.length > CLIP_MARK_LIMIT) return null;
-  return {
+  const traces = [...groups.values()].filter((g) => g.x.length);
+  if (traces.reduce((n, g) => n + g.x.length, 0) > CLIP_MARK_LIMIT) return [];
+  return traces.map(({ label, marker, x, y }) => ({
     type: "scatter",
     mode: "markers",
     x,
     y,
-    name: LABELS.clippedCell,
+    name: label,
     hoverinfo: "skip",
     showlegend: true,
-    marker: { symbol: "x-thin-open", size: 9, color: "#1d2330", line: { width: 1.5 } },
-  };
+    marker: { ...marker, size: 9, color: "#1d2330", line: { width: 1.5 } },
+  }));
+}
+
+// A token mask's cells (the entropy mask) and the objective's own pick are marked apart from the flat ones.
+function whyMarker(data, name) {
+  if (data.why.masks.includes(name)) return { symbol: "line-ew-open" };
+  if (name === data.why.selected) return { symbol: "circle-open" };
+  return { symbol: "x-thin-open" };
 }
 
 // No WebGL traces (scattergl): the installed plotly.js builds its WebGL programs with new Function(),
@@ -129,7 +149,14 @@ function heatmapLayout(title, rows, width, showlegend) {
     plot_bgcolor: "#e3e6eb",
     showlegend,
     legend: { orientation: "h", x: 1, xanchor: "right", y: 1.02, yanchor: "bottom" },
-    xaxis: { title: { text: "position" }, showgrid: false, zeroline: false, dtick: width <= 40 ? 1 : undefined },
+    // the cells' own span: a marks trace over them (clipped, dropped) would widen an autoranged axis
+    xaxis: {
+      title: { text: "position" },
+      showgrid: false,
+      zeroline: false,
+      dtick: width <= 40 ? 1 : undefined,
+      range: [-0.5, width - 0.5],
+    },
     yaxis: { autorange: "reversed", showgrid: false, automargin: true },
   });
 }
@@ -202,9 +229,9 @@ export function heatmap(data, spec, hover) {
   if (rows * width > 4096) trace.zsmooth = "fast"; // one pixel per cell, scaled: fast for big grids
   Object.assign(trace, { colorscale: DIVERGING, zmid: spec.mid });
   if (spec.range) Object.assign(trace, { zmin: spec.range[0], zmax: spec.range[1] });
-  const marks = clippedMarks(data);
-  const layout = heatmapLayout(spec.title, rows, width, Boolean(marks));
-  return { data: marks ? [trace, marks] : [trace], layout };
+  const marks = [...whyMarks(data), correctionMarks(data)].filter(Boolean);
+  const layout = heatmapLayout(spec.title, rows, width, marks.length > 0);
+  return { data: [trace, ...marks], layout };
 }
 
 export function contributionRows(data) {
@@ -302,6 +329,194 @@ export function gradientTokens(data, ks) {
   };
 }
 
+// --- the Mismatch view (data.mismatch, grpo/mismatch.py) ------------------------------------------------------
+// What the rollout correction did to a token or a row (data.correction_names), one colour each.
+const CORRECTION_COLORS = {
+  kept: "#4c78a8",
+  truncated: "#f58518",
+  masked: "#e45756",
+  not_scored: "#b0b7c3",
+  sequence_masked: "#8e44ad",
+  rejected: "#1d2330",
+};
+
+// Per token, two panels: trainer-old (x) against sampler (y) log-prob around the diagonal, and the same
+// tokens' gap old − sampler (the log of their ratio, where a few hundredths of a nat show), one trace per
+// action; the diagonal and the token bounds are the lines the server gives (their ends and levels too).
+export function mismatchScatter(data) {
+  const m = data.mismatch;
+  const s = m.scatter;
+  const names = data.correction_names;
+  const traces = s.lines.map((line, i) => ({
+    type: "scatter",
+    mode: "lines",
+    name: line.label,
+    x: line.x,
+    y: line.y,
+    hoverinfo: "name",
+    line: i === 0 ? { color: "#1d2330", width: 1 } : { color: "#6b7280", width: 1, dash: "dash" },
+  }));
+  const shapes = s.lines.map((line, i) => ({
+    type: "line",
+    xref: "x2 domain",
+    yref: "y2",
+    x0: 0,
+    x1: 1,
+    y0: line.log_ratio,
+    y1: line.log_ratio,
+    line: i === 0 ? { color: "#1d2330", width: 1 } : { color: "#6b7280", width: 1, dash: "dash" },
+  }));
+  const codes = [...new Set(s.code)].sort((a, b) => a - b);
+  for (const code of codes) {
+    const idx = s.code.map((c, i) => (c === code ? i : -1)).filter((i) => i >= 0);
+    const name = names[code];
+    const common = {
+      type: "scatter",
+      mode: "markers",
+      name,
+      legendgroup: name,
+      text: idx.map((i) => `row ${s.row[i]}, position ${s.position[i]}`),
+      customdata: idx.map((i) => [fmt(s.x[i]), fmt(s.y[i]), fmt(s.log_ratio[i])]),
+      hovertemplate: `%{text}<br>old %{customdata[0]} · sampler %{customdata[1]}<br>old − sampler %{customdata[2]}<extra>${name}</extra>`,
+      marker: { color: CORRECTION_COLORS[name] || "#888", size: 8, line: { color: "#fff", width: 1 } },
+    };
+    traces.push(
+      { ...common, x: idx.map((i) => s.x[i]), y: idx.map((i) => s.y[i]) },
+      {
+        ...common,
+        x: idx.map((i) => s.x[i]),
+        y: idx.map((i) => s.log_ratio[i]),
+        xaxis: "x2",
+        yaxis: "y2",
+        showlegend: false,
+      },
+    );
+  }
+  const shown = s.x.length < s.total ? ` · ${s.x.length} of ${s.total} tokens shown (acted on first)` : "";
+  const xaxis = (domain) => ({ domain, range: s.range, title: { text: m.x_label }, zeroline: false });
+  return {
+    data: traces,
+    layout: base(`Per token: trainer vs sampler · ${m.correction_label}${shown}`, {
+      height: 420,
+      shapes,
+      legend: { orientation: "h", y: -0.22 },
+      xaxis: xaxis([0, 0.46]),
+      yaxis: { range: s.range, title: { text: m.y_label }, zeroline: false },
+      xaxis2: xaxis([0.56, 1]),
+      yaxis2: { anchor: "x2", title: { text: "old − sampler (log of the token's ratio)" } },
+    }),
+  };
+}
+
+// One panel per row statistic the server charts (data.mismatch.row_charts), stacked: a dot per row
+// coloured by what the correction did to it, the bounds as dashed lines.
+export function mismatchRows(data) {
+  const m = data.mismatch;
+  const names = data.correction_names;
+  const n = m.row_charts.length;
+  const gap = 0.12;
+  const height = (1 - gap * (n - 1)) / n;
+  const x = m.rows.code.map((_, i) => `row ${i}`);
+  const layout = base("Per row, coloured by the strongest action on its tokens", {
+    height: 120 + 220 * n,
+    shapes: [],
+    annotations: [],
+    legend: { orientation: "h", y: -0.12 },
+    margin: { l: 70, r: 20, t: 50, b: 60 },
+  });
+  const traces = [];
+  const shown = new Set();
+  m.row_charts.forEach((chart, k) => {
+    const axis = k === 0 ? "" : String(k + 1);
+    const top = 1 - k * (height + gap);
+    layout[`yaxis${axis}`] = { domain: [top - height, top], anchor: "x", title: { text: chart.y_label } };
+    layout.annotations.push({
+      text: chart.title,
+      xref: "paper",
+      yref: "paper",
+      x: 0,
+      y: top,
+      xanchor: "left",
+      yanchor: "bottom",
+      showarrow: false,
+      font: { size: 12 },
+    });
+    const values = m.rows[chart.field];
+    for (const code of [...new Set(m.rows.code)].sort((a, b) => a - b)) {
+      const idx = m.rows.code.map((c, i) => (c === code ? i : -1)).filter((i) => i >= 0);
+      const name = names[code];
+      traces.push({
+        type: "scatter",
+        mode: "markers",
+        name,
+        legendgroup: name,
+        showlegend: !shown.has(name),
+        x: idx.map((i) => x[i]),
+        y: idx.map((i) => values[i]),
+        yaxis: `y${axis}`,
+        hovertemplate: `%{x}: %{y}<extra>${name}</extra>`,
+        marker: { color: CORRECTION_COLORS[name] || "#888", size: 10, symbol: "diamond" },
+      });
+      shown.add(name);
+    }
+    for (const line of chart.lines) {
+      layout.shapes.push({
+        type: "line",
+        xref: "paper",
+        yref: `y${axis}`,
+        x0: 0,
+        x1: 1,
+        y0: line.value,
+        y1: line.value,
+        line: { color: "#6b7280", width: 1, dash: "dash" },
+      });
+      layout.annotations.push({
+        text: line.label,
+        xref: "paper",
+        yref: `y${axis}`,
+        x: 1,
+        y: line.value,
+        xanchor: "right",
+        yanchor: "bottom",
+        showarrow: false,
+        font: { size: 10, color: "#6b7280" },
+      });
+    }
+  });
+  layout.xaxis = { type: "category", categoryorder: "array", categoryarray: x, anchor: `y${n === 1 ? "" : n}` };
+  return { data: traces, layout };
+}
+
+// Cells whose policy term the rollout correction dropped or that its rejection took out of the batch,
+// as marks over the heatmap (none without tokens.correction, or past CLIP_MARK_LIMIT cells).
+const DROPPED = new Set(["masked", "sequence_masked", "rejected"]);
+function correctionMarks(data) {
+  const t = data.tokens;
+  if (!t.correction) return null;
+  const labels = rowLabels(data);
+  const x = [];
+  const y = [];
+  t.correction.forEach((row, k) =>
+    row.forEach((c, j) => {
+      if (DROPPED.has(data.correction_names[c])) {
+        x.push(j);
+        y.push(labels[k]);
+      }
+    }),
+  );
+  if (!x.length || x.length > CLIP_MARK_LIMIT) return null;
+  return {
+    type: "scatter",
+    mode: "markers",
+    x,
+    y,
+    name: LABELS.correctedCell,
+    hoverinfo: "skip",
+    showlegend: true,
+    marker: { symbol: "square-open", size: 11, color: "#b91c1c", line: { width: 1.5 } },
+  };
+}
+
 const LOG_TICKS = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000];
 
 // The objective against the ratio for A > 0 (left) and A < 0 (right), one figure of two panels.
@@ -334,13 +549,14 @@ export function clipCurves(data, options) {
       legendgroup: "objective",
       showlegend: !panel.axis,
     });
-    for (const region of Object.keys(REGION_COLORS)) {
-      const idx = p.sign.map((s, i) => (s === panel.sign && p.region[i] === region ? i : -1)).filter((i) => i >= 0);
+    // each point coloured by its token's why (the server's code name: Clip-Cov's cut is not a dual clip)
+    for (const region of data.why.names) {
+      const idx = p.sign.map((s, i) => (s === panel.sign && p.why[i] === region ? i : -1)).filter((i) => i >= 0);
       if (!idx.length) continue;
       traces.push({
         type: "scatter",
         mode: "markers",
-        name: region,
+        name: data.why.labels[region] || region,
         xaxis: xref,
         yaxis: yref,
         legendgroup: region,
@@ -349,7 +565,7 @@ export function clipCurves(data, options) {
         y: idx.map((i) => p.y[i]),
         text: idx.map((i) => `row ${p.row[i]}, position ${p.position[i]}`),
         hovertemplate: "%{text}<br>ratio %{x:.4g}<br>objective per unit A %{y:.4g}<extra>" + region + "</extra>",
-        marker: { color: REGION_COLORS[region], size: 9, line: { color: "#fff", width: 1 } },
+        marker: { color: whyColor(region), size: 9, line: { color: "#fff", width: 1 } },
       });
       shown.add(region);
     }

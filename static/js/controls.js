@@ -50,6 +50,12 @@ function buildControl(field, onChange) {
   } else if (field.type === "boolean") {
     input = el("input", { id, type: "checkbox", "aria-describedby": desc.id, onchange: () => changed(input.checked) });
     widget = input;
+  } else if (field.type === "string") {
+    // free text (verl's rollout_rs: comma-chained criteria, its thresholds): empty is none; a bad spec
+    // gets the server's 4xx, which names the field
+    input = el("input", { id, type: "text", spellcheck: "false", placeholder: "none", "aria-describedby": desc.id });
+    input.addEventListener("change", () => changed(input.value.trim() === "" ? null : input.value.trim()));
+    widget = input;
   } else {
     input = el("input", { id, type: "number", step: "any", "aria-describedby": desc.id });
     const read = () => (input.value === "" ? null : Number(input.value));

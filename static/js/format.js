@@ -45,3 +45,14 @@ export const REGION_COLORS = {
   dual_clip: "#8e44ad",
   masked: "#b0b7c3",
 };
+
+// Colours for the other why codes (the objectives' own: delta, unbounded, cov_clipped, kl_penalized, ...): one
+// per name, the same on every draw, without a list of names here.
+const WHY_PALETTE = ["#54a24b", "#b279a2", "#9d755d", "#17becf", "#bcbd22", "#ff9da6", "#72b7b2", "#eeca3b"];
+
+export function whyColor(name) {
+  if (REGION_COLORS[name]) return REGION_COLORS[name];
+  let h = 0;
+  for (const c of String(name)) h = (h * 31 + c.codePointAt(0)) >>> 0;
+  return WHY_PALETTE[h % WHY_PALETTE.length];
+}

@@ -8,6 +8,9 @@ import { currentRequest, fromUpload, load, scenarios, state } from "./state.js";
 const TABLE_EDIT_LIMIT = 400; // tokens: past this, edit as JSON or upload a file
 const PER_TOKEN = Object.keys(CELL_LABELS);
 const ROW_FIELDS = [...PER_TOKEN, "completion_mask", "tokens", "entropies"];
+// Per-token fields the table shows only when the batch has them (a batch without the sampler's log-probs
+// has no rollout correction to weigh: an empty row of cells for it would only crowd the table).
+const SHOWN_WHEN_GIVEN = new Set(["sampling_per_token_logps"]);
 
 // `recompute(delay)` schedules a recompute.
 let hooks = { recompute: () => {} };
@@ -214,6 +217,7 @@ function inputRow(req, row, i, target, promptLength) {
     gridNode.append(text);
   }
   for (const name of PER_TOKEN) {
+    if (SHOWN_WHEN_GIVEN.has(name) && !req[name]) continue;
     gridNode.append(el("span", { class: "lab", text: CELL_LABELS[name] }));
     for (let j = 0; j < n; j += 1) {
       const values = req[name];

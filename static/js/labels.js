@@ -22,6 +22,7 @@ export const LABELS = {
   group: "group",
   objective: "objective J = −loss",
   clippedCell: "clipped (flat: no policy gradient)",
+  correctedCell: "dropped or rejected by the rollout correction",
   rowCounted: (i, n) => `r${i} (${n})`,
   rowCountedAxis: "row (counted tokens)",
   compareGradsTitle:
@@ -35,6 +36,17 @@ export const COMPARE = {
   lengthsHead: "What each weighting does to long vs short answers:",
   normaliser: "max_completion_length (L): Dr. GRPO's constant, for every compared preset",
   normaliserOwn: "each preset's own",
+};
+
+// The Mismatch view (mismatch.js): its own words; the numbers and sentences are the server's.
+export const MISMATCH = {
+  empty:
+    "No sampler log-probs in this batch, and no rollout correction acted: nothing to compare. Give " +
+    "sampling_per_token_logps (verl: rollout_log_probs), or open a mismatch scenario.",
+  noPairs:
+    "No sampler log-probs in this batch: no token pairs to draw (the off-policy mask measured old against current).",
+  thresholdsHead: "Thresholds in force: ",
+  noThresholds: "No threshold in force: no rollout correction is chosen.",
 };
 
 export const HEATMAP_TITLES = {
@@ -86,6 +98,7 @@ export const CELL_LABELS = {
   per_token_logps: "logp",
   old_per_token_logps: "old",
   ref_per_token_logps: "ref",
+  sampling_per_token_logps: "sampler",
 };
 
 export const INPUT = {

@@ -2,8 +2,8 @@
 // The modules: state.js (the one state object and the one way a batch is loaded), api.js (every
 // request), charts.js (every figure), dom.js (DOM helpers and the one drawing call), redraw.js (which
 // view is drawn when), labels.js (every label), format.js (numbers as text), input.js (the input
-// editor), controls.js (the settings), views.js (summary, charts, rows), compare.js, reference.js,
-// runs.js (captured runs), lab.js (live lab runs).
+// editor), controls.js (the settings), views.js (summary, charts, rows), mismatch.js (sampler vs
+// trainer), compare.js, reference.js, runs.js (captured runs), lab.js (live lab runs).
 
 import { ApiError, postForm, postJSON } from "./api.js";
 import * as compare from "./compare.js";
@@ -13,6 +13,7 @@ import { fmt } from "./format.js";
 import * as input from "./input.js";
 import * as lab from "./lab.js";
 import { EXPERIMENTS, STALE, STATUS } from "./labels.js";
+import * as mismatch from "./mismatch.js";
 import { currentSeq, drawOnScreen, hold, invalidate, isCurrent, whenQuiet } from "./redraw.js";
 import { buildGlossary, loadExperiments } from "./reference.js";
 import { currentRequest, load, onLoad, readURL, state, writeURL } from "./state.js";
@@ -88,6 +89,7 @@ async function render(data) {
   views.renderSummary(data);
   renderControls(data);
   views.renderRowsTable(data);
+  mismatch.render(data);
   invalidate("compare");
   await views.renderViews(data);
   document.body.dataset.seq = String(currentSeq("loss")); // a newer response may have landed meanwhile
@@ -167,6 +169,7 @@ async function init() {
   const first = carried ? Promise.resolve(boot.first.answer) : fetchLoss(); // in flight while the controls are built
   first.catch(() => {}); // its error is reported by compute() below
   views.setup({ pickRow });
+  mismatch.setup();
   input.setup({ recompute: schedule });
   onLoad(onLoaded);
   buildControls(schedule);

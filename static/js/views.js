@@ -35,12 +35,15 @@ export function renderSummary(data) {
     );
   clear($("#summary-cards")).append(...SUMMARY_CARDS.map(([key, label]) => card(key, label)));
   clear($("#explanation")).append(...data.explanation_parts.map((parts) => sentence(parts)));
-  clear($("#warnings")).append(...data.warnings.map((s) => el("li", { text: s })));
+  // the warnings with each number tagged with its quantity, as the explanation's
+  clear($("#warnings")).append(...data.warning_parts.map((parts) => sentence(parts)));
   // Each metric's meaning under this config (the server's, with the config's numbers); a meaning
-  // shared by several keys is written on its first row.
+  // shared by several keys is written on its first row. Only the metrics the config's trainer logs
+  // (metrics_logged, from the objectives' registry entries): metrics holds every objective's, 0 where not its own.
   const explained = new Set();
   clear($("#metrics-table tbody")).append(
-    ...Object.entries(data.metrics).map(([name, value]) => {
+    ...data.metrics_logged.map((name) => {
+      const value = data.metrics[name];
       const parts = data.metric_meaning_parts[name] || [];
       const meaning = sentenceText(parts);
       const text = explained.has(meaning) ? "" : meaning;
