@@ -2,7 +2,9 @@
 
 - small requests (a body under ``large_request_bytes``), and binary batch files of any size (their
   numbers are copied, not parsed: torch computes without the GIL), run in a thread of this process,
-  at most ``threads`` at a time: quick, and the event loop stays free;
+  at most ``threads`` at a time: quick, and the event loop stays free. Large work in threads (those
+  binary files, and any large request when there is no pool) has threads of its own, at most
+  ``threads // 2`` (at least 1) at a time: it never takes every thread the small requests need;
 - large ones run in a pool of ``process_workers`` worker processes (spawned, started with the app):
   parsing JSON, pydantic and multipart hold the GIL, so in a thread they would stall every other
   request. At most ``process_queue`` more wait for a worker; past that the answer is a 503 with
@@ -254,6 +256,7 @@ class Lanes:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.threads = anyio.CapacityLimiter(settings.threads)
+        self.large_threads = anyio.CapacityLimiter(max(1, settings.threads // 2))  # never the small ones' threads
         self.pool: ProcessPoolExecutor | None = None
         self.waiting = 0  # large jobs running or queued
         self.started_rss: dict[int, int] = {}
@@ -354,8 +357,9 @@ class Lanes:
 
     async def _in_thread(self, size: int, fn: Any, *args: Any) -> Reply:
         job = partial(_in_thread, fn, *args)
-        reply: Reply = await anyio.to_thread.run_sync(job, limiter=self.threads)
-        if size >= self.settings.large_request_bytes:
+        large = size >= self.settings.large_request_bytes
+        reply: Reply = await anyio.to_thread.run_sync(job, limiter=self.large_threads if large else self.threads)
+        if large:
             trim_when_idle(self.settings.trim_idle)
         return reply
 

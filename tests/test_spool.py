@@ -14,6 +14,7 @@ import errno
 import json
 import os
 import pickle
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -259,3 +260,42 @@ def test_a_large_body_reaches_the_worker_process_over_a_socket(server: str, bodi
             assert abs(want["loss"]) > 1e-3 and got["loss"] == pytest.approx(want["loss"], rel=1e-5)
             assert got["metrics"] == pytest.approx(want["metrics"], rel=1e-5, abs=1e-7)
         assert http.post("/api/v1/loss", json=ARTICLE).json()["num_positions"] == 15
+
+
+# --- the small requests' threads: large work in the thread lane never takes them all -------------------------
+def test_large_work_in_threads_never_occupies_every_small_request_thread() -> None:
+    """Binary uploads of any size (light: their numbers are copied, not parsed) and large work without a
+    worker pool run in threads of the server. Before, they took the small requests' threads: as many large
+    safetensors uploads as ``threads`` made every small request wait for one of them. They now have threads
+    of their own (``threads // 2``, at least 1), and a small request still runs while those are all busy."""
+    lanes = Lanes(Settings(process_workers=0, threads=2, large_request_bytes=1000))
+    release = threading.Event()
+    started: list[str] = []
+
+    def large() -> dict[str, Any]:
+        started.append("large")
+        release.wait(10)
+        return {}
+
+    def small() -> dict[str, Any]:
+        started.append("small")
+        return {}
+
+    async def scenario() -> list[Any]:
+        replies: list[Any] = []
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):  # more large jobs than there are threads in all
+                tg.start_soon(lambda: _append(replies, lanes.run(10_000, large, light=True)))
+            await anyio.sleep(0.3)
+            with anyio.fail_after(5):  # answered while every large job still waits for `release`
+                replies.append(await lanes.run(10, small))
+            assert started.count("large") == 1  # one thread for large work (threads // 2), the others queue
+            release.set()
+        return replies
+
+    replies = anyio.run(scenario)
+    assert sorted(r.status for r in replies) == [200] * 4 and started.count("large") == 3
+
+
+async def _append(out: list[Any], reply: Any) -> None:
+    out.append(await reply)
