@@ -17,7 +17,7 @@ from pydantic.json_schema import models_json_schema
 from app import work
 from app.deps import LanesDep, SettingsDep
 from app.errors import refused
-from app.lanes import Lanes
+from app.lanes import Lanes, Spooled, take_spooled
 from app.options import options_json
 from app.schemas import BatchRequest, CompareRequest, ErrorResponse, LossRequest
 from app.settings import Settings
@@ -91,9 +91,12 @@ async def answer(
     """Read the body, run ``fn(body, *args, settings)`` in its lane (the thread lane whatever its size
     where ``light(body)`` says its work holds the GIL briefly), and answer what it replied."""
     started = time.perf_counter()
-    body = await request.body()
+    # A large body is already a file (``BodyLimit`` spooled it as it came): a worker reads it, never this process.
+    spooled = take_spooled(request.scope)
+    head = spooled.head if spooled is not None else await request.body()  # the body, or its first 64 KiB
+    body: bytes | Spooled = spooled if spooled is not None else head
     received = time.perf_counter()
-    is_light = light is not None and light(body)
+    is_light = light is not None and light(head)
     reply = await lanes.run(len(body), fn, body, *args, settings, light=is_light)
     spans = {"receive": received - started, "work": time.perf_counter() - received, "compute": reply.seconds}
     timing = ", ".join(f"{name};dur={seconds * 1e3:.1f}" for name, seconds in spans.items())

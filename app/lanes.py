@@ -2,7 +2,9 @@
 
 - small requests (a body under ``large_request_bytes``), and binary batch files of any size (their
   numbers are copied, not parsed: torch computes without the GIL), run in a thread of this process,
-  at most ``threads`` at a time: quick, and the event loop stays free;
+  at most ``threads`` at a time: quick, and the event loop stays free. Large work in threads (those
+  binary files, and any large request when there is no pool) has threads of its own, at most
+  ``threads // 2`` (at least 1) at a time: it never takes every thread the small requests need;
 - large ones run in a pool of ``process_workers`` worker processes (spawned, started with the app):
   parsing JSON, pydantic and multipart hold the GIL, so in a thread they would stall every other
   request. At most ``process_queue`` more wait for a worker; past that the answer is a 503 with
@@ -94,20 +96,74 @@ def rss_bytes(pid: int) -> int:
 
 
 class Spooled:
-    """A large body handed to a worker as a file (tmpfs where there is one), not through the pool's pipe:
-    pickled through the pipe it would be copied twice in the server, and one copy outlives the request."""
+    """A large body as a file (tmpfs where there is one), handed to a worker by its path, not through the
+    pool's pipe: pickled through the pipe it would be copied twice in the server, and one copy outlives the
+    request. ``BodyLimit`` writes a large body here chunk by chunk as it arrives (``append``), so the
+    server's main process never joins it in memory: a 24 MB join is a copy into freshly faulted pages, all
+    of it holding the GIL that the small requests beside it need. ``head`` keeps the first ``HEAD_BYTES``
+    (what ``binary_upload`` sniffs); ``len`` is the body's size."""
 
-    def __init__(self, data: bytes) -> None:
-        for directory in (SPOOL_DIR, None):  # tmpfs, else the temp dir (Docker's /dev/shm holds 64 MB)
-            fd, self.path = tempfile.mkstemp(prefix="grpo-lens-", dir=directory)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                return
-            except OSError:
-                self.discard()
-                if directory is None:
-                    raise
+    HEAD_BYTES = 65536
+
+    def __init__(self, data: bytes | None = None) -> None:
+        self.size = 0
+        self.head = b""
+        self.taken = False  # a route took the file to hand to a lane (``take_spooled``)
+        self.in_tmpfs = SPOOL_DIR is not None
+        self.fd, self.path = self._open(SPOOL_DIR)
+        if data is not None:  # the whole body at once; else ``append`` the chunks, then ``finish``
+            self.append(data)
+            self.finish()
+
+    @staticmethod
+    def _open(directory: str | None) -> tuple[int, str]:
+        return tempfile.mkstemp(prefix="grpo-lens-", dir=directory)
+
+    def append(self, chunk: bytes) -> None:
+        """Add ``chunk`` at the end. A full tmpfs (Docker's /dev/shm holds 64 MB) moves the file to the
+        temp dir, what it held so far included."""
+        if len(self.head) < self.HEAD_BYTES:
+            self.head += chunk[: self.HEAD_BYTES - len(self.head)]
+        try:
+            self._write(chunk)
+        except OSError:
+            if not self.in_tmpfs:
+                raise
+            self._move_to_temp_dir()
+            self._write(chunk)
+        self.size += len(chunk)
+
+    def _write(self, chunk: bytes) -> None:
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(self.fd, view) :]
+
+    def _move_to_temp_dir(self) -> None:
+        fd, path = self._open(None)
+        try:
+            os.lseek(self.fd, 0, os.SEEK_SET)
+            while block := os.read(self.fd, 1 << 20):
+                os.write(fd, block)
+            os.ftruncate(self.fd, 0)  # the tmpfs pages go back at once, whoever still holds the file
+        except OSError:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        self.discard()
+        self.fd, self.path, self.in_tmpfs = fd, path, False
+
+    def finish(self) -> None:
+        """Writing is done: the file stays (a worker opens it by path), its descriptor here is closed."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a worker gets: the path and size (no descriptor of this process, no head)."""
+        return {**self.__dict__, "fd": -1, "head": b""}
 
     def read(self) -> bytes:
         try:
@@ -117,11 +173,28 @@ class Spooled:
             self.discard()
 
     def discard(self) -> None:
+        self.finish()
         with suppress(FileNotFoundError):
             os.unlink(self.path)
 
 
 SPOOL_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+SPOOLED_BODY = "grpo_lens.spooled_body"  # the ASGI scope's key for a body ``BodyLimit`` spooled
+
+
+def take_spooled(scope: Any) -> Spooled | None:
+    """The body ``BodyLimit`` spooled for this request, now the caller's to hand to a lane (``None``: the
+    body is small, or not spooled; read it as usual). Once taken, the app's ``receive`` gives no bytes."""
+    spooled: Spooled | None = scope.get(SPOOLED_BODY)
+    if spooled is None or spooled.taken:
+        return None
+    spooled.taken = True
+    return spooled
+
+
+def unspooled(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``args`` with every spooled body read back as bytes (in a thread or a worker: never the event loop)."""
+    return tuple(a.read() if isinstance(a, Spooled) else a for a in args)
 
 
 def _spool(args: tuple[Any, ...]) -> list[Any]:
@@ -167,17 +240,23 @@ def _in_worker(fn: Any, idle: float, *args: Any) -> Reply:
     would page-fault them all in again) and go back to the OS once the worker has been idle ``idle`` s."""
     trim_when_idle(None)
     try:
-        args = tuple(a.read() if isinstance(a, Spooled) else a for a in args)
+        args = unspooled(args)
         return replying(getattr(fn, "__name__", "request"), fn, *args)
     finally:
         del args
         trim_when_idle(idle)
 
 
+def _in_thread(fn: Any, *args: Any) -> Reply:
+    """A job in a thread of this process: a spooled body is read back here, off the event loop."""
+    return replying(getattr(fn, "__name__", "request"), fn, *unspooled(args))
+
+
 class Lanes:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.threads = anyio.CapacityLimiter(settings.threads)
+        self.large_threads = anyio.CapacityLimiter(max(1, settings.threads // 2))  # never the small ones' threads
         self.pool: ProcessPoolExecutor | None = None
         self.waiting = 0  # large jobs running or queued
         self.started_rss: dict[int, int] = {}
@@ -277,8 +356,10 @@ class Lanes:
         return await anyio.to_thread.run_sync(partial(fn, *args), limiter=self.threads)
 
     async def _in_thread(self, size: int, fn: Any, *args: Any) -> Reply:
-        reply: Reply = await anyio.to_thread.run_sync(partial(replying, fn.__name__, fn, *args), limiter=self.threads)
-        if size >= self.settings.large_request_bytes:
+        job = partial(_in_thread, fn, *args)
+        large = size >= self.settings.large_request_bytes
+        reply: Reply = await anyio.to_thread.run_sync(job, limiter=self.large_threads if large else self.threads)
+        if large:
             trim_when_idle(self.settings.trim_idle)
         return reply
 

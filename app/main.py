@@ -18,7 +18,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from app import api, export, handlers, lab, pages, runs
 from app.auth import RequireToken, Sessions
-from app.lanes import Lanes
+from app.lanes import Lanes, Spooled
 from app.middleware import BodyLimit, HeadAsGet, SecurityHeaders, TrimWhenGrown
 from app.settings import Settings, get_settings
 from app.store import RunStore
@@ -80,6 +80,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.max_upload_bytes + 65536 if path in ("/api/v1/upload", "/api/v1/runs") else settings.max_body_bytes
         ),
         timeout=settings.request_timeout,
+        spool_bytes=max(settings.large_request_bytes, Spooled.HEAD_BYTES),  # large bodies into a file as they come
     )
     if token:
         app.add_middleware(RequireToken, token=token, sessions=app.state.sessions)

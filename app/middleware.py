@@ -12,7 +12,7 @@ import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.errors import error_item, error_json
-from app.lanes import trim_if_grown
+from app.lanes import SPOOLED_BODY, Spooled, trim_if_grown
 
 # The pages load only their own scripts and styles (plotly.js and Swagger UI are served locally);
 # Plotly and Swagger UI set inline styles and draw icons from data: URIs.
@@ -104,12 +104,20 @@ class BodyLimit:
 
     A Content-Length over the limit is refused before anything is read; a chunked body is
     refused as soon as it passes the limit. The server keeps answering other requests.
+
+    A body of ``spool_bytes`` or more is written to a file as it arrives (``app.lanes.Spooled``), never
+    joined in this process's memory: a route that hands its body to a lane takes the file
+    (``app.lanes.take_spooled``) and a worker process reads it; any other route reads it back through
+    ``receive`` as usual (in a thread).
     """
 
-    def __init__(self, app: ASGIApp, limit: Callable[[str], int], timeout: float = 60.0) -> None:
+    def __init__(
+        self, app: ASGIApp, limit: Callable[[str], int], timeout: float = 60.0, spool_bytes: int | None = None
+    ) -> None:
         self.app = app
         self.limit = limit
         self.timeout = timeout
+        self.spool_bytes = spool_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
@@ -120,37 +128,83 @@ class BodyLimit:
         if length is not None and length.isdigit() and int(length) > limit:
             await _too_large(send, int(length), limit)
             return
-        chunks: list[bytes] = []  # joined once: a large body is copied once while this process holds the GIL
-        size = 0
+        body = _Body(self.spool_bytes)
+        try:
+            await self._read(scope, receive, send, limit, body)
+        finally:
+            body.discard()  # the spool file, if a worker did not read it (an error, a disconnect, a refusal)
+
+    async def _read(self, scope: Scope, receive: Receive, send: Send, limit: int, body: _Body) -> None:
         more = True
         with anyio.move_on_after(self.timeout) as deadline:  # a client that sends too slowly is dropped
             while more:
                 message = await receive()
                 if message["type"] == "http.disconnect":
                     return
-                chunk = message.get("body", b"")
-                chunks.append(chunk)
-                size += len(chunk)
+                body.add(message.get("body", b""))
                 more = message.get("more_body", False)
-                if size > limit:
-                    await _too_large(send, size, limit)
+                if body.size > limit:
+                    await _too_large(send, body.size, limit)
                     return
         if deadline.cancelled_caught:
-            msg = f"the body did not arrive within {self.timeout:g} s (a setting); {size} bytes came"
+            msg = f"the body did not arrive within {self.timeout:g} s (a setting); {body.size} bytes came"
             await _refuse(send, 408, msg, "timeout")
             return
-        body = b"".join(chunks)
-        del chunks
-        replayed = False
+        await self.app(body.hand_over(scope), body.replay(receive), send)
 
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
 
-        await self.app(scope, replay, send)
+class _Body:
+    """A request's body as it arrives: chunks joined once at the end (a copy while this process holds the
+    GIL), or, from ``spool_bytes`` on, written to a spool file chunk by chunk."""
+
+    def __init__(self, spool_bytes: int | None) -> None:
+        self.spool_bytes = spool_bytes
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.spooled: Spooled | None = None
+
+    def add(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.spooled is not None:
+            self.spooled.append(chunk)
+            return
+        self.chunks.append(chunk)
+        if self.spool_bytes is not None and self.size >= max(self.spool_bytes, 1):
+            self.spooled = Spooled()  # the chunks so far go first; the rest follow as they come
+            for held in self.chunks:
+                self.spooled.append(held)
+            self.chunks.clear()
+
+    def hand_over(self, scope: Scope) -> Scope:
+        """The scope the app sees: a spooled body rides in it under ``SPOOLED_BODY``."""
+        if self.spooled is None:
+            return scope
+        self.spooled.finish()
+        return {**scope, SPOOLED_BODY: self.spooled}
+
+    def replay(self, receive: Receive) -> Receive:
+        """The app's ``receive``: the whole body in one message (a spooled one read back in a thread, unless
+        a route took the file), then the client's own messages (a disconnect)."""
+        body = b"".join(self.chunks)
+        self.chunks.clear()
+        spooled, replayed = self.spooled, False
+
+        async def replayed_receive() -> Message:
+            nonlocal body, replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            if spooled is not None and not spooled.taken:
+                body = await anyio.to_thread.run_sync(spooled.read)
+            message: Message = {"type": "http.request", "body": body, "more_body": False}
+            body = b""
+            return message
+
+        return replayed_receive
+
+    def discard(self) -> None:
+        if self.spooled is not None:
+            self.spooled.discard()
 
 
 async def _too_large(send: Send, size: int, limit: int) -> None:

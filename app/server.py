@@ -6,7 +6,8 @@ have not all arrived within ``GRPO_LENS_REQUEST_TIMEOUT`` seconds of the connect
 previous answer. (The body's deadline is ``BodyLimit``'s.) It comes on both of uvicorn's parsers:
 
 - ``HeaderTimeoutHttpTools``: httptools, a C parser: a large body is received with little of the
-  server's GIL, which the small requests beside it need (what `make run` and the image serve);
+  server's GIL, which the small requests beside it need (what `make run` and the image serve); it
+  goes into a spool file as it comes (``app.middleware.BodyLimit``), never joined in memory here;
 - ``HeaderTimeoutH11``: h11, pure Python, where httptools is not installed.
 
     uvicorn app.main:app --http app.server:HeaderTimeoutHttpTools     (what `make run` does)
