@@ -702,14 +702,13 @@ DPPO_METRICS: dict[str, Reduction] = {"actor/pg_clipfrac": "tokens", "actor/pg_c
 DPPO_FLAT = "outside the divergence trust region: the token's term is 0, so it gets no policy gradient"
 
 
-@OBJECTIVES.register(
-    "dppo_tv",
-    label="DPPO (binary TV)",
-    axis=WEIGHT_ON_A_LOGP,
-    flat=DPPO_FLAT,
-    metrics=DPPO_METRICS,
-    why=dppo_why("probability change"),
-)
+def register_dppo(name: str, label: str, divergence: str) -> Callable[[Objective], Objective]:
+    """A DPPO variant's registry entry: the two differ only in the divergence their trust region bounds."""
+    why = dppo_why(divergence)
+    return OBJECTIVES.register(name, label=label, axis=WEIGHT_ON_A_LOGP, flat=DPPO_FLAT, metrics=DPPO_METRICS, why=why)
+
+
+@register_dppo("dppo_tv", "DPPO (binary TV)", "probability change")
 def dppo_tv(
     ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None
 ) -> ObjectiveTerms:
@@ -727,14 +726,7 @@ def dppo_tv(
     return dppo_terms(ratio, logp, advantages, config, valid_pos, valid_neg)
 
 
-@OBJECTIVES.register(
-    "dppo_kl",
-    label="DPPO (binary KL)",
-    axis=WEIGHT_ON_A_LOGP,
-    flat=DPPO_FLAT,
-    metrics=DPPO_METRICS,
-    why=dppo_why("binary KL"),
-)
+@register_dppo("dppo_kl", "DPPO (binary KL)", "binary KL")
 def dppo_kl(
     ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None
 ) -> ObjectiveTerms:
