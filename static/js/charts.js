@@ -46,6 +46,11 @@ function wrap(text) {
   return lines.join("<br>");
 }
 
+/** A subplot's title above its panel, in paper coordinates (x at its left edge unless anchored otherwise). */
+function panelTitle(text, x, y, xanchor = "left") {
+  return { text, xref: "paper", yref: "paper", x, y, xanchor, yanchor: "bottom", showarrow: false, font: { size: 12 } };
+}
+
 // Per cell: the numbers as format.js prints them (Plotly's own "%{x:.4g}" would print 1 + 4e-4 as
 // "1"), the token, and its why: the server's code (tokens.why holds indices into data.why.names) and
 // sentence (data.why.texts, with the config's numbers). Under GSPO the ratio shown is the row's; the
@@ -430,17 +435,7 @@ export function mismatchRows(data) {
     const axis = k === 0 ? "" : String(k + 1);
     const top = 1 - k * (height + gap);
     layout[`yaxis${axis}`] = { domain: [top - height, top], anchor: "x", title: { text: chart.y_label } };
-    layout.annotations.push({
-      text: chart.title,
-      xref: "paper",
-      yref: "paper",
-      x: 0,
-      y: top,
-      xanchor: "left",
-      yanchor: "bottom",
-      showarrow: false,
-      font: { size: 12 },
-    });
+    layout.annotations.push(panelTitle(chart.title, 0, top));
     const values = m.rows[chart.field];
     for (const code of [...new Set(m.rows.code)].sort((a, b) => a - b)) {
       const idx = m.rows.code.map((c, i) => (c === code ? i : -1)).filter((i) => i >= 0);
@@ -594,17 +589,7 @@ export function clipCurves(data, options) {
         layer: "below",
       })),
     );
-    annotations.push({
-      text: panel.title,
-      xref: "paper",
-      yref: "paper",
-      x: panel.domain[0],
-      y: 1.0,
-      yanchor: "bottom",
-      xanchor: "left",
-      showarrow: false,
-      font: { size: 12 },
-    });
+    annotations.push(panelTitle(panel.title, panel.domain[0], 1.0));
   }
   const settings =
     `${cfg.objective} · ε_low ${fmt(cfg.epsilon_low)} · ε_high ${fmt(cfg.epsilon_high)}` +
@@ -682,17 +667,7 @@ export function compareWeights(results, names) {
       exponentformat: "e",
       title: k === 0 ? { text: LABELS.weight } : undefined,
     };
-    layout.annotations.push({
-      text: names[k],
-      xref: "paper",
-      yref: "paper",
-      x: x0 + width / 2,
-      y: 1.02,
-      xanchor: "center",
-      yanchor: "bottom",
-      showarrow: false,
-      font: { size: 12 },
-    });
+    layout.annotations.push(panelTitle(names[k], x0 + width / 2, 1.02, "center"));
     return { type: "bar", name: names[k], x, y: firstWeight(r), xaxis: `x${axis}`, yaxis: `y${axis}` };
   });
   return { data, layout };
@@ -727,17 +702,7 @@ export function compareGrads(results, names, text) {
       zeroline: true,
       title: { text: LABELS.gradAxisShort, font: { size: 10 } },
     };
-    layout.annotations.push({
-      text: names[k],
-      xref: "paper",
-      yref: "paper",
-      x: 0,
-      y: top,
-      xanchor: "left",
-      yanchor: "bottom",
-      showarrow: false,
-      font: { size: 12 },
-    });
+    layout.annotations.push(panelTitle(names[k], 0, top));
     return {
       type: "bar",
       name: names[k],
