@@ -18,7 +18,7 @@ All on the same ragged 256 x 4096 batch in this process; each pair is timed taki
   tests/test_parity_offpolicy_verl.py calls it) (target <= 1.0x).
 
     .venv/bin/python bench/core.py [--only article,families,offpolicy] [--rows 256] [--tokens 4096]
-                                   [--repeats 15] [--preset article] [--quick]
+                                   [--repeats 15] [--preset article] [--clock wall|cpu] [--quick]
 """
 
 from __future__ import annotations
@@ -63,12 +63,13 @@ def ragged_batch(B: int, T: int, seed: int = 0) -> Tensors:
     return {"logp": logp, "old": old, "ref": ref, "mask": mask, "adv": adv, "entropies": entropies, "sampler": sampler}
 
 
-def as_batch(t: Tensors, *extra: str) -> grpo.Batch:
-    """``ragged_batch``'s tensors as a grpo.Batch (with its checks); ``extra``: entropies, sampler."""
+def as_batch(t: Tensors, *extra: str, ref: bool = True) -> grpo.Batch:
+    """``ragged_batch``'s tensors as a grpo.Batch (with its checks); ``extra``: entropies, sampler; ``ref``: with the
+    reference log-probs (a trainer without a KL term computes none, and its capture records none)."""
     return grpo.Batch(
         per_token_logps=t["logp"],
         old_per_token_logps=t["old"],
-        ref_per_token_logps=t["ref"],
+        ref_per_token_logps=t["ref"] if ref else None,
         completion_mask=t["mask"],
         advantages=t["adv"],
         entropies=t["entropies"] if "entropies" in extra else None,
@@ -99,6 +100,12 @@ def article_loss(
     return loss.sum()
 
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+clock = time.perf_counter
+"""What the timings read: wall time, or (--clock cpu) the CPU time of this thread, which with torch on one thread
+is every operation's: on a machine shared with other work it moves far less with the load than the wall time."""
+
+
 def time_interleaved(fns: list[Callable[[], object]], repeats: int) -> list[list[float]]:
     """Times each function ``repeats`` times, taking turns, so machine noise hits all alike."""
     for fn in fns:
@@ -106,9 +113,9 @@ def time_interleaved(fns: list[Callable[[], object]], repeats: int) -> list[list
     out: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
         for times, fn in zip(out, fns, strict=True):
-            start = time.perf_counter()
+            start = clock()
             fn()
-            times.append(time.perf_counter() - start)
+            times.append(clock() - start)
     return out
 
 
@@ -202,7 +209,8 @@ class TrlTrainers:
 
         mapping = map_trl(trainer.args)
         assert not mapping.unsupported, mapping.unsupported
-        return Family(f"trl {name}", mapping.config, as_batch(t, *extra), loss)
+        config = mapping.config
+        return Family(f"trl {name}", config, as_batch(t, *extra, ref=config.beta != 0), loss)
 
 
 def verl_actor_config(loss_mode: str, policy: dict[str, Any] | None = None, **fields: Any) -> Any:
@@ -261,7 +269,7 @@ def verl_family(name: str, t: Tensors, config: Any, extra: tuple[str, ...] = ())
         return out.detach()
 
     lens_config = mapping.config.replace(clip_cov_seed=0)
-    return Family(f"verl {name}", lens_config, as_batch(t, *extra), loss)
+    return Family(f"verl {name}", lens_config, as_batch(t, *extra, ref=lens_config.beta != 0), loss)
 
 
 # (name, GRPOConfig settings, the batch's extra fields): every TRL 1.16 loss_type, the sequence level (GSPO), the
@@ -376,7 +384,7 @@ def bench_offpolicy(t: Tensors, repeats: int) -> bool:
         out.backward()
         return out.detach()
 
-    batch = as_batch(t, "sampler")
+    batch = as_batch(t, "sampler", ref=False)  # neither loss has a KL term
     verl_config = map_verl(actor, {"rollout_correction": rollout_correction})
     trl_config = map_trl(
         {"loss_type": "dapo", "use_vllm": True, "vllm_importance_sampling_mode": "sequence_mask"}
@@ -420,12 +428,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="article,families,offpolicy", help="comma-separated: which benchmarks")
     parser.add_argument("--family", default=None, help="families: only those whose name contains this")
     parser.add_argument("--quick", action="store_true", help="a smoke test: 8 x 64 tokens, 2 repeats")
+    parser.add_argument(
+        "--clock", choices=list(CLOCKS), default="wall", help="cpu: this thread's CPU time, torch on one thread"
+    )
     args = parser.parse_args(argv)
+    global clock
+    clock = CLOCKS[args.clock]
+    if args.clock == "cpu":
+        torch.set_num_threads(1)  # every operation runs in this thread: its CPU time is the whole cost
     rows, tokens, repeats = (8, 64, 2) if args.quick else (args.rows, args.tokens, args.repeats)
     t = ragged_batch(rows, tokens)
     print(
         f"batch: {rows} x {tokens} ragged ({int(t['mask'].sum())} counted tokens), torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads"
+        f"{torch.get_num_threads()} threads, {args.clock} time"
     )
     chosen = args.only.split(",")
     ok = True

@@ -20,6 +20,7 @@ from grpo.batch import Batch
 from grpo.config import REGISTRIES, LossConfig
 from grpo.corrections import (
     CORRECTION_CODES,
+    KEPT,
     NOT_COUNTED,
     REJECTED,
     Applied,
@@ -228,6 +229,16 @@ def kl_penalty(
     return kl
 
 
+def reference_free_kl(like: Tensor, config: LossConfig) -> Tensor:
+    """The KL a breakdown reports for a batch without reference log-probs while it stays out of the loss (beta 0, no
+    bias correction). The reference is then the current policy itself, so x = ref - logp is +0 at every token (a - a
+    is +0 for every finite a) and every estimate, clamps and straight-through included, is one constant:
+    ``kl_penalty`` of a 0-d zero, filled in. The values kl_penalty gives token by token (a -0.0 included), in one pass
+    instead of the estimator's and its clamps' dozen; the clamps touch nothing, as there. (B, T) -> (B, T)"""
+    zero = like.detach().new_zeros(())
+    return torch.full_like(like.detach(), float(kl_penalty(zero, zero, zero, zero, config)))
+
+
 @dataclass(frozen=True)
 class _Advantages:
     values: Tensor
@@ -278,6 +289,8 @@ class _Inputs:
     """(B, T) the current log-probs, on the compute device and dtype (with the caller's graph)."""
     old: Tensor
     ref: Tensor
+    ref_given: bool
+    """Whether the batch held reference log-probs (without them ``ref`` is the current log-probs, detached)."""
     entropies: Tensor | None
     """(B, T) as the batch holds them (their dtype: TRL compares them as they are), or None."""
     sampler: Tensor | None
@@ -323,6 +336,7 @@ def _inputs(batch: Batch, config: LossConfig) -> _Inputs:
         logp=logp,
         old=old,
         ref=logp.detach() if ref is None else ref,
+        ref_given=ref is not None,
         entropies=None if batch.entropies is None else batch.entropies.to(device),
         sampler=sampler,
         base=base,
@@ -392,7 +406,11 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
     uncorrected = None if correction is None else objective.surrogate.detach()
     if correction is not None:
         objective = replace(objective, surrogate=objective.surrogate * correction.factor)
-    kl = kl_penalty(logp_kl, inp.ref, inp.old, inp.mask, config, touched) if want_kl or config.beta else None
+    kl = None
+    if not inp.ref_given and not config.beta and not config.kl_bias_correction and want_kl:
+        kl = reference_free_kl(logp_kl, config)  # reported only, and the same constant at every token
+    elif want_kl or config.beta:
+        kl = kl_penalty(logp_kl, inp.ref, inp.old, inp.mask, config, touched)
     weight = AGGREGATIONS.get(config.aggregation)(inp.mask, config, inp.width)
     policy_weight = weight if objective.weight is None else objective.weight  # geo_mean aggregates itself
     if config.gradient_accumulation_steps != 1:  # the trainer's scaling of one micro-batch's loss
@@ -542,7 +560,9 @@ def _correction_tokens(applied: Applied | None, inp: _Inputs) -> dict[str, Tenso
     mask = inp.mask
     if applied is None:
         log_ratio = torch.zeros_like(mask) if inp.sampler is None else sampler_log_ratio(inp.base, inp.sampler, mask)
-        code = torch.where(inp.counted, CORRECTION_CODES.index("kept"), NOT_COUNTED).to(torch.int8)
+        # KEPT where counted, NOT_COUNTED (0) elsewhere: the bool mask's int8 copy times KEPT, a pass over bytes
+        # (torch.where into int64 and back costs ten of them)
+        code = inp.counted.to(torch.int8) * KEPT
         is_weight = mask
     else:
         log_ratio, code = applied.log_ratio * mask, applied.code
