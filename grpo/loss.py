@@ -229,14 +229,17 @@ def kl_penalty(
     return kl
 
 
-def reference_free_kl(like: Tensor, config: LossConfig) -> Tensor:
-    """The KL a breakdown reports for a batch without reference log-probs while it stays out of the loss (beta 0, no
-    bias correction). The reference is then the current policy itself, so x = ref - logp is +0 at every token (a - a
-    is +0 for every finite a) and every estimate, clamps and straight-through included, is one constant:
-    ``kl_penalty`` of a 0-d zero, filled in. The values kl_penalty gives token by token (a -0.0 included), in one pass
+def reference_free_kl(like: Tensor, config: LossConfig, ratio: Tensor) -> Tensor:
+    """The KL a breakdown reports for a batch without reference log-probs while it stays out of the loss (beta 0).
+    The reference is then the current policy itself, so x = ref - logp is +0 at every token (a - a is +0 for every
+    finite a) and every estimate, clamps and straight-through included, is one constant: ``kl_penalty`` of a 0-d
+    zero, filled in, times ``ratio`` (the policy's importance ratio, the values kl_penalty recomputes) under the bias
+    correction. The values kl_penalty gives token by token (a -0.0 and 0 · inf = NaN included), in one or two passes
     instead of the estimator's and its clamps' dozen; the clamps touch nothing, as there. (B, T) -> (B, T)"""
     zero = like.detach().new_zeros(())
-    return torch.full_like(like.detach(), float(kl_penalty(zero, zero, zero, zero, config)))
+    constant = float(kl_penalty(zero, zero, zero, zero, replace(config, kl_bias_correction=False)))
+    kl = torch.full_like(like.detach(), constant)
+    return kl * ratio.detach() if config.kl_bias_correction else kl
 
 
 @dataclass(frozen=True)
@@ -407,8 +410,8 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
     if correction is not None:
         objective = replace(objective, surrogate=objective.surrogate * correction.factor)
     kl = None
-    if not inp.ref_given and not config.beta and not config.kl_bias_correction and want_kl:
-        kl = reference_free_kl(logp_kl, config)  # reported only, and the same constant at every token
+    if not inp.ref_given and not config.beta and want_kl:
+        kl = reference_free_kl(logp_kl, config, ratio)  # reported only: one constant (times the ratio) per token
     elif want_kl or config.beta:
         kl = kl_penalty(logp_kl, inp.ref, inp.old, inp.mask, config, touched)
     weight = AGGREGATIONS.get(config.aggregation)(inp.mask, config, inp.width)
@@ -547,7 +550,7 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         device=str(inp.device),
         dtype=config.dtype,
         zero_std_groups=adv.zero_std_groups,
-        loss_without_correction=_uncorrected_loss(batch, config, t, inp),
+        loss_without_correction=_uncorrected_loss(batch, config, t, inp, loss.detach().clone()),
         sampled=inp.sampler is not None,
         entropy_loss=entropy_loss,
         aux_loss=router_part(config, loss).detach() if config.aux_loss_coef else None,
@@ -572,10 +575,12 @@ def _correction_tokens(applied: Applied | None, inp: _Inputs) -> dict[str, Tenso
     return {"sampler_log_ratio": log_ratio, "is_weight": is_weight, "correction": code}
 
 
-def _uncorrected_loss(batch: Batch, config: LossConfig, t: _Terms, inp: _Inputs) -> Tensor:
+def _uncorrected_loss(batch: Batch, config: LossConfig, t: _Terms, inp: _Inputs, loss: Tensor) -> Tensor:
     """The loss of the same batch with the rollout correction, the sequence mask and the rejection off: from
     this pass's terms when no rejection changed the counted tokens, else from a second pass without it. The
-    entropy bonus and the router loss, constants of the inputs, are in both."""
+    entropy bonus and the router loss, constants of the inputs, are in both. ``loss``: this pass's (detached)."""
+    if inp.rejected is None and t.uncorrected is None and t.entropy_tokens is None and not config.aux_loss_coef:
+        return loss  # no correction acted: the sum below is this pass's loss, term for term (+0.0 added)
     bonus = router_part(config, t.weight) + (0.0 if t.entropy_tokens is None else t.entropy_tokens.sum().detach())
     if inp.rejected is None:
         if t.uncorrected is None:
