@@ -12,7 +12,8 @@ Prints, from that run:
 - capturing every 10th step (``every=10``): one captured step in ten, so the run's overhead is a tenth of the
   per-step overhead above (the nine others pay one ``wants`` check): derived from the same medians, and from the
   in-loop share (target <= 0.5%).
-Run: .venv/bin/python bench/capture.py [--steps 13] [--rows 16] [--tokens 1024] [--quick]
+Run: .venv/bin/python bench/capture.py [--steps 13] [--rows 16] [--tokens 1024] [--quick] [--control]
+(--control: the same run capturing nothing, to see what the even/odd split gives without the capture.)
 """
 
 from __future__ import annotations
@@ -113,7 +114,9 @@ def step_clock() -> Any:
     return Clock()
 
 
-def run(root: Path, shape: tuple[int, int, int], rows: int, tokens: int, steps: int) -> dict[str, Any]:
+def run(
+    root: Path, shape: tuple[int, int, int], rows: int, tokens: int, steps: int, control: bool = False
+) -> dict[str, Any]:
     from trainers import grpo_trainer
 
     model_dir = root / "model"
@@ -167,7 +170,8 @@ def run(root: Path, shape: tuple[int, int, int], rows: int, tokens: int, steps: 
     trl_hooks._TrlHooks._write = recorded  # type: ignore[method-assign]
     grpo.runs.write_atomic, safetensors.torch.save = timed(write_atomic), timed(save)
     try:
-        with grpo.capture.trl(trainer, root / "run", steps=captured) as writer:
+        # --control: the hooks installed, no step captured (the even/odd split of the same setup, capture aside)
+        with grpo.capture.trl(trainer, root / "run", steps=set() if control else captured) as writer:
             trainer.train()
             drain = time.perf_counter()
         drain = time.perf_counter() - drain  # the writer thread finishing its last files (close)
@@ -240,11 +244,16 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--quick", action="store_true", help="a smoke test: a tiny model, 4 x 32 tokens, 5 steps")
+    parser.add_argument(
+        "--control", action="store_true", help="capture no step: 'captured' then means the even steps, uncaptured"
+    )
     args = parser.parse_args(argv)
     shape = QUICK_MODEL if args.quick else FULL_MODEL
     rows, tokens, steps = (4, 32, 5) if args.quick else (args.rows, args.tokens, args.steps)
     with tempfile.TemporaryDirectory() as tmp:
-        result = run(Path(tmp), shape, rows, tokens, steps)
+        result = run(Path(tmp), shape, rows, tokens, steps, args.control)
+    if args.control:
+        print("CONTROL: no step captured; 'captured' below means the even steps, which ran uncaptured")
     return report(result, rows, tokens, steps)
 
 
