@@ -210,10 +210,16 @@ def importance_ratio(
 
 
 def kl_penalty(
-    logp: Tensor, ref: Tensor, old: Tensor, mask: Tensor, config: LossConfig, touched: Touched | None = None
+    logp: Tensor,
+    ref: Tensor,
+    old: Tensor,
+    mask: Tensor,
+    config: LossConfig,
+    touched: Touched | None = None,
+    bias_correct: bool = True,
 ) -> Tensor:
     """Per-token KL estimate (B, T): clamp x = ref - logp, estimate, clamp, k2's gradient if asked
-    (straight through), bias-correct."""
+    (straight through), bias-correct (when the config asks and ``bias_correct``)."""
     touched = {} if touched is None else touched
     x = ref - logp
     if config.kl_log_ratio_clamp is not None:
@@ -224,7 +230,7 @@ def kl_penalty(
     if config.kl_gradient == "k2":  # verl's "+": the value above, the gradient of ½(logp - ref)², unclamped
         k2 = 0.5 * (logp - ref).square()
         kl = k2 - k2.detach() + kl.detach()
-    if config.kl_bias_correction:  # TRL / DeepSeek-V3.2: KL · differentiable ratio (before delta)
+    if config.kl_bias_correction and bias_correct:  # TRL / DeepSeek-V3.2: KL · differentiable ratio (before delta)
         kl = kl * importance_ratio(logp, old, mask, config)[0]
     return kl
 
@@ -237,7 +243,7 @@ def reference_free_kl(like: Tensor, config: LossConfig, ratio: Tensor) -> Tensor
     correction. The values kl_penalty gives token by token (a -0.0 and 0 · inf = NaN included), in one or two passes
     instead of the estimator's and its clamps' dozen; the clamps touch nothing, as there. (B, T) -> (B, T)"""
     zero = like.detach().new_zeros(())
-    constant = float(kl_penalty(zero, zero, zero, zero, replace(config, kl_bias_correction=False)))
+    constant = float(kl_penalty(zero, zero, zero, zero, config, bias_correct=False))
     kl = torch.full_like(like.detach(), constant)
     return kl * ratio.detach() if config.kl_bias_correction else kl
 
