@@ -97,7 +97,7 @@ def step_clock() -> Any:
     machine the CPU time moves far less with the load than the wall time does."""
     from transformers import TrainerCallback
 
-    class Clock(TrainerCallback):  # type: ignore[misc]
+    class Clock(TrainerCallback):
         def __init__(self) -> None:
             self.start = (0.0, 0.0)
             self.times: dict[int, float] = {}

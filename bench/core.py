@@ -376,7 +376,11 @@ def bench_offpolicy(t: Tensors, repeats: int) -> bool:
 
     def verl_corrected() -> torch.Tensor:
         proto, kept, _ = rollout_corr_helper.compute_rollout_correction_and_rejection_mask(
-            old_log_prob=t["old"], rollout_log_prob=t["sampler"], response_mask=t["mask"], **rollout_correction
+            old_log_prob=t["old"],
+            rollout_log_prob=t["sampler"],
+            response_mask=t["mask"],
+            rollout_is=rollout_correction["rollout_is"],
+            rollout_is_threshold=rollout_correction["rollout_is_threshold"],
         )
         weights = None if proto is None else proto.batch["rollout_is_weights"]
         leaf = t["logp"].clone().requires_grad_(True)
