@@ -20,6 +20,7 @@ from grpo.batch import Batch
 from grpo.config import REGISTRIES, LossConfig
 from grpo.corrections import (
     CORRECTION_CODES,
+    KEPT,
     NOT_COUNTED,
     REJECTED,
     Applied,
@@ -252,10 +253,16 @@ def importance_ratio(
 
 
 def kl_penalty(
-    logp: Tensor, ref: Tensor, old: Tensor, mask: Tensor, config: LossConfig, touched: Touched | None = None
+    logp: Tensor,
+    ref: Tensor,
+    old: Tensor,
+    mask: Tensor,
+    config: LossConfig,
+    touched: Touched | None = None,
+    bias_correct: bool = True,
 ) -> Tensor:
     """Per-token KL estimate (B, T): clamp x = ref - logp, estimate, clamp, k2's gradient if asked
-    (straight through), bias-correct."""
+    (straight through), bias-correct (when the config asks and ``bias_correct``)."""
     touched = {} if touched is None else touched
     x = ref - logp
     if config.kl_log_ratio_clamp is not None:
@@ -266,9 +273,22 @@ def kl_penalty(
     if config.kl_gradient == "k2":  # verl's "+": the value above, the gradient of ½(logp - ref)², unclamped
         k2 = 0.5 * (logp - ref).square()
         kl = k2 - k2.detach() + kl.detach()
-    if config.kl_bias_correction:  # TRL / DeepSeek-V3.2: KL · differentiable ratio (before delta)
+    if config.kl_bias_correction and bias_correct:  # TRL / DeepSeek-V3.2: KL · differentiable ratio (before delta)
         kl = kl * importance_ratio(logp, old, mask, config)[0]
     return kl
+
+
+def reference_free_kl(like: Tensor, config: LossConfig, ratio: Tensor) -> Tensor:
+    """The KL a breakdown reports for a batch without reference log-probs while it stays out of the loss (beta 0).
+    The reference is then the current policy itself, so x = ref - logp is +0 at every token (a - a is +0 for every
+    finite a) and every estimate, clamps and straight-through included, is one constant: ``kl_penalty`` of a 0-d
+    zero, filled in, times ``ratio`` (the policy's importance ratio, the values kl_penalty recomputes) under the bias
+    correction. The values kl_penalty gives token by token (a -0.0 and 0 · inf = NaN included), in one or two passes
+    instead of the estimator's and its clamps' dozen; the clamps touch nothing, as there. (B, T) -> (B, T)"""
+    zero = like.detach().new_zeros(())
+    constant = float(kl_penalty(zero, zero, zero, zero, config, bias_correct=False))
+    kl = torch.full_like(like.detach(), constant)
+    return kl * ratio.detach() if config.kl_bias_correction else kl
 
 
 @dataclass(frozen=True)
@@ -391,6 +411,8 @@ class _Inputs:
     """(B, T) the current log-probs, on the compute device and dtype (with the caller's graph)."""
     old: Tensor
     ref: Tensor
+    ref_given: bool
+    """Whether the batch held reference log-probs (without them ``ref`` is the current log-probs, detached)."""
     entropies: Tensor | None
     """(B, T) as the batch holds them (their dtype: TRL compares them as they are), or None."""
     sampler: Tensor | None
@@ -436,6 +458,7 @@ def _inputs(batch: Batch, config: LossConfig) -> _Inputs:
         logp=logp,
         old=old,
         ref=logp.detach() if ref is None else ref,
+        ref_given=ref is not None,
         entropies=None if batch.entropies is None else batch.entropies.to(device),
         sampler=sampler,
         base=base,
@@ -510,7 +533,11 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
     uncorrected = None if correction is None else objective.surrogate.detach()
     if correction is not None:
         objective = replace(objective, surrogate=objective.surrogate * correction.factor)
-    kl = kl_penalty(logp_kl, inp.ref, inp.old, inp.mask, config, touched) if want_kl or config.beta else None
+    kl = None
+    if not inp.ref_given and not config.beta and want_kl:
+        kl = reference_free_kl(logp_kl, config, ratio)  # reported only: one constant (times the ratio) per token
+    elif want_kl or config.beta:
+        kl = kl_penalty(logp_kl, inp.ref, inp.old, inp.mask, config, touched)
     weight = AGGREGATIONS.get(config.aggregation)(inp.mask, config, inp.width)
     policy_weight = weight if objective.weight is None else objective.weight  # geo_mean aggregates itself
     if config.gradient_accumulation_steps != 1:  # the trainer's scaling of one micro-batch's loss
@@ -652,7 +679,7 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         device=str(inp.device),
         dtype=config.dtype,
         zero_std_groups=adv.zero_std_groups,
-        loss_without_correction=_uncorrected_loss(batch, config, t, inp),
+        loss_without_correction=_uncorrected_loss(batch, config, t, inp, loss.detach().clone()),
         sampled=inp.sampler is not None,
         entropy_loss=entropy_loss,
         aux_loss=router_part(config, loss).detach() if config.aux_loss_coef else None,
@@ -676,7 +703,9 @@ def _correction_tokens(applied: Applied | None, inp: _Inputs) -> dict[str, Tenso
     mask = inp.mask
     if applied is None:
         log_ratio = torch.zeros_like(mask) if inp.sampler is None else sampler_log_ratio(inp.base, inp.sampler, mask)
-        code = torch.where(inp.counted, CORRECTION_CODES.index("kept"), NOT_COUNTED).to(torch.int8)
+        # KEPT where counted, NOT_COUNTED (0) elsewhere: the bool mask's int8 copy times KEPT, a pass over bytes
+        # (torch.where into int64 and back costs ten of them)
+        code = inp.counted.to(torch.int8) * KEPT
         is_weight = mask
     else:
         log_ratio, code = applied.log_ratio * mask, applied.code
@@ -686,10 +715,12 @@ def _correction_tokens(applied: Applied | None, inp: _Inputs) -> dict[str, Tenso
     return {"sampler_log_ratio": log_ratio, "is_weight": is_weight, "correction": code}
 
 
-def _uncorrected_loss(batch: Batch, config: LossConfig, t: _Terms, inp: _Inputs) -> Tensor:
+def _uncorrected_loss(batch: Batch, config: LossConfig, t: _Terms, inp: _Inputs, loss: Tensor) -> Tensor:
     """The loss of the same batch with the rollout correction, the sequence mask and the rejection off: from
     this pass's terms when no rejection changed the counted tokens, else from a second pass without it. The
-    entropy bonus and the router loss, constants of the inputs, are in both."""
+    entropy bonus and the router loss, constants of the inputs, are in both. ``loss``: this pass's (detached)."""
+    if inp.rejected is None and t.uncorrected is None and t.entropy_tokens is None and not config.aux_loss_coef:
+        return loss  # no correction acted: the sum below is this pass's loss, term for term (+0.0 added)
     bonus = router_part(config, t.weight) + (0.0 if t.entropy_tokens is None else t.entropy_tokens.sum().detach())
     if inp.rejected is None:
         if t.uncorrected is None:
