@@ -79,6 +79,7 @@ from grpo.examples import ARTICLE_EXAMPLE  # noqa: E402
 JSON = {"content-type": "application/json"}
 GB = 1024**3
 MB = 1024**2
+STREAM_RUN_STEPS = 20_000  # the lab run the event streams watch (figures 8 and c)
 STATE: dict[str, Any] = {"pid": None, "auth": {}}
 
 
@@ -104,7 +105,9 @@ def server(
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port), "--http", http],
         cwd=root,
-        env=os.environ.copy(),
+        # the event streams' lab run trains through the longest phase (figure c's first read of a 40,000-member
+        # run takes minutes): a run past the lab's default step and time limits, on this bench's own server only
+        env=os.environ.copy() | {"GRPO_LENS_LAB_MAX_STEPS": str(STREAM_RUN_STEPS), "GRPO_LENS_LAB_MAX_SECONDS": "3600"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         preexec_fn=cap if cap_gb else None,
@@ -781,9 +784,10 @@ def streams_open(base: str, total: int = 1000, sessions: int = 50) -> Iterator[d
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # a descriptor per stream here...
     if STATE["pid"] is not None:
         resource.prlimit(STATE["pid"], resource.RLIMIT_NOFILE, (hard, hard))  # ... and in the server
-    name = f"bench-streams-{os.getpid()}"
+    name = f"bench-streams-{os.getpid()}-{time.monotonic_ns()}"  # one per phase: names are never reused
     headers = STATE["auth"]
-    started = httpx.post(f"{base}/api/v1/lab/runs", json={"name": name, "steps": 1000}, headers=headers)
+    steps = STREAM_RUN_STEPS if STATE["pid"] is not None else 1000  # a server of its own allows more (see server)
+    started = httpx.post(f"{base}/api/v1/lab/runs", json={"name": name, "steps": steps}, headers=headers)
     started.raise_for_status()
     status = f"{base}/api/v1/lab/runs/{name}/status"
     for _ in range(1200):  # its worker starts (seconds: spawn, imports) and trains while the streams are open
@@ -801,7 +805,8 @@ def streams_open(base: str, total: int = 1000, sessions: int = 50) -> Iterator[d
         opening = asyncio.run_coroutine_threadsafe(open_streams(host, int(port), path, total, sessions, held), loop)
         counts.update(opening.result(timeout=300))
         yield counts
-        counts["steps"] = httpx.get(status, headers=headers).json().get("steps_done")
+        state = httpx.get(status, headers=headers).json()
+        counts |= {"steps": state.get("steps_done"), "status": state.get("status")}
     finally:
         for writer, reading in held:
             loop.call_soon_threadsafe(writer.close)
@@ -816,11 +821,13 @@ def streams_open(base: str, total: int = 1000, sessions: int = 50) -> Iterator[d
         loop.call_soon_threadsafe(loop.stop)
 
 
-def print_streams(counts: dict[str, Any], total: int = 1000, sessions: int = 50) -> None:
-    print(f"   {total} event streams opened on one training lab run from {sessions} clients, half never reading:")
-    print(f"   accepted {counts['accepted']}   refused (429) {counts['refused']}   failed {counts['failed']}")
+def print_streams(counts: dict[str, Any], total: int = 1000, sessions: int = 50, indent: str = "   ") -> None:
+    print(f"{indent}{total} event streams opened on one training lab run from {sessions} clients, half never reading:")
+    print(f"{indent}accepted {counts['accepted']}   refused (429) {counts['refused']}   failed {counts['failed']}")
+    # a run still training at the end held its streams open through the whole measurement
+    still = "still training" if counts.get("status") == "running" else f"{counts.get('status')}: its streams had ended"
     print(
-        f"   the run had trained {counts.get('steps')} steps at the end; descriptors: soft limit "
+        f"{indent}the run had trained {counts.get('steps')} steps at the end ({still}); descriptors: soft limit "
         f"{counts['soft']} raised to {counts['hard']}"
     )
 
@@ -937,9 +944,11 @@ def run_pages(base: str, members: int, seconds: float, streams: bool = False) ->
             return
     time.sleep(2.5)  # a summary is kept once the run's files are 2 s old
     spawn = multiprocessing.get_context("spawn")
-    rows = [("alone", *asyncio.run(beside(base, seconds)), [])]
-    with streams_open(base) if streams else nullcontext({}) as counts:
-        for label, repeat in (("first read (summary computed)", 0.0), ("warm (summary kept)", seconds)):
+    rows = [("alone", *asyncio.run(beside(base, seconds)), [], {})]
+    for label, repeat in (("first read (summary computed)", 0.0), ("warm (summary kept)", seconds)):
+        # each phase opens its streams on a lab run of its own: a stream ends with its run's last event, and a
+        # first read longer than the lab run's training would leave the warm phase without streams
+        with streams_open(base) if streams else nullcontext({}) as counts:
             queue = spawn.Queue()
             path = f"/api/v1/runs/{name}"
             pages = spawn.Process(target=fetch_pages, args=(base, STATE["auth"], path, 4, repeat, queue))
@@ -949,15 +958,13 @@ def run_pages(base: str, members: int, seconds: float, streams: bool = False) ->
             while (item := queue.get()) is not None:
                 got.append(item)
             pages.join()
-            rows.append((label, health, loss, errors, got))
+        rows.append((label, health, loss, errors, got, counts))
     with httpx.Client(base_url=base, timeout=600, headers=STATE["auth"]) as client:
         client.delete(f"/api/v1/runs/{name}")
     size = f"zip {len(blob) / MB:.1f} MB, made in {made:.0f} s"
     figure = "c. run pages and event streams together" if streams else "9. run pages"
     print(f"{figure}: a {members}-member run ({size}), 4 concurrent GETs of its page")
-    if streams:
-        print_streams(counts)
-    for label, health, loss, errors, got in rows:
+    for label, health, loss, errors, got, counts in rows:
         print(
             f"   {label:30} /healthz p99 {ms(pct(health, 99))} (target <= 100 ms)   small /loss p99 "
             f"{ms(pct(loss, 99))} (target <= 300 ms), errors {len(errors)}"
@@ -966,6 +973,8 @@ def run_pages(base: str, members: int, seconds: float, streams: bool = False) ->
             statuses = sorted({s for s, _ in got})
             times = [t for _, t in got]
             print(f"     the pages: {len(got)} answered {statuses}, p50 {ms(pct(times, 50))}, max {ms(max(times))}")
+        if counts:
+            print_streams(counts, indent="     ")
 
 
 def main() -> None:
