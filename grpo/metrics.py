@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from grpo.corrections import VERL_MISMATCH_METRICS
+from grpo.corrections import SAMPLING_METRICS, VERL_MISMATCH_METRICS
 from grpo.objectives import OBJECTIVES
 
 
@@ -54,11 +54,7 @@ METRICS: dict[str, Metric] = {
         Metric("aux_loss"),  # a MoE router's loss, captured (TRL logs its gathered mean per loss call)
         Metric("lens/grad_norm_logps", series=True),
         # TRL's rollout-correction metrics, over its generation batch (present when a correction is chosen)
-        Metric("sampling/sampling_logp_difference/mean"),
-        Metric("sampling/sampling_logp_difference/max"),
-        Metric("sampling/importance_sampling_ratio/min"),
-        Metric("sampling/importance_sampling_ratio/mean"),
-        Metric("sampling/importance_sampling_ratio/max"),
+        *(Metric(name) for name in SAMPLING_METRICS),
         # verl's mismatch diagnostics (rollout_corr/*), present when the batch has the sampler's log-probs
         *(Metric(f"rollout_corr/{name}") for name in VERL_MISMATCH_METRICS),
     )

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_capture_verl import actor_config, call_ppo_loss
+from test_capture_verl import actor_config, call_ppo_loss, micro_batch
 
 import grpo.capture
 from grpo.capture.verl_driver import DRIVER_DIR
@@ -49,26 +49,13 @@ CASES: dict[str, dict[str, Any]] = {
 
 
 def whole_batch(seed: int, B: int = 8, P: int = 3, T: int = 7) -> dict[str, torch.Tensor]:
-    """Ragged rows, a sampler that disagrees with the trainer (a few tokens far off), current log-probs moved."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(2, T + 1, (B,), generator=g)
-    mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
-    old = -torch.rand(B, T, generator=g) * 2 - 0.05
-    sampler = (old + 0.15 * torch.randn(B, T, generator=g)).clamp(max=-1e-3)
+    """test_capture_verl's ragged micro-batch at the driver's size, with a sampler that disagrees with the trainer
+    (0.15 nats of noise, one token far off)."""
+    batch = micro_batch(seed, B, P, T)
+    g = torch.Generator().manual_seed(1000 + seed)
+    sampler = (batch["old"] + 0.15 * torch.randn(B, T, generator=g)).clamp(max=-1e-3)
     sampler[1, 0] -= 1.5  # one token the sampler scored far lower
-    logp = (old + 0.3 * torch.randn(B, T, generator=g)).clamp(max=-1e-3)
-    rewards = torch.randint(0, 2, (B,), generator=g).float()
-    advantages = (rewards - rewards.mean()) / (rewards.std() + 1e-6)
-    return {
-        "lengths": lengths,
-        "mask": mask,
-        "old": old,
-        "sampler": sampler,
-        "logp": logp,
-        "ref": old - 0.3 * torch.rand(B, T, generator=g),
-        "advantages": advantages[:, None] * mask,
-        "prompt_length": torch.tensor(P),
-    }
+    return batch | {"sampler": sampler}
 
 
 def driver(whole: dict[str, torch.Tensor], case: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:

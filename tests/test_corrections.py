@@ -15,19 +15,19 @@ import torch
 from api_fixtures import client
 
 import grpo
-from grpo.corrections import CORRECTION_CODES, CORRECTION_WHY, CORRECTIONS, off_policy_keep, sampler_log_ratio
+from grpo.corrections import (
+    CORRECTION_CODES,
+    CORRECTION_WHY,
+    CORRECTIONS,
+    SAMPLING_METRICS,
+    off_policy_keep,
+    sampler_log_ratio,
+)
 from grpo.glossary import metric_meanings
 from grpo.metrics import METRICS
 from grpo.trainer_config import map_trl
 
 NAN = float("nan")
-SAMPLING_METRICS = (
-    "sampling/sampling_logp_difference/mean",
-    "sampling/sampling_logp_difference/max",
-    "sampling/importance_sampling_ratio/min",
-    "sampling/importance_sampling_ratio/mean",
-    "sampling/importance_sampling_ratio/max",
-)
 
 
 def batch(**more: Any) -> grpo.Batch:

@@ -1,8 +1,8 @@
 """What the importers share: a run written whole or not at all, per-row advantages, the sampler mismatch.
 
-An import writes into a hidden directory beside the target (``.NAME.import-XXXX``: the run lists skip dot
-names) and renames it into place at the end, so a refused dump leaves nothing behind and a reader never sees
-half a run.
+An import writes into a hidden directory beside the target (``.NAME.import-PID-XXXX``: the run lists skip
+dot names; ``remove_stale`` clears those of killed imports) and renames it into place at the end, so a
+refused dump leaves nothing behind and a reader never sees half a run.
 """
 
 from __future__ import annotations
