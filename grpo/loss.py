@@ -837,7 +837,11 @@ def _clamp_counts(touched: Touched, tokens: TokenBreakdown, mask: Tensor, config
     counts |= {name: count(indicator) for name, indicator in touched.items()}
     counts["delta"] = count(above(tokens.ratio, config.delta)) if config.delta is not None else 0
     dual = REGIONS.index("dual_clip")
-    counts["dual_clip"] = int((tokens.region == dual).sum()) if config.dual_clip is not None else 0
+    # the dual_clip region code is the dual clip's only where the objective applies it: Clip-Cov's cut tokens
+    # share the code (its why names them cov_clipped) and Clip-Cov ignores dual_clip, as verl's clip_cov does
+    rule = OBJECTIVES.entry(config.objective).why
+    applied = rule is None or rule.names[dual : dual + 1] == ("dual_clip",)
+    counts["dual_clip"] = int((tokens.region == dual).sum()) if config.dual_clip is not None and applied else 0
     return counts
 
 

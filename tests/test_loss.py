@@ -583,3 +583,23 @@ def test_clamp_symmetric_matches_torch_clamp_in_value_and_gradient() -> None:
     torch.testing.assert_close(ours, theirs.detach(), rtol=0, atol=0)
     torch.testing.assert_close(g_ours, g_theirs, rtol=0, atol=0)
     assert outside.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+
+
+def test_clip_cov_cut_tokens_are_not_counted_as_dual_clip() -> None:
+    # Clip-Cov's cut tokens carry the fifth region code (the one the clip objective gives the dual clip), and
+    # Clip-Cov ignores dual_clip as verl's clip_cov does: with dual_clip set, the count of tokens the dual clip
+    # bounded must stay 0 while the cut tokens are there (clip_cov_lb/ub wide: every unclipped token is a
+    # candidate; clip_cov_ratio 0.5 cuts half the counted tokens, at least one).
+    g = torch.Generator().manual_seed(3)
+    logp = -torch.rand(4, 8, generator=g, dtype=torch.float64)
+    batch = grpo.Batch(
+        per_token_logps=logp,
+        old_per_token_logps=logp + 0.01 * torch.randn(4, 8, generator=g, dtype=torch.float64),
+        completion_mask=torch.ones(4, 8),
+        advantages=torch.tensor([1.0, -1.0, 0.5, -2.0], dtype=torch.float64),
+    )
+    settings = {"clip_cov_ratio": 0.5, "clip_cov_lb": -100.0, "clip_cov_ub": 100.0}
+    bd = evaluate64(batch, "verl-clip_cov", dual_clip=3.0, **settings)
+    dual = grpo.objectives.REGIONS.index("dual_clip")
+    assert int((bd.tokens.region == dual).sum()) == int(bd.tokens.selected.sum()) == 16
+    assert bd.clamp_counts["dual_clip"] == 0  # (the clip objective's count: test_clamp_counts_by_hand)
