@@ -73,7 +73,8 @@ class Batch:
     old_per_token_logps: Tensor | None
     ref_per_token_logps: Tensor | None
     completion_mask: Tensor
-    """(B, T) bool: the positions that count (the given mask, past each row's prompt)."""
+    """(B, T) bool: the given mask, past each row's prompt: the positions that count, less a tool's output when
+    ``tool_mask`` is given (``mask``)."""
     prompt_lengths: Tensor
     """(B,) int64 (0 when none were given)."""
     advantages: Tensor | None
@@ -116,6 +117,11 @@ class Batch:
         B, T = logp.shape
         prompt = _prompt_lengths(prompt_lengths, int(B), int(T), logp.device)
         mask = _counted_mask(completion_mask, prompt, logp)
+        completion = mask
+        tool = given.pop("tool_mask", None)
+        if tool is not None:  # TRL counts completion_mask · tool_mask: a tool's output is not the model's tokens
+            tool = _mask_values("tool_mask", tool, logp)
+            mask = mask & tool
         weights = mask.to(logp.dtype)
 
         def per_token(name: str, value: TensorLike | None) -> Tensor | None:
@@ -130,7 +136,8 @@ class Batch:
         set_(self, "ref_per_token_logps", per_token("ref_per_token_logps", ref_per_token_logps))
         set_(self, "entropies", per_token("entropies", entropies))
         set_(self, "sampling_per_token_logps", per_token("sampling_per_token_logps", sampling_per_token_logps))
-        set_(self, "completion_mask", mask)
+        set_(self, "completion_mask", completion)
+        set_(self, "_counted", mask)
         set_(self, "prompt_lengths", prompt)
         set_(self, "_mask_float", weights)
         advantages_, rewards_ = _targets(advantages, rewards, logp, mask, weights)
@@ -144,7 +151,8 @@ class Batch:
         ):
             raise GrpoInputError("group_size", f"a positive divisor of the number of rows ({B})", got=repr(group_size))
         set_(self, "group_size", None if group_size is None else int(group_size))
-        set_(self, "extra", {name: _extra(name, value, logp, mask, weights) for name, value in given.items()})
+        extra_ = {name: _extra(name, value, logp, mask, weights) for name, value in given.items()}
+        set_(self, "extra", extra_ if tool is None else {**extra_, "tool_mask": tool.to(logp.dtype)})
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -157,14 +165,22 @@ class Batch:
 
     @property
     def mask(self) -> Tensor:
-        """(B, T) bool: the positions that count (completion mask and past the prompt)."""
-        return self.completion_mask
+        """(B, T) bool: the positions that count (completion mask, past the prompt, and not a tool's output)."""
+        counted: Tensor = self.__dict__["_counted"]
+        return counted
 
     @property
     def mask_float(self) -> Tensor:
         """(B, T) the same mask as 0.0 / 1.0 in the log-probs' dtype."""
         mask: Tensor = self.__dict__["_mask_float"]
         return mask
+
+    @property
+    def tool_output(self) -> Tensor | None:
+        """(B, T) bool: the completion's tokens ``tool_mask`` took out (a tool's output, not the model's tokens:
+        no loss, no gradient, out of every divisor), or None without a tool mask."""
+        tool = self.extra.get("tool_mask")
+        return None if tool is None else self.completion_mask & (tool == 0)
 
     def prompt_length_tensor(self) -> Tensor:
         """(B,) int64 prompt lengths (0 when none were given)."""
@@ -216,13 +232,18 @@ def _counted_mask(completion_mask: TensorLike | None, prompt: Tensor, logp: Tens
     if completion_mask is None:
         mask = torch.ones(B, T, dtype=torch.bool, device=logp.device)
     else:
-        values = _same_shape("completion_mask", _as_tensor("completion_mask", completion_mask), logp)
-        bad = (values != 0) & (values != 1)
-        if bad.any():
-            raise GrpoInputError("completion_mask", "only 0 and 1", row=_first_row(bad))
-        mask = values.bool()
+        mask = _mask_values("completion_mask", completion_mask, logp)
     positions = torch.arange(T, device=logp.device)
     return mask & (positions[None, :] >= prompt[:, None])
+
+
+def _mask_values(name: str, value: TensorLike, logp: Tensor) -> Tensor:
+    """(B, T) bool from a 0/1 mask shaped like the log-probs, every position checked."""
+    values = _same_shape(name, _as_tensor(name, value), logp)
+    bad = (values != 0) & (values != 1)
+    if bad.any():
+        raise GrpoInputError(name, "only 0 and 1", row=_first_row(bad))
+    return values.bool()
 
 
 def _extra(name: str, value: TensorLike, logp: Tensor, mask: Tensor, weights: Tensor) -> Tensor:

@@ -45,6 +45,11 @@ ENTROPY_MASKED_GRADIENT = {
     # the row's one ratio is the mean of all its log-ratios: the kept tokens' terms still move this one
     "sequence": ", yet it still gets policy gradient through the row's sequence ratio, which its log-ratio enters",
 }
+TOOL_OUTPUT = "tool_output"
+TOOL_OUTPUT_TEXT = (
+    "a tool's output inside the completion (tool_mask 0): not the model's tokens, so it does not count: no loss, "
+    "no gradient, and it is left out of every divisor, as TRL's completion_mask · tool_mask"
+)
 REGION_TEXTS = {  # objectives without a why rule of their own: their regions, read as they are
     "masked": "does not count (prompt, padding or masked out)",
     "trust": "no bound acts on this objective's term: the token keeps its policy gradient",
@@ -64,6 +69,7 @@ LABELS = {  # how the summary and the heatmaps' legend name a group of tokens by
     "clip_high": "clipped high",
     ZERO_ADVANTAGE: "with A = 0",
     ENTROPY_MASKED: "masked by the entropy mask",
+    TOOL_OUTPUT: "tool output (tool_mask 0)",
 }
 WHY_LABELS = LABELS  # the name it had
 
@@ -84,10 +90,11 @@ class TokenWhy:
     selected: str | None = None
     """The code of the tokens the objective's own rule picked (its Why.selected), or None."""
     masks: tuple[str, ...] = (ENTROPY_MASKED,)
-    """The codes of token masks (they act before any bound): the heatmaps mark them apart."""
+    """The codes of token masks (they act before any bound; a tool's output when the batch has a tool mask): the
+    heatmaps mark them apart."""
 
     def counts(self) -> dict[str, int]:
-        """Counted tokens per code (masked excluded), every code listed."""
+        """Tokens per code (masked excluded), every code listed: the counted ones, and a tool's output."""
         found = torch.bincount(self.codes.flatten(), minlength=len(self.names)).tolist()
         return {name: int(n) for name, n in zip(self.names, found, strict=True) if name != "masked"}
 
@@ -140,6 +147,10 @@ def token_why(bd: Breakdown) -> TokenWhy:
     entropy_masked = t.mask & (t.policy_kept == 0)  # the mask acts before any bound: it silences the token
     codes = torch.where(entropy_masked, torch.full_like(codes, names.index(ENTROPY_MASKED)), codes)
     codes = torch.where(t.mask, codes, torch.zeros_like(codes))  # "masked" is the first name of every rule
+    if t.tool_output is not None:  # a tool's output does not count, but it is named apart from the padding
+        names = (*names, TOOL_OUTPUT)
+        codes = codes.masked_fill(t.tool_output, names.index(TOOL_OUTPUT))
+        texts[TOOL_OUTPUT] = TOOL_OUTPUT_TEXT
     weight = t.weight[zero]
     note = "not shown: no token has A = 0" if not weight.numel() else f"{number(float(weight.max()))} per token here"
     texts[ZERO_ADVANTAGE] = ZERO_ADVANTAGE_TEXT.format(weight_note=note)
@@ -149,7 +160,8 @@ def token_why(bd: Breakdown) -> TokenWhy:
     texts[ENTROPY_MASKED] = fill(template, {"quantile": config.top_entropy_quantile, "threshold": threshold})
     silenced = {ZERO_ADVANTAGE} | ({ENTROPY_MASKED} if config.importance_sampling_level == "token" else set())
     labels = {name: labels.get(name, name) for name in names}
-    return TokenWhy(names, codes, texts, no_gradient | silenced, labels, selected)
+    masks = tuple(name for name in (ENTROPY_MASKED, TOOL_OUTPUT) if name in names)
+    return TokenWhy(names, codes, texts, no_gradient | silenced, labels, selected, masks)
 
 
 def entropy_threshold_of(bd: Breakdown) -> float | None:
@@ -347,6 +359,20 @@ def _entropy_mask_sentence(bd: Breakdown, why: TokenWhy) -> str | None:
     )
 
 
+def _tool_sentence(bd: Breakdown, why: TokenWhy) -> str | None:
+    """How many of the completions' tokens are a tool's output (tool_mask 0), and what that leaves them."""
+    if TOOL_OUTPUT not in why.names:
+        return None
+    tools = int((why.codes == why.names.index(TOOL_OUTPUT)).sum())
+    counted = int(bd.tokens.mask.sum())
+    completion = mark("lens/completion_tokens", tools + counted, 12)
+    return (
+        f"{mark(f'why/{TOOL_OUTPUT}', tools, 12)} of the completions' {completion} tokens are a tool's output "
+        "(tool_mask = 0): not the model's tokens, so they carry no loss and no gradient "
+        f"and are left out of every divisor; the loss counts the other {mark('lens/num_tokens', counted, 12)}."
+    )
+
+
 def _held_note(bd: Breakdown, code: str) -> str:
     if code == "dual_clip":
         lower = bd.metrics.get("actor/pg_clipfrac_lower", 0.0)
@@ -482,7 +508,7 @@ def explain_parts(bd: Breakdown, why: TokenWhy | None = None) -> list[tuple[str,
 
 def explain_items(bd: Breakdown) -> list[tuple[str, str]]:
     """The sentences of ``explain``, each with a key saying what it is about, so a reader (the page's
-    compare view) finds one by its key, never by its wording: "sign", "on_policy", "entropy_mask",
+    compare view) finds one by its key, never by its wording: "sign", "on_policy", "tool_mask", "entropy_mask",
     "selected" (the tokens the objective's own rule picked: Clip-Cov, KL-Cov), "clip", "unbounded",
     "gspo", "negative_kl", "clamp", "zero_std", "per_token_advantages", "kl_off", "kl_dominates", "length"."""
     return [(key, plain(text)) for key, text in _marked_items(bd)]
@@ -508,6 +534,7 @@ def _marked_items(bd: Breakdown, why: TokenWhy | None = None) -> list[tuple[str,
         out.append(("on_policy", on_policy + "."))
     why = token_why(bd) if why is None else why
     candidates = (
+        ("tool_mask", _tool_sentence(bd, why)),
         ("entropy_mask", _entropy_mask_sentence(bd, why)),
         ("selected", _selected_sentence(bd, why)),
         ("clip", _clip_sentence(bd, why)),

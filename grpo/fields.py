@@ -136,6 +136,18 @@ for _field in (
         expected=LOGP_HIGH,
     ),
     BatchField("completion_mask", "token", "mask", "0/1 per token; default all 1.", ("response_mask",), 0.0, 1.0),
+    # TRL's multi-turn tool calls: a tool's output sits inside the completion but is not the model's tokens;
+    # TRL's loss counts completion_mask · tool_mask (the Batch folds it in and keeps the tool's tokens apart)
+    BatchField(
+        "tool_mask",
+        "token",
+        "mask",
+        "0/1 per token: 0 on a tool's output inside the completion (not the model's tokens: no loss, no gradient, "
+        "out of the divisor), as TRL's tool_mask; default all 1.",
+        ("env_mask",),
+        0.0,
+        1.0,
+    ),
     BatchField(
         "prompt_lengths",
         "row",

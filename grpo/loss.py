@@ -97,6 +97,9 @@ class TokenBreakdown:
     selected: Tensor | None = None
     """1.0 on the tokens the objective's own rule picked (Clip-Cov's cut, KL-Cov's penalised: ObjectiveTerms
     .selected), 0.0 elsewhere; None when the objective picks no tokens."""
+    tool_output: Tensor | None = None
+    """bool: the completion's tokens the batch's ``tool_mask`` took out (a tool's output: they do not count, so
+    every tensor above is 0 there); None without a tool mask."""
 
     def correction_names(self) -> list[list[str]]:
         return [[CORRECTION_CODES[c] for c in row] for row in self.correction.tolist()]
@@ -644,6 +647,7 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         **_correction_tokens(t.correction, inp),
         selected=None if t.objective.selected is None else t.objective.selected.expand(shape) * mask,
         advantage=adv.on_tokens().expand(shape) * mask,
+        tool_output=None if batch.tool_output is None else batch.tool_output.to(inp.device),
     )
     rows = _rows(tokens, adv, mask)
     metrics = _metrics(batch, config, t.objective.flags, tokens, rows, adv, mask, t.ratio.detach())

@@ -452,3 +452,33 @@ def test_warnings_carry_the_quantity_of_each_number(page: Page) -> None:
     texts = page.page.evaluate("[...document.querySelectorAll('#warnings li')].map(e => e.textContent)")
     assert texts == answer["warnings"]
     page.check_clean()
+
+
+def test_tool_mask_tokens_are_marked_and_counted(page: Page) -> None:
+    """Issue 21 item 4: a tool's tokens (tool_mask 0) marked on the heatmaps though they do not count, and the
+    sentence "N of the completions' M tokens are a tool's output ...", every number tagged."""
+    g = torch.Generator().manual_seed(6)
+    logps = (-torch.rand(3, 8, generator=g) * 2 - 0.05).tolist()
+    tool = [[1, 1, 0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1], [1, 0, 1, 1, 0, 0, 1, 1]]  # 3 + 0 + 3 = 6 tool tokens
+    body = {
+        "per_token_logps": logps,
+        "old_per_token_logps": (torch.tensor(logps) * 0.9).tolist(),
+        "tool_mask": tool,
+        "advantages": [1.0, -0.5, 0.7],
+        "config": {"preset": "trl-dapo"},
+    }
+    page.open()
+    answer = page.apply_json(body)
+    assert answer["why"]["counts"]["tool_output"] == 6 and answer["metrics"]["lens/num_tokens"] == 18
+    sentence = page.page.locator("#explanation li", has_text=re.compile(r"tool's output"))
+    assert sentence.inner_text().startswith("6 of the completions' 24 tokens are a tool's output (tool_mask = 0)")
+    assert "the loss counts the other 18" in sentence.inner_text()
+    assert page.page.evaluate(UNTAGGED, ["#explanation", "#warnings"]) == []
+    page.current_chart("heat-grad")
+    marks = page.page.evaluate(
+        "document.getElementById('heat-grad').data.slice(1).map(t => [t.name, t.marker.symbol, t.x.length])"
+    )
+    assert ["tool output (tool_mask 0)", "line-ew-open", 6] in marks
+    _shoot(page, "#heat-grad", "tool-mask-heatmap.png")
+    _shoot(page, "#explanation", "tool-mask-sentence.png")
+    page.check_clean()

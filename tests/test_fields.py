@@ -26,6 +26,7 @@ def test_every_reader_and_writer_takes_its_fields_from_the_table() -> None:
         "old_per_token_logps",
         "ref_per_token_logps",
         "completion_mask",
+        "tool_mask",
         "prompt_lengths",
         "advantages",
         "rewards",
@@ -38,6 +39,7 @@ def test_every_reader_and_writer_takes_its_fields_from_the_table() -> None:
     ]
     assert io.ALIASES is ALIASES and ALIASES["pi_old_logprob"] == "old_per_token_logps" and ALIASES["input_len"]
     assert set(PER_TOKEN) == set(fields_of("token")) == {*export.PER_TOKEN, "completion_mask"}
+    assert ALIASES["env_mask"] == "tool_mask"  # TRL's name for it in a rollout function's extra fields
     assert export.PER_ROW == {
         "prompt_lengths": "prompt_length",
         "advantages": "advantage",

@@ -59,7 +59,7 @@ def test_json_with_aliases() -> None:
     assert set(request) == {"per_token_logps", "ref_per_token_logps", "rewards"}
     bd = grpo.evaluate(batch_from_request(request))
     assert bd.tokens.mask.tolist() == [[True, True, False], [True, True, True]]
-    assert set(ALIASES.values()) <= set(grpo.batch.LOGP_FIELDS) | {"completion_mask", "prompt_lengths"}
+    assert set(ALIASES.values()) <= set(grpo.batch.LOGP_FIELDS) | {"completion_mask", "tool_mask", "prompt_lengths"}
 
 
 @pytest.mark.parametrize(

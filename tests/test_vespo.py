@@ -25,11 +25,16 @@ trl = pytest.importorskip("trl")
 
 
 def trl_compute_loss(
-    inputs: Inputs, entropies: torch.Tensor | None = None, last_world_entropy: float = 0.0, **settings: Any
+    inputs: Inputs,
+    entropies: torch.Tensor | None = None,
+    last_world_entropy: float = 0.0,
+    tool_mask: torch.Tensor | None = None,
+    **settings: Any,
 ) -> tuple[Any, ...]:
     """(loss, d loss / d logp, metrics, the stand-in trainer) from TRL 1.16's ``GRPOTrainer._compute_loss`` on one
     process, train mode, one accumulation step; ``settings`` are GRPOConfig fields, ``last_world_entropy`` the
-    adaptive entropy controller's state."""
+    adaptive entropy controller's state, ``tool_mask`` the batch's (TRL's multi-turn tool calls: its
+    ``num_items_in_batch`` then counts completion_mask · tool_mask, as ``_generate_and_score_completions`` does)."""
     from trl import GRPOConfig, GRPOTrainer
 
     args = GRPOConfig(output_dir="/tmp/unused", use_cpu=True, bf16=False, report_to=[], **settings)
@@ -78,8 +83,10 @@ def trl_compute_loss(
         "advantages": inputs.advantages,
         "old_per_token_logps": inputs.old.nan_to_num(0.0),
         "ref_per_token_logps": inputs.ref.nan_to_num(0.0),
-        "num_items_in_batch": inputs.mask.sum(),
+        "num_items_in_batch": inputs.mask.sum() if tool_mask is None else (inputs.mask * tool_mask).sum(),
     }
+    if tool_mask is not None:
+        batch["tool_mask"] = tool_mask
     loss = GRPOTrainer._compute_loss(stand_in, None, batch)
     (grad,) = torch.autograd.grad(loss, lp)
     metrics = {name: values[-1] for name, values in stand_in._metrics["train"].items()}

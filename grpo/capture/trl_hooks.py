@@ -153,8 +153,6 @@ class _TrlHooks:
         assert self.logps is not None
         logps, entropies = self.logps
         mask = inputs["completion_mask"]
-        if "tool_mask" in inputs:
-            mask = mask * inputs["tool_mask"]
         old = inputs.get("old_per_token_logps")
         tensors: dict[str, Tensor] = {
             "per_token_logps": logps.detach(),
@@ -167,6 +165,8 @@ class _TrlHooks:
             tensors["ref_per_token_logps"] = inputs["ref_per_token_logps"].detach()
         if entropies is not None:
             tensors["entropies"] = entropies.detach()
+        if isinstance(inputs.get("tool_mask"), Tensor):  # TRL counts completion_mask · tool_mask: kept apart, marked
+            tensors["tool_mask"] = inputs["tool_mask"].detach()
         # the sampler's log-probs (vLLM's, NaN where it could not score) and the correction TRL applied with them
         for name in ("sampling_per_token_logps", "importance_sampling_ratio"):
             if isinstance(inputs.get(name), Tensor):

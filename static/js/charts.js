@@ -110,10 +110,12 @@ function whyMarks(data) {
     }
     byCode.set(data.why.names.indexOf(name), groups.get(key));
   }
+  // a token mask's cells may not count (a tool's output): marked all the same; every other mark is on a counted cell
+  const masks = new Set(data.why.masks.map((name) => data.why.names.indexOf(name)));
   t.why.forEach((row, k) =>
     row.forEach((code, j) => {
       const cells = byCode.get(code);
-      if (cells && t.mask[k][j]) {
+      if (cells && (t.mask[k][j] || masks.has(code))) {
         cells.x.push(j);
         cells.y.push(labels[k]);
       }
