@@ -53,6 +53,8 @@ class AdvantageInputs:
     """(B, T): the old (sampling) policy's log-probs (the current ones when the batch has none)."""
     sum_pi_squared: Tensor | None = None
     """(B, T): Σ_v π(v)² of the distribution that scored each token (None when the batch has none)."""
+    token_rewards: Tensor | None = None
+    """(B, T): the rewards on tokens (token_level_rewards), None when the batch gives them per row."""
 
 
 def takes_inputs(fn: Advantage) -> bool:
@@ -293,7 +295,18 @@ def remax(
     """
     if inputs is None or inputs.baselines is None:
         raise GrpoInputError("reward_baselines", "the greedy completion's reward per row: advantage remax reads it")
+    if inputs.token_rewards is not None:  # verl's return is the reward-to-go: one per row only when it is constant
+        togo = reward_to_go(inputs.token_rewards.to(rewards.dtype), inputs.mask.to(rewards.dtype))
+        if bool(((togo - rewards.reshape(-1, 1)) * inputs.mask).ne(0).any()):
+            raise GrpoInputError(
+                "token_level_rewards", "advantage remax: rewards on each row's last counted token only (one per row)"
+            )
     return rewards - inputs.baselines.to(rewards.dtype)
+
+
+def reward_to_go(rewards: Tensor, mask: Tensor) -> Tensor:
+    """Σ_(s >= t) r_s·m_s at every position t, as verl's remax and optimal token baseline take it. (B, T)."""
+    return (rewards * mask).flip(-1).cumsum(-1).flip(-1)
 
 
 @ADVANTAGES.register("reinforce-pp", label="REINFORCE++ (discounted return)", per_token=True)
@@ -310,9 +323,25 @@ def reinforce_pp(
     if inputs is None:
         raise GrpoInputError("completion_mask", "the counted tokens: advantage reinforce-pp returns one per token")
     mask = inputs.mask.to(rewards.dtype)
-    after = mask.flip(-1).cumsum(-1).flip(-1) - mask  # counted tokens after each position
-    returns = rewards.reshape(-1, 1) * torch.pow(torch.as_tensor(inputs.gamma, dtype=mask.dtype), after) * mask
+    if inputs.token_rewards is not None:
+        returns = discounted_returns(inputs.token_rewards.to(mask.dtype), mask, inputs.gamma)
+    else:  # the row's reward on its last counted token: its return γ^k·R in closed form
+        after = mask.flip(-1).cumsum(-1).flip(-1) - mask  # counted tokens after each position
+        returns = rewards.reshape(-1, 1) * torch.pow(torch.as_tensor(inputs.gamma, dtype=mask.dtype), after) * mask
     return whiten_tokens(returns, mask) * mask
+
+
+def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
+    """G_t = r_t + γ·G_(next counted token) on each counted token, 0 elsewhere; a masked span (an observation)
+    carries the return across unchanged. verl's loop over the positions, vectorised over the rows. (B, T)."""
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        m = mask[:, t]
+        new = rewards[:, t] + gamma * running
+        returns[:, t] = new * m
+        running = new * m + running * (1 - m)
+    return returns
 
 
 OTB_EPSILON = 1e-8  # verl's default for compute_optimal_token_baseline_advantage (its trainer passes none)
@@ -340,8 +369,11 @@ def optimal_token_baseline(
     n, G = rewards.shape
     B, T = mask.shape
     positions = torch.arange(T, device=mask.device)
-    last = torch.where(mask > 0, positions, -1).amax(-1)  # the reward's position: the row's last counted token
-    returns = rewards.reshape(B, 1) * (positions[None, :] <= last[:, None]).to(mask.dtype)
+    if inputs.token_rewards is not None:  # the reward-to-go of the rewards on tokens
+        returns = reward_to_go(inputs.token_rewards.to(mask.dtype), mask)
+    else:  # the reward on the row's last counted token: R up to it
+        last = torch.where(mask > 0, positions, -1).amax(-1)
+        returns = rewards.reshape(B, 1) * (positions[None, :] <= last[:, None]).to(mask.dtype)
     w = 1 - 2 * inputs.old.to(mask.dtype).exp() + inputs.sum_pi_squared.to(mask.dtype)
     cumulative = (w * mask).cumsum(-1)
     g, W, m = (x.reshape(n, G, T) for x in (returns, cumulative, mask))

@@ -140,6 +140,12 @@ class Batch:
         set_(self, "_counted", mask)
         set_(self, "prompt_lengths", prompt)
         set_(self, "_mask_float", weights)
+        token_rewards = given.pop("token_level_rewards", None)
+        if token_rewards is not None:  # rewards on tokens: each row's reward is their sum
+            if advantages is not None or rewards is not None:
+                raise GrpoInputError("token_level_rewards", "exactly one of advantages, rewards or token_level_rewards")
+            token_rewards = _token_rewards(token_rewards, logp, mask, weights)
+            rewards = token_rewards.sum(-1)
         advantages_, rewards_ = _targets(advantages, rewards, logp, mask, weights)
         set_(self, "advantages", advantages_)
         set_(self, "rewards", rewards_)
@@ -152,7 +158,11 @@ class Batch:
             raise GrpoInputError("group_size", f"a positive divisor of the number of rows ({B})", got=repr(group_size))
         set_(self, "group_size", None if group_size is None else int(group_size))
         extra_ = {name: _extra(name, value, logp, mask, weights) for name, value in given.items()}
-        set_(self, "extra", extra_ if tool is None else {**extra_, "tool_mask": tool.to(logp.dtype)})
+        if tool is not None:
+            extra_["tool_mask"] = tool.to(logp.dtype)
+        if token_rewards is not None:
+            extra_["token_level_rewards"] = token_rewards
+        set_(self, "extra", extra_)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -307,6 +317,21 @@ def _targets(
         )
     values = values.to(logp.device)
     return (values, None) if name == "advantages" else (None, values)
+
+
+def _token_rewards(value: TensorLike, logp: Tensor, mask: Tensor, weights: Tensor) -> Tensor:
+    """(B, T) rewards on tokens: finite, and 0 wherever a token does not count (verl's REINFORCE++ drops a reward
+    there while its other estimators sum it: placed only on counted tokens, the two agree)."""
+    name = "token_level_rewards"
+    values = _same_shape(name, _as_tensor(name, value, logp.dtype), logp)
+    bad = ~mask & (values != 0)
+    if bad.any():
+        row = _first_row(bad)
+        pos = int(bad[row].nonzero()[0, 0])
+        raise GrpoInputError(
+            name, "0 wherever a token does not count", row=row, got=f"{float(values[row, pos])} at {pos}"
+        )
+    return _checked(name, values, mask, weights)
 
 
 def _checked(name: str, value: Tensor, mask: Tensor, weights: Tensor) -> Tensor:

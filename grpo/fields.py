@@ -175,6 +175,16 @@ for _field in (
         row_key="reward",
         columns_ok=True,
     ),
+    # verl hands every estimator token_level_rewards (B, T): REINFORCE++ runs its discounted return back over
+    # them; the others read each row's sum, as verl's (scores = token_level_rewards.sum(-1))
+    BatchField(
+        "token_level_rewards",
+        "token",
+        "float",
+        "Rewards placed on tokens (verl's token_level_rewards: a process or per-turn reward), 0 where a token "
+        "does not count; REINFORCE++'s discounted return runs back over them, every other estimator reads each "
+        "row's sum; give this, rewards or advantages.",
+    ),
     BatchField("group_size", "batch", "int", "Consecutive rows per prompt; default: all rows are one group.", low=1.0),
     BatchField(
         "entropies",

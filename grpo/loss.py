@@ -359,6 +359,7 @@ def compute_advantages(batch: Batch, config: LossConfig, device: torch.device, d
             .detach()
             .to(device, dtype),
             sum_pi_squared=batch.extra.get("sum_pi_squared"),
+            token_rewards=batch.extra.get("token_level_rewards"),
         )
         values = entry.fn(grouped, config.advantage_epsilon, lengths, inputs=given)
     else:

@@ -30,6 +30,7 @@ def test_every_reader_and_writer_takes_its_fields_from_the_table() -> None:
         "prompt_lengths",
         "advantages",
         "rewards",
+        "token_level_rewards",
         "group_size",
         "entropies",
         "sampling_per_token_logps",
