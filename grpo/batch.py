@@ -143,7 +143,9 @@ class Batch:
         token_rewards = given.pop("token_level_rewards", None)
         if token_rewards is not None:  # rewards on tokens: each row's reward is their sum
             if advantages is not None or rewards is not None:
-                raise GrpoInputError("token_level_rewards", "exactly one of advantages, rewards or token_level_rewards")
+                raise GrpoInputError(
+                    "token_level_rewards", "exactly one of advantages or rewards (or token_level_rewards)"
+                )
             token_rewards = _token_rewards(token_rewards, logp, mask, weights)
             rewards = token_rewards.sum(-1)
         advantages_, rewards_ = _targets(advantages, rewards, logp, mask, weights)
@@ -289,7 +291,7 @@ def _targets(
     also come per token, (B, T) like the log-probs (finite where a token counts, 0 elsewhere), rewards per
     reward function (B, K)."""
     if (advantages is None) == (rewards is None):
-        raise GrpoInputError("advantages", "exactly one of advantages or rewards")
+        raise GrpoInputError("advantages", "exactly one of advantages or rewards (or token_level_rewards)")
     name, given = ("advantages", advantages) if advantages is not None else ("rewards", rewards)
     B = logp.shape[0]
     values = _as_tensor(name, given, logp.dtype)
@@ -329,7 +331,7 @@ def _token_rewards(value: TensorLike, logp: Tensor, mask: Tensor, weights: Tenso
         row = _first_row(bad)
         pos = int(bad[row].nonzero()[0, 0])
         raise GrpoInputError(
-            name, "0 wherever a token does not count", row=row, got=f"{float(values[row, pos])} at {pos}"
+            name, "0 wherever a token does not count", row=row, got=f"{float(values[row, pos])} at position {pos}"
         )
     return _checked(name, values, mask, weights)
 
