@@ -11,6 +11,7 @@ The fixture dumps are written the way the trainers write them, from the fields t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -22,6 +23,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
+import grpo
 from app.main import create_app
 from app.settings import Settings
 from grpo.__main__ import main
@@ -29,6 +31,7 @@ from grpo.check import check_run
 from grpo.errors import GrpoInputError
 from grpo.fields import BATCH_FIELDS
 from grpo.importers import map_nemo_rl, map_slime
+from grpo.importers.nemo_rl import import_nemo_rl
 from grpo.runs import load_run, load_step
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,6 +108,8 @@ def test_nemo_rl_import_holds_the_dump_as_the_loss_reads_it(nemo_dir: Path, caps
     assert batch.advantages.tolist() == [1.5, -0.5, 0.0, 0.0]  # a row with no counted token weighs nothing
     assert info["tensors"]["row_rewards"].tolist() == data["rewards"]
     assert config.aggregation == "token-mean" and config.beta == 0.01 and config.kl_clamp == 10.0
+    # NeMo RL's global counts, each + 1e-8 (its masked_mean): Σ token_mask · sample_mask, Σ sample_mask (3 kept)
+    assert config.token_normalizer == float(mask.sum()) + 1e-8 and config.sequence_normalizer == 3 + 1e-8
     gen = torch.tensor(data["generation_logprobs"])[:, 1:]
     if SAMPLER_IS_A_FIELD:  # issue 22 landed: a tensor of the step
         assert torch.equal(getattr(batch, SAMPLER)[counted], gen[counted].float())
@@ -145,6 +150,21 @@ def test_nemo_rl_config_file_maps_loss_fn(nemo_dir: Path, tmp_path: Path, capsys
     info = load_run(tmp_path / "run").info
     assert info["config"]["epsilon_high"] == 0.28 and info["config"]["aggregation"] == "seq-mean-token-mean"
     assert "use_importance_sampling_correction" in info["imported"]["unsupported"]
+
+
+def test_nemo_rl_counts_a_kept_sample_with_no_token_as_a_sequence(tmp_path: Path) -> None:
+    # sample 1 kept (sample_loss_mask 1) but every token masked: NeMo RL's sequence mean still divides by the 3
+    # kept samples (global_valid_seqs = Σ sample_mask), so its loss is 2/3 of the mean over the 2 rows with tokens
+    data = nemo_train_data(3)
+    data["token_loss_mask"][1] = [0] * len(data["token_loss_mask"][1])
+    d = tmp_path / "dump"
+    d.mkdir()
+    (d / "train_data_step1.jsonl").write_text(nemo_jsonl(data))
+    run_dir = import_nemo_rl(d, tmp_path / "seq", {"token_level_loss": False, "reference_policy_kl_penalty": 0.0})
+    batch, config, _ = load_step(load_run(run_dir).steps[0].path)
+    assert config.sequence_normalizer == 3 + 1e-8
+    rows_with_tokens = grpo.evaluate(batch, dataclasses.replace(config, sequence_normalizer=None))
+    assert float(grpo.evaluate(batch, config).loss) == pytest.approx(float(rows_with_tokens.loss) * 2 / 3, rel=1e-6)
 
 
 def test_map_nemo_rl_places_every_field() -> None:

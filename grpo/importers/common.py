@@ -41,6 +41,8 @@ class ImportedStep:
     rank: int | None
     tensors: dict[str, Tensor]
     meta: dict[str, Any]
+    config: LossConfig | None = None
+    """This step's own config (the trainer's global counts), or None: the run's."""
 
 
 def number(name: str, value: Any) -> float:
@@ -171,7 +173,7 @@ def write_run(
             seen.add((s.step, s.rank))
             if s.rank not in writers:
                 writers[s.rank] = RunWriter(tmp, source, config, rank=s.rank, info=info)
-            writers[s.rank].write_step(s.step, 0, s.tensors, s.meta)
+            writers[s.rank].write_step(s.step, 0, s.tensors, s.meta, config=s.config)
         if not writers:
             raise GrpoInputError("DIR", "at least one dump file", got="none")
         next(iter(writers.values())).update(status="done")

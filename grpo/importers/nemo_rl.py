@@ -12,6 +12,7 @@ The loss: ``ClippedPGLossFn`` in ``nemo_rl/algorithms/loss/loss_functions.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterator, Mapping
@@ -52,6 +53,7 @@ NEMO_RL_DEFAULTS: dict[str, Any] = {
     "positive_example_nll_weight": 0.0,
 }
 KL_TYPES = ("k1", "k2", "k3")
+MASKED_MEAN_EPSILON = 1e-8  # nemo_rl.algorithms.utils.masked_mean: Σ(values · mask) / (count + 1e-8)
 PER_TOKEN = ("prev_logprobs", "generation_logprobs", "token_loss_mask", "advantages")  # what the import reads
 CANNOT_CHECK = [
     "the current policy's log-probs: the dump holds prev_logprobs (the old policy) and generation_logprobs "
@@ -89,6 +91,7 @@ def map_nemo_rl(cfg: Any = None) -> TrainerMapping:
         # then over rows with sample_mask 1 (a masked-out row has no counted token: skipped, as NeMo RL)
         "aggregation": "token-mean" if token_level else "seq-mean-token-mean",
         "skip_empty_rows": True,
+        "length_epsilon": MASKED_MEAN_EPSILON,  # its masked_mean: Σ / (count + 1e-8), each row's too
     }
     mapped |= {
         "ratio_clip_min": "epsilon_low",
@@ -102,6 +105,10 @@ def map_nemo_rl(cfg: Any = None) -> TrainerMapping:
         "use_kl_in_reward": "beta = 0 when on (the KL is in the rewards, so in the advantages)",
         "token_level_loss": "aggregation (token-mean, or seq-mean-token-mean)",
     }
+    captured["global_valid_toks"] = captured["global_valid_seqs"] = (
+        "the step's counts (+ 1e-8), which the import sets per step as token_normalizer and sequence_normalizer: "
+        "Σ token_mask · sample_mask and Σ sample_mask, a sample kept with no token included (step_config)"
+    )
     if a["use_cispo"]:
         settings |= {"objective": "cispo", "cispo_bounds": "relative"}
         mapped["use_cispo"] = "objective cispo, clamp(ratio, 1 - ratio_clip_min, 1 + ratio_clip_max)"
@@ -191,9 +198,22 @@ def _row_number(sample: dict[str, Any], key: str, default: float | None, where: 
     raise GrpoInputError(key, f"one number per line ({where})", got=type(value).__name__)
 
 
-def read_step(path: Path, step: int) -> common.ImportedStep:
-    """One ``train_data_step{N}.jsonl`` as a step file's tensors and meta (every line checked)."""
-    prev, gen, masks, advs, rewards = [], [], [], [], []
+def step_config(config: LossConfig, mask: Tensor, sample_mask: Tensor) -> LossConfig:
+    """``config`` with NeMo RL's global counts of one step: it divides the token mean by
+    global_valid_toks = Σ token_mask · sample_mask and the sequence mean by global_valid_seqs = Σ sample_mask,
+    each + 1e-8 (``masked_mean``). A sample kept (sample_mask 1) with no counted token still counts as a
+    sequence. ``mask``: (B, T) token_mask · sample_mask; ``sample_mask``: (B,)."""
+    return dataclasses.replace(
+        config,
+        token_normalizer=float(mask.sum()) + MASKED_MEAN_EPSILON,
+        sequence_normalizer=float(sample_mask.sum()) + MASKED_MEAN_EPSILON,
+    )
+
+
+def read_step(path: Path, step: int, config: LossConfig | None = None) -> common.ImportedStep:
+    """One ``train_data_step{N}.jsonl`` as a step file's tensors and meta (every line checked); with the run's
+    ``config``, the step's own (``step_config``)."""
+    prev, gen, masks, advs, rewards, kept = [], [], [], [], [], []
     lines = read_regular(path).decode("utf-8", errors="replace").splitlines()
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -211,6 +231,7 @@ def read_step(path: Path, step: int) -> common.ImportedStep:
             got = ", ".join(f"{k} {w}" for k, w in widths.items())
             raise GrpoInputError(where, "per-token lists of one length", got=got)
         keep = _row_number(sample, "sample_loss_mask", 1.0, where)
+        kept.append(keep or 0.0)
         # the loss reads [:, 1:]: position 0 (the first prompt token) is never scored
         prev.append(rows["prev_logprobs"][1:])
         gen.append(rows["generation_logprobs"][1:])
@@ -239,12 +260,13 @@ def read_step(path: Path, step: int) -> common.ImportedStep:
         "sampler_vs_old": common.mismatch(logps, common.grid(gen, fill=float("nan")), mask),
         **sampler_meta,
     }
-    return common.ImportedStep(step, None, tensors, meta)
+    own = None if config is None else step_config(config, mask, torch.tensor(kept, dtype=torch.float64))
+    return common.ImportedStep(step, None, tensors, meta, own)
 
 
-def steps(src: Path) -> Iterator[common.ImportedStep]:
+def steps(src: Path, config: LossConfig | None = None) -> Iterator[common.ImportedStep]:
     for step, path in step_files(src):
-        yield read_step(path, step)
+        yield read_step(path, step, config)
 
 
 def import_nemo_rl(src: str | Path, run_dir: str | Path, loss_config: Any = None) -> Path:
@@ -264,4 +286,4 @@ def import_nemo_rl(src: str | Path, run_dir: str | Path, loss_config: Any = None
             "sampler_log_probs": common.SAMPLER_WHERE[common.sampler_is_a_field()],
         }
     }
-    return common.write_run(run_dir, "nemo-rl", mapping.config, steps(src), info)
+    return common.write_run(run_dir, "nemo-rl", mapping.config, steps(src, mapping.config), info)
