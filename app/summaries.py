@@ -303,21 +303,26 @@ def _kept(path: Path, want_page: str) -> Kept | None:
     except OSError:
         return None
     try:
-        header = _read_header(f)
-        status, length = (header or {}).get("status"), (header or {}).get("bytes")
-        if header is None or header.get("page") != want_page or status not in (200, 422):
-            f.close()
-            return None
-        stat = os.fstat(f.fileno())
-        if not isinstance(length, int) or isinstance(length, bool) or stat.st_size != f.tell() + length:
-            f.close()  # torn: a crash before the page was all on disk
-            return None
-        tag = f"{want_page}\t{stat.st_ino}\t{stat.st_mtime_ns}\t{stat.st_size}"  # this very file: these bytes
-        etag = '"' + hashlib.sha256(tag.encode()).hexdigest()[:32] + '"'
-        return Kept(f, f.tell(), length, int(status), etag, {"etag": etag, "cache-control": "no-cache"})
+        kept = _opened(f, want_page)
     except BaseException:
         f.close()
         raise
+    if kept is None:
+        f.close()
+    return kept
+
+
+def _opened(f: IO[bytes], want_page: str) -> Kept | None:
+    header = _read_header(f) or {}
+    status, length = header.get("status"), header.get("bytes")
+    if header.get("page") != want_page or status not in (200, 422) or type(length) is not int:
+        return None
+    stat = os.fstat(f.fileno())
+    if stat.st_size != f.tell() + length:  # torn (a crash before the page was all on disk), or not ours
+        return None
+    tag = f"{want_page}\t{stat.st_ino}\t{stat.st_mtime_ns}\t{stat.st_size}"  # this very file: these bytes
+    etag = '"' + hashlib.sha256(tag.encode()).hexdigest()[:32] + '"'
+    return Kept(f, f.tell(), length, int(status), etag, {"etag": etag, "cache-control": "private, no-cache"})
 
 
 def _write(path: Path, header: dict[str, Any], body: bytes = b"") -> None:

@@ -136,7 +136,7 @@ def test_a_client_with_the_page_gets_a_304(tmp_path: Path) -> None:
         assert "etag" not in http.get("/api/v1/runs/r").headers  # computed: kept from now on
         first = http.get("/api/v1/runs/r")
         etag = first.headers["etag"]
-        assert first.status_code == 200 and first.headers["cache-control"] == "no-cache"
+        assert first.status_code == 200 and first.headers["cache-control"] == "private, no-cache"
         again = http.get("/api/v1/runs/r", headers={"if-none-match": f'"other", W/{etag}'})
         assert again.status_code == 304 and again.content == b"" and again.headers["etag"] == etag
         for name, value in SECURITY_HEADERS:
