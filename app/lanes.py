@@ -257,6 +257,9 @@ class Lanes:
         self.settings = settings
         self.threads = anyio.CapacityLimiter(settings.threads)
         self.large_threads = anyio.CapacityLimiter(max(1, settings.threads // 2))  # never the small ones' threads
+        # kept pages' look-ups (a few stats, a header; a run's rescan now and then) and their bodies' chunks:
+        # file reads that compute nothing, never a slot of the small requests' threads (app.summaries.page)
+        self.reads = anyio.CapacityLimiter(settings.threads)
         self.pool: ProcessPoolExecutor | None = None
         self.waiting = 0  # large jobs running or queued
         self.started_rss: dict[int, int] = {}

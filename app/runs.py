@@ -12,16 +12,17 @@ from collections.abc import Iterator
 from typing import IO, Annotated, Any, Literal
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from app import summaries
 from app.api import JSONBytes, as_response, multipart_body
 from app.deps import LabDep, LanesDep, SettingsDep, StoreDep
-from app.lanes import release_memory
+from app.lanes import Lanes, release_memory
 from app.schemas import ErrorResponse
 from app.store import LAB_REMOVE_SECONDS, valid_name
+from app.work import Reply
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorResponse, "description": "No such run or step"}}
@@ -58,9 +59,28 @@ async def runs(
 
 
 @router.get("/{run}", responses=NOT_FOUND, response_class=JSONBytes, summary="A run: steps, trainer vs recomputed")
-async def run_detail(run: str, store: StoreDep, lanes: LanesDep, settings: SettingsDep) -> Response:
-    """Computed once per state of the run's files (in a worker process for a long run) and kept beside it."""
-    return as_response(await summaries.page(lanes, store.open(run), settings))
+async def run_detail(
+    run: str,
+    store: StoreDep,
+    lanes: LanesDep,
+    settings: SettingsDep,
+    if_none_match: Annotated[str | None, Header(description="The ETag of a page read before: 304 if unchanged")] = None,
+) -> Response:
+    """Computed once per state of the run's files (in a worker process for a long run) and kept beside it;
+    a kept page is answered from its file, chunk by chunk, with an ETag."""
+    page = await summaries.page(lanes, store.open(run), settings)
+    return as_response(page) if isinstance(page, Reply) else kept_response(page, lanes, if_none_match)
+
+
+def kept_response(kept: summaries.Kept, lanes: Lanes, if_none_match: str | None) -> Response:
+    """A kept page streamed from its file (its chunks read in the lanes' ``reads`` threads), or a 304 without
+    a body when the client's ``If-None-Match`` names its ETag."""
+    tags = {tag.strip().removeprefix("W/") for tag in (if_none_match or "").split(",")}
+    if kept.etag in tags or "*" in tags:
+        kept.close()
+        return Response(status_code=304, headers=kept.headers)
+    headers = {**kept.headers, "content-length": str(kept.length)}
+    return StreamingResponse(kept.chunks(lanes.reads), kept.status, headers, media_type="application/json")
 
 
 @router.get(
