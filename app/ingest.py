@@ -82,6 +82,9 @@ class Flat(NamedTuple):
     lengths: np.ndarray
 
 
+NUMBER_TYPES = (float, int)  # what a JSON number reads as (bool is an int's subclass, not one of these types)
+
+
 def _flat(rows: Any, field: BatchField) -> tuple[np.ndarray, np.ndarray]:
     """Ragged rows -> (flat float64 values, row lengths), checked; ``_Slow`` when anything is off."""
     if isinstance(rows, Flat):
@@ -92,6 +95,8 @@ def _flat(rows: Any, field: BatchField) -> tuple[np.ndarray, np.ndarray]:
         raise _Slow
     else:
         lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        if not all(type(v) in NUMBER_TYPES for v in chain.from_iterable(rows)):  # true, "0.5": not JSON numbers
+            raise _Slow  # the model names the value
         try:
             flat = np.fromiter(chain.from_iterable(rows), dtype=np.float64, count=int(lengths.sum()))
         except (TypeError, ValueError, OverflowError):

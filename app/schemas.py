@@ -39,11 +39,12 @@ def _bounds(spec: BatchField) -> dict[str, Any]:
 
 
 def _value_type(spec: BatchField) -> Any:
-    """One value: a mask 0/1 or an int within bounds; a float within bounds (finite unless NaN is allowed).
-    Per-row floats are strict (no true/false); per-token ones lax, as the vectorised reader is."""
+    """One value: a mask 0/1 or an int within bounds (1.0 accepted: a float tensor's ``tolist``); a float within
+    bounds (finite unless NaN is allowed), a JSON number: never true/false or a string, which the schema does
+    not allow (the vectorised readers refuse them too)."""
     if spec.dtype in ("mask", "int"):
         return Annotated[int, Field(**_bounds(spec))]
-    number = Annotated[float, Field(allow_inf_nan=spec.nan_ok, strict=spec.shape != "token", **_bounds(spec))]
+    number = Annotated[float, Field(allow_inf_nan=spec.nan_ok, strict=True, **_bounds(spec))]
     return number | None if spec.nan_ok else number  # null: JSON's "not scored", read as NaN
 
 

@@ -5,6 +5,7 @@ the same arrays, row lengths and fields, or the same status and error items."""
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -98,3 +99,21 @@ def upload_outcome(monkeypatch: Any, body: bytes, fast: bool) -> tuple[Any, ...]
 def test_an_uploaded_json_file_reads_the_same_fast_or_exact(monkeypatch: Any, body: bytes) -> None:
     """A .json upload goes through the fast reader too: the same answer, byte for byte, or the same error."""
     assert upload_outcome(monkeypatch, body, fast=True) == upload_outcome(monkeypatch, body, fast=False)
+
+
+def test_per_token_numbers_are_json_numbers_on_every_path() -> None:
+    # the schema says "number": true and "0.5" are refused with the value's position, whether the body is small
+    # (the model), large with the bad value among the numbers (the vectorised reader falls back to the model), or
+    # already parsed (prepare); an int is a number
+    for bad in (True, "0.5"):
+        for width in (3, 4096):
+            rewards = [[0.0] * width for _ in range(4)]
+            rewards[2][1] = bad
+            body = {"per_token_logps": [[-0.5] * width for _ in range(4)], "token_level_rewards": rewards}
+            text = json.dumps(body).encode()
+            for read in (partial(prepare_json, text), partial(prepare, body)):
+                kind, status, items = outcome(lambda read=read: read(LossRequest, SETTINGS))
+                assert (kind, status) == ("error", 422), (bad, width)
+                assert items[0]["loc"] == ["body", "token_level_rewards", 2, 1], items
+    whole = {"per_token_logps": [[-1, -0.5]], "token_level_rewards": [[0, 1]]}
+    assert prepare(whole, LossRequest, SETTINGS).lengths == [2]
