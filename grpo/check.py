@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
@@ -395,10 +397,23 @@ def check_pool(jobs: int = 1, ray_address: str | None = None) -> Iterator[Pool |
         return
     threads = max(1, (os.cpu_count() or 1) // jobs)
     # one thread per worker (jobs = cores, the default): forked, as torch's DataLoader forks its workers, which
-    # then never use the parent's OpenMP pool; several threads each: spawned, importing torch afresh (seconds)
-    method = "fork" if threads == 1 else "spawn"
+    # then never use the parent's OpenMP pool; several threads each, or a process a fork is not safe in: spawned,
+    # importing torch afresh (seconds)
+    method = "fork" if threads == 1 and fork_is_safe() else "spawn"
     with multiprocessing.get_context(method).Pool(jobs, initializer=torch.set_num_threads, initargs=(threads,)) as p:
         yield p
+
+
+FORK_UNSAFE_MODULES = ("ray", "grpc")
+"""Libraries that start native threads of their own (gRPC's event engine, Ray's core worker): one may hold a lock
+at the moment of a fork, which the forked child then waits on forever (a check-run in a Ray driver, or in a
+process that ran one, hung so)."""
+
+
+def fork_is_safe() -> bool:
+    """Whether this process may fork its check workers: no Python thread but the main one, and none of
+    ``FORK_UNSAFE_MODULES`` imported (their threads are native: ``threading`` does not see them)."""
+    return threading.active_count() == 1 and not any(name in sys.modules for name in FORK_UNSAFE_MODULES)
 
 
 class Pool(Protocol):
