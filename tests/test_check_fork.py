@@ -45,7 +45,11 @@ def small_run(run_dir: Path) -> Path:
 def test_a_thread_or_a_threaded_library_rules_the_fork_out(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "ray", raising=False)
     monkeypatch.delitem(sys.modules, "grpc", raising=False)
-    assert fork_is_safe()
+    with monkeypatch.context() as alone:  # a process with its main thread only (a test run has had others)
+        alone.setattr(threading, "active_count", lambda: 1)
+        assert fork_is_safe()
+        alone.setitem(sys.modules, "grpc", sys)  # any module object: its name is what counts
+        assert not fork_is_safe()
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait, daemon=True)
     thread.start()
@@ -57,8 +61,6 @@ def test_a_thread_or_a_threaded_library_rules_the_fork_out(monkeypatch: pytest.M
     finally:
         stop.set()
         thread.join()
-    monkeypatch.setitem(sys.modules, "grpc", sys)  # any module object: its name is what counts
-    assert not fork_is_safe()
 
 
 def test_check_run_after_ray_in_the_same_process_finishes(tmp_path: Path) -> None:
