@@ -3,23 +3,34 @@
 A run of FILES micro-batches of ROWS x WIDTH tokens is generated (random log-probs, ragged rows, the loss each
 file's config gives recorded as the trainer's). Then, side by side:
 - floor = max(reading every file cold (each file's pages dropped first with posix_fadvise DONTNEED),
-  evaluating them serially in this process / the cores): no parallel check can beat both;
-- `python -m grpo check-run RUN --jobs CORES`, cold too, its wall time (process start and spawning its pool
-  included) and its ratio to the floor (target <= 1.5x);
-- the peak RSS of that command (its own process and the largest of its pool's) at 20 files and at FILES
-  (target: FILES's <= 1.2x the peak at 20): flat in the number of files.
-Run: .venv/bin/python bench/check_run.py [--files 200] [--rows 64] [--width 2048] [--jobs CORES]
+  evaluating them serially on ONE torch thread in this process / the cores): no parallel check can beat both.
+  The serial evaluation runs as the CLI's processes do (glibc told to keep freed memory, the files in the page
+  cache, torch warm). It is timed on one thread because a check's processes each run one: a serial time on
+  all the cores' threads, divided by the cores, would count the cores twice. The serial time on every core's
+  thread (torch's default here) is printed too, for the record;
+- `python -m grpo check-run RUN --jobs JOBS`, cold too, its wall time (interpreter start, imports, its pool,
+  exit) and its ratio to the floor (the target: <= 1.5x);
+- beside it, the CLI's fixed cost: `python -m grpo` (the article's 4-row example: interpreter start, imports,
+  a tiny evaluation, exit as the CLI exits), and, as a second figure, check-run's wall less that fixed cost
+  against the floor: what the pool does with the files, the start aside (NOT the target's figure);
+- the peak RSS of that command (its own process or the largest of its pool's, from wait4) at 20 files and at
+  FILES (target: FILES's <= 1.2x the peak at 20): flat in the number of files.
+The timed commands run --repeat times each, alternated, cold each time; the medians are printed (min beside).
+The machine's load average is printed at the start and the end: on a shared machine the figures move with it.
+Run: .venv/bin/python bench/check_run.py [--files 200] [--rows 64] [--width 2048] [--jobs CORES] [--repeat 3]
+(--files 2000: 2.2 GB on disk under the repository, where the fixed start weighs a tenth as much)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -28,19 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import grpo  # noqa: E402
+from grpo._allocator import keep_freed_memory  # noqa: E402
 from grpo.check import check_run  # noqa: E402
 from grpo.runs import RunWriter, load_run, load_step  # noqa: E402
-
-# The CLI in a child that reports its own peak RSS and its children's (the pool), in KiB (Linux's ru_maxrss).
-MEASURED = """
-import json, resource, sys
-from grpo.__main__ import main
-code = main(sys.argv[1:])
-peak = {"self": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-        "children": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}
-print(json.dumps(peak), file=sys.stderr)
-raise SystemExit(code)
-"""
 
 
 def generate(run_dir: Path, files: int, rows: int, width: int) -> None:
@@ -85,30 +86,53 @@ def read_cold(run_dir: Path) -> float:
     return time.perf_counter() - start
 
 
-def serial_eval(run_dir: Path) -> float:
+def serial_eval(run_dir: Path, threads: int) -> float:
+    """Seconds to check the run in this process on ``threads`` torch threads (files in the page cache)."""
     run = load_run(run_dir)
-    start = time.perf_counter()
-    check = check_run(run)
-    elapsed = time.perf_counter() - start
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        start = time.perf_counter()
+        check = check_run(run)
+        elapsed = time.perf_counter() - start
+    finally:
+        torch.set_num_threads(before)
     assert check.ok
     return elapsed
 
 
-def check_run_cli(run_dir: Path, jobs: int) -> tuple[float, int]:
-    """Wall seconds (cold) and peak RSS in MiB (the CLI's process or its largest pool process)."""
-    drop_cache(run_dir)
+def timed(argv: list[str]) -> tuple[float, int]:
+    """Wall seconds of a command and its peak RSS in MiB: wait4's ru_maxrss, the largest of the process and
+    the children it waited for (the pool's processes)."""
     start = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-c", MEASURED, "check-run", str(run_dir), "--jobs", str(jobs)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+    child = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(child.pid, 0)
     elapsed = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"check-run exited {done.returncode}: {done.stderr[-2000:]}")
-    peak = json.loads(done.stderr.strip().splitlines()[-1])
-    return elapsed, max(peak["self"], peak["children"]) // 1024
+    child.returncode = os.waitstatus_to_exitcode(status)
+    stderr = child.stderr.read().decode() if child.stderr else ""
+    if child.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[1:])} exited {child.returncode}: {stderr[-2000:]}")
+    return elapsed, usage.ru_maxrss // 1024
+
+
+def check_run_cli(run_dir: Path, jobs: int) -> tuple[float, int]:
+    """Wall seconds (cold) and peak RSS in MiB of ``python -m grpo check-run RUN --jobs JOBS``."""
+    drop_cache(run_dir)
+    return timed([sys.executable, "-m", "grpo", "check-run", str(run_dir), "--jobs", str(jobs)])
+
+
+def fixed_start() -> float:
+    """Wall seconds of the CLI doing next to nothing: ``python -m grpo`` (the article's 4-row example)."""
+    return timed([sys.executable, "-m", "grpo"])[0]
+
+
+def medians(repeat: int, *measures: Callable[[], float]) -> list[tuple[float, float]]:
+    """(median, min) of each measure, the measures alternated ``repeat`` times (so load hits them alike)."""
+    samples: list[list[float]] = [[] for _ in measures]
+    for _ in range(repeat):
+        for taken, measure in zip(samples, measures, strict=True):
+            taken.append(measure())
+    return [(statistics.median(taken), min(taken)) for taken in samples]
 
 
 def main() -> None:
@@ -118,8 +142,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--repeat", type=int, default=3, help="times each figure is taken (medians printed)")
     args = parser.parse_args()
     cores = os.cpu_count() or 1
+    keep_freed_memory()  # as the CLI's processes do: the serial floor is the best this process does
+    load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
         big, small = Path(tmp) / "big", Path(tmp) / "small"
         start = time.perf_counter()
@@ -130,19 +157,51 @@ def main() -> None:
             f"generated {args.files} + {args.small} files of {args.rows} x {args.width} in "
             f"{time.perf_counter() - start:.0f} s ({size:.0f} MiB for the large run)"
         )
-        cold = read_cold(big)
-        serial = serial_eval(big)
-        floor = max(cold, serial / cores)
-        wall, peak_big = check_run_cli(big, args.jobs)
-        _, peak_small = check_run_cli(small, args.jobs)
-    print(f"{'':34}{'seconds':>10}")
-    print(f"{'read cold':34}{cold:>10.2f}")
-    print(f"{'evaluate serially':34}{serial:>10.2f}")
-    print(f"{f'floor = max(read, serial / {cores} cores)':34}{floor:>10.2f}")
-    print(f"{f'check-run --jobs {args.jobs} (cold)':34}{wall:>10.2f}   {wall / floor:.2f}x the floor (target <= 1.5x)")
+        peaks = {}
+
+        def cli(run_dir: Path, files: int) -> float:
+            wall, peaks[files] = check_run_cli(run_dir, args.jobs)
+            return wall
+
+        all_threads = torch.get_num_threads()
+        (cold, _), (serial, serial_min), (serial_all, _), (wall, wall_min), (fixed, fixed_min) = medians(
+            args.repeat,
+            lambda: read_cold(big),
+            lambda: serial_eval(big, 1),
+            lambda: serial_eval(big, all_threads),
+            lambda: cli(big, args.files),
+            fixed_start,
+        )
+        cli(small, args.small)
+    floor = max(cold, serial / cores)
+    load_end = os.getloadavg()[0]
+    print(f"load average (1 min) {load_start:.2f} at the start, {load_end:.2f} at the end, on {cores} cores")
+    print(f"{'':52}{'seconds':>8}   medians of {args.repeat} (min)")
+    rows = [
+        ("read cold", cold, None, ""),
+        ("evaluate serially, 1 torch thread", serial, serial_min, ""),
+        (f"  on {all_threads} torch threads (for the record)", serial_all, None, ""),
+        (f"floor = max(read, 1-thread serial / {cores} cores)", floor, None, ""),
+        (
+            f"check-run --jobs {args.jobs} (cold)",
+            wall,
+            wall_min,
+            f"{wall / floor:.2f}x the floor (target <= 1.5x)",
+        ),
+        ("  its fixed start: python -m grpo", fixed, fixed_min, ""),
+        (
+            "  check-run less its fixed start",
+            wall - fixed,
+            None,
+            f"{(wall - fixed) / floor:.2f}x the floor (a second figure: the start aside)",
+        ),
+    ]
+    for label, value, least, note in rows:
+        low = f"({least:.2f})" if least is not None else ""
+        print(f"{label:52}{value:>8.2f} {low:>7}  {note}")
     print(
-        f"peak RSS: {peak_small} MiB at {args.small} files, {peak_big} MiB at {args.files} files: "
-        f"{peak_big / peak_small:.2f}x (target <= 1.2x)"
+        f"peak RSS: {peaks[args.small]} MiB at {args.small} files, {peaks[args.files]} MiB at {args.files} files: "
+        f"{peaks[args.files] / peaks[args.small]:.2f}x (target <= 1.2x)"
     )
 
 
