@@ -386,7 +386,8 @@ def _step_losses(items: list[MicroResult], ranks: int) -> tuple[float | None, fl
 def _micro_results(
     run: Run, rtol: float, metric_atol: float, seen: MicroSeen | None, pool: Pool | None
 ) -> Iterator[MicroResult]:
-    pairs = list(zip(run.steps, [*run.steps[1:], None], strict=True))  # each file and the one read ahead
+    successors: list[StepRef | None] = [*run.steps[1:], None][: len(run.steps)]  # none for a run without files
+    pairs = list(zip(run.steps, successors, strict=True))  # each file and the one read ahead
     if pool is not None:
         if seen is not None:
             raise ValueError("check_run: seen needs each breakdown, which a pool does not send back")

@@ -160,3 +160,12 @@ def test_read_ahead_is_a_hint_that_never_fails(tmp_path: Path) -> None:
     read_ahead(None)
     read_ahead(run.steps[1])
     read_ahead(StepRef(step=9, micro=0, rank=None, path=tmp_path / "gone.safetensors"))  # its load says why
+
+
+def test_a_run_without_step_files_checks_as_empty(tmp_path: Path) -> None:
+    # the read-ahead pairs each file with its successor: a run with no file has no pair (it was a ValueError,
+    # a 500 on such a run's page)
+    writer = RunWriter(tmp_path / "empty", "trl", grpo.LossConfig())
+    writer.update(status="done")
+    check = check_run(load_run(tmp_path / "empty"))
+    assert check.ok and check.micro == [] and check.steps == []
