@@ -427,14 +427,20 @@ def test_the_entropy_mask_is_marked_and_told_with_its_numbers(page: Page) -> Non
     e = sorted(x for row in entropies for x in row)
     assert float(threshold or "nan") == pytest.approx(e[31] + 0.2 * (e[32] - e[31]), rel=1e-6)
     assert e[31] < float(threshold or "nan") <= e[32]  # so exactly the 8 highest are kept
+    _check_mask_marked(page, ["masked by the entropy mask", "line-ew-open", 32], "entropy-mask")
+
+
+def _check_mask_marked(page: Page, mark: list[Any], shots: str) -> None:
+    """The explanation's numbers all tagged; the gradient heatmap marks a token mask's cells as ``mark`` ([legend
+    name, symbol, cells]); screenshots of both, named after ``shots``."""
     assert page.page.evaluate(UNTAGGED, ["#explanation", "#warnings"]) == []
     page.current_chart("heat-grad")
     marks = page.page.evaluate(
         "document.getElementById('heat-grad').data.slice(1).map(t => [t.name, t.marker.symbol, t.x.length])"
     )
-    assert ["masked by the entropy mask", "line-ew-open", 32] in marks
-    _shoot(page, "#heat-grad", "entropy-mask-heatmap.png")
-    _shoot(page, "#explanation", "entropy-mask-sentence.png")
+    assert mark in marks, marks
+    _shoot(page, "#heat-grad", f"{shots}-heatmap.png")
+    _shoot(page, "#explanation", f"{shots}-sentence.png")
     page.check_clean()
 
 
@@ -473,12 +479,4 @@ def test_tool_mask_tokens_are_marked_and_counted(page: Page) -> None:
     sentence = page.page.locator("#explanation li", has_text=re.compile(r"tool's output"))
     assert sentence.inner_text().startswith("6 of the completions' 24 tokens are a tool's output (tool_mask = 0)")
     assert "the loss counts the other 18" in sentence.inner_text()
-    assert page.page.evaluate(UNTAGGED, ["#explanation", "#warnings"]) == []
-    page.current_chart("heat-grad")
-    marks = page.page.evaluate(
-        "document.getElementById('heat-grad').data.slice(1).map(t => [t.name, t.marker.symbol, t.x.length])"
-    )
-    assert ["tool output (tool_mask 0)", "line-ew-open", 6] in marks
-    _shoot(page, "#heat-grad", "tool-mask-heatmap.png")
-    _shoot(page, "#explanation", "tool-mask-sentence.png")
-    page.check_clean()
+    _check_mask_marked(page, ["tool output (tool_mask 0)", "line-ew-open", 6], "tool-mask")
