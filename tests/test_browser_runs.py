@@ -40,6 +40,14 @@ def runs_server(trl_runs: dict[str, Path], tmp_path_factory: pytest.TempPathFact
     yield from serve({"GRPO_LENS_RUNS_DIR": str(runs_dir), "GRPO_LENS_PROCESS_WORKERS": "0"}, port)
 
 
+def shoot_section(page: Page, section: str, name: str) -> None:
+    """A screenshot of the viewport with the element ``section`` scrolled into it, as test-artifacts/``name``."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.page.evaluate(f"document.getElementById('{section}').scrollIntoView()")
+    time.sleep(0.5)  # the scroll's repaint
+    page.page.screenshot(path=str(ARTIFACTS / name), full_page=False)
+
+
 def test_a_captured_run_steps_through_every_view(browser: Any, runs_server: str) -> None:  # noqa: F811
     page = Page(browser, runs_server)
     try:
@@ -79,13 +87,8 @@ def test_a_captured_run_steps_through_every_view(browser: Any, runs_server: str)
         page.wait_for("Boolean(document.getElementById('run-replay-chart').data)")
         names = page.page.evaluate("document.getElementById('run-replay-chart').data.map(t => t.name)")
         assert "loss (trl-dr_grpo)" in names and "loss (as captured)" in names
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.page.evaluate("document.getElementById('runs').scrollIntoView()")
-        time.sleep(0.5)
-        page.page.screenshot(path=str(ARTIFACTS / "runs-view.png"), full_page=False)
-        page.page.evaluate("document.getElementById('view-heatmaps').scrollIntoView()")
-        time.sleep(0.5)
-        page.page.screenshot(path=str(ARTIFACTS / "runs-step2-heatmaps.png"), full_page=False)
+        shoot_section(page, "runs", "runs-view.png")
+        shoot_section(page, "view-heatmaps", "runs-step2-heatmaps.png")
         page.check_clean()
     finally:
         page.context.close()
@@ -134,10 +137,7 @@ def test_a_step_says_its_rollout_and_the_picker_offers_what_it_holds(browser: An
         page.page.select_option("#run-micro", "1")
         page.wait_for("!document.getElementById('runs').classList.contains('stale')")
         assert (page.page.text_content("#run-step-label") or "").startswith("step 2, micro-batch 1")
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.page.evaluate("document.getElementById('runs').scrollIntoView()")
-        time.sleep(0.5)
-        page.page.screenshot(path=str(ARTIFACTS / "runs-story.png"), full_page=False)
+        shoot_section(page, "runs", "runs-story.png")
         page.check_clean()
     finally:
         page.context.close()

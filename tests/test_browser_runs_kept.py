@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 from test_browser import ARTIFACTS, CHROMIUM, Page, browser  # noqa: F401 (browser is a fixture)
-from test_browser_runs import runs_server  # noqa: F401 (a fixture)
+from test_browser_runs import runs_server, shoot_section  # noqa: F401 (runs_server is a fixture)
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed")
 RUN = "trl-grpo-run"
@@ -58,10 +58,7 @@ def test_a_kept_run_page_is_revalidated_not_sent_again(browser: Any, runs_server
         # answers the page's fetch from its cache with (a 200 to the script)
         assert answers[0][0] > 1000 and answers[0][1] is None, answers
         assert answers[-1] == (0, etag), answers
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.page.evaluate("document.getElementById('runs').scrollIntoView()")
-        time.sleep(0.5)
-        page.page.screenshot(path=str(ARTIFACTS / "runs-view-revalidated.png"), full_page=False)
+        shoot_section(page, "runs", "runs-view-revalidated.png")
         page.check_clean()
     finally:
         page.context.close()
