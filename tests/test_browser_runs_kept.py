@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from test_browser import ARTIFACTS, CHROMIUM, Page, browser  # noqa: F401 (browser is a fixture)
+from test_browser import CHROMIUM, Page, browser  # noqa: F401 (browser is a fixture)
 from test_browser_runs import runs_server, shoot_section  # noqa: F401 (runs_server is a fixture)
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed")
