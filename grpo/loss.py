@@ -288,10 +288,18 @@ def reference_free_kl(like: Tensor, config: LossConfig, ratio: Tensor) -> Tensor
     zero, filled in, times ``ratio`` (the policy's importance ratio, the values kl_penalty recomputes) under the bias
     correction. The values kl_penalty gives token by token (a -0.0 and 0 · inf = NaN included), in one or two passes
     instead of the estimator's and its clamps' dozen; the clamps touch nothing, as there. (B, T) -> (B, T)"""
-    zero = like.detach().new_zeros(())
-    constant = float(kl_penalty(zero, zero, zero, zero, config, bias_correct=False))
-    kl = torch.full_like(like.detach(), constant)
+    kl = torch.full_like(like.detach(), reference_free_constant(like, config))
     return kl * ratio.detach() if config.kl_bias_correction else kl
+
+
+def reference_free_constant(like: Tensor, config: LossConfig) -> float:
+    """The one value of the reference-free KL before the bias correction (``kl_penalty`` of a 0-d zero)."""
+    zero = like.detach().new_zeros(())
+    return float(kl_penalty(zero, zero, zero, zero, config, bias_correct=False))
+
+
+def is_positive_zero(value: float) -> bool:
+    return value == 0.0 and math.copysign(1.0, value) > 0
 
 
 @dataclass(frozen=True)
@@ -484,7 +492,9 @@ class _Terms:
     """None when the KL was not asked for (compute_loss with beta = 0)."""
     weight: Tensor
     policy_tokens: Tensor
-    kl_tokens: Tensor
+    """weight · -surrogate, written 0 - weight·surrogate: a zero is +0.0, as when the KL's zeros were added to it."""
+    kl_tokens: Tensor | None
+    """weight · beta · kl; None when the KL is out of the loss (beta 0)."""
     touched: Touched
     kept: Tensor | None
     """The token mask on the policy term (None: every counted token keeps it)."""
@@ -494,6 +504,9 @@ class _Terms:
     """(B, T) or (B, 1): the surrogate before the correction (None when there is none), for the loss without it."""
     entropy_tokens: Tensor | None
     """(B, T) -entropy_coef · w_H · H per token (None: no entropy bonus)."""
+    kl_zero: bool = False
+    """Whether ``kl`` is +0.0 at every token (the reference-free KL of k1, k2, k3, ... without the bias correction):
+    the breakdown's zero tensors are then that one tensor."""
 
 
 def entropy_threshold(entropies: Tensor, counted: Tensor, quantile: float) -> Tensor | None:
@@ -537,9 +550,10 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
     uncorrected = None if correction is None else objective.surrogate.detach()
     if correction is not None:
         objective = replace(objective, surrogate=objective.surrogate * correction.factor)
-    kl = None
+    kl, kl_zero = None, False
     if not inp.ref_given and not config.beta and want_kl:
         kl = reference_free_kl(logp_kl, config, ratio)  # reported only: one constant (times the ratio) per token
+        kl_zero = not config.kl_bias_correction and is_positive_zero(reference_free_constant(logp_kl, config))
     elif want_kl or config.beta:
         kl = kl_penalty(logp_kl, inp.ref, inp.old, inp.mask, config, touched)
     weight = AGGREGATIONS.get(config.aggregation)(inp.mask, config, inp.width)
@@ -547,10 +561,10 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
     if config.gradient_accumulation_steps != 1:  # the trainer's scaling of one micro-batch's loss
         weight = weight / config.gradient_accumulation_steps
         policy_weight = policy_weight / config.gradient_accumulation_steps
-    policy_tokens = policy_weight * -objective.surrogate
+    policy_tokens = 0.0 - policy_weight * objective.surrogate
     # beta = 0 leaves the KL out of the loss entirely, as TRL does (so an overflowed KL cannot
     # turn the loss into NaN through 0 · inf); the KL is still reported.
-    kl_tokens = weight * (config.beta * kl) if config.beta and kl is not None else torch.zeros_like(weight)
+    kl_tokens = weight * (config.beta * kl) if config.beta and kl is not None else None
     entropy_tokens = entropy_bonus(inp, config, weight, kept)
     return _Terms(
         ratio,
@@ -565,7 +579,13 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
         correction,
         uncorrected,
         entropy_tokens,
+        kl_zero,
     )
+
+
+def token_terms(t: _Terms) -> Tensor:
+    """Each token's policy and KL terms, summed (the policy term alone when the KL is out of the loss)."""
+    return t.policy_tokens if t.kl_tokens is None else t.policy_tokens + t.kl_tokens
 
 
 def router_part(config: LossConfig, like: Tensor) -> Tensor:
@@ -605,7 +625,7 @@ def compute_loss(batch: Batch, config: LossConfig | None = None) -> Tensor:
     config = config or LossConfig()
     inp = _inputs(batch, config)
     terms = _terms(inp, inp.logp, inp.logp, config, want_kl=False)
-    loss = (terms.policy_tokens + terms.kl_tokens).sum() + router_part(config, terms.weight)
+    loss = token_terms(terms).sum() + router_part(config, terms.weight)
     return loss if terms.entropy_tokens is None else loss + terms.entropy_tokens.sum()
 
 
@@ -618,40 +638,51 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         logp_policy = logp.detach().requires_grad_(True)  # two leaves over the same memory
         logp_kl = logp.detach().requires_grad_(True)
         t = _terms(inp, logp_policy, logp_kl, config, want_kl=True)
-        token_loss = t.policy_tokens + t.kl_tokens
+        token_loss = token_terms(t)
         if t.entropy_tokens is not None:  # a constant per token: it moves the loss, not the gradient
             token_loss = token_loss + t.entropy_tokens
         loss = token_loss.sum() + router_part(config, t.weight)
         grads = torch.autograd.grad(loss, [logp_policy, logp_kl], allow_unused=True)
-    # Weights are 0 where nothing counts, so the gradient is ±0 there.
-    grad_policy, grad_kl = (torch.zeros_like(logp) if g is None else g for g in grads)
     assert t.kl is not None  # want_kl
+    # Every tensor of the breakdown that is +0.0 at every token is this one (it is never written to).
+    zeros = t.kl.detach() if t.kl_zero else torch.zeros_like(logp)
+    # Weights are 0 where nothing counts, so the gradient is ±0 there. Without a KL term in the loss the
+    # gradient is the policy term's.
+    grad_policy, grad_kl = (zeros if g is None else g for g in grads)
+    grad = grad_policy if grads[1] is None else grad_policy + grad_kl
 
     shape = logp.shape
+    ratio = t.ratio.detach().expand(shape) * mask
+    region, outside = _region_codes(t.objective.region, inp, shape)
+    clipped = t.objective.clipped_ratio
     # Masked positions hold logp = old = ref = 0, so kl and log_ratio are already 0 there.
     tokens = TokenBreakdown(
-        ratio=t.ratio.detach().expand(shape) * mask,
-        clipped_ratio=t.objective.clipped_ratio.expand(shape) * mask,
+        ratio=ratio,
+        clipped_ratio=ratio if _same(clipped, t.ratio, shape) else clipped.expand(shape) * mask,
         surrogate=t.objective.surrogate.detach().expand(shape) * mask,
         kl=t.kl.detach(),
         weight=t.weight,
         loss=token_loss.detach(),
         policy_loss=t.policy_tokens.detach(),
-        kl_loss=t.kl_tokens.detach(),
-        grad=grad_policy + grad_kl,
+        kl_loss=zeros if t.kl_tokens is None else t.kl_tokens.detach(),
+        grad=grad,
         grad_policy=grad_policy,
         grad_kl=grad_kl,
-        region=(t.objective.region.expand(shape) * mask).to(torch.int8),  # MASKED is 0
+        region=region,
         policy_kept=mask if t.kept is None else t.kept * mask,
         log_ratio=t.log_ratio.detach(),
         mask=inp.counted,
-        **_correction_tokens(t.correction, inp),
+        **_correction_tokens(t.correction, inp, zeros),
         selected=None if t.objective.selected is None else t.objective.selected.expand(shape) * mask,
         advantage=adv.on_tokens().expand(shape) * mask,
         tool_output=None if batch.tool_output is None else batch.tool_output.to(inp.device),
     )
-    rows = _rows(tokens, adv, mask)
-    metrics = _metrics(batch, config, t.objective.flags, tokens, rows, adv, mask, t.ratio.detach())
+    kl_zero = t.kl_tokens is None  # tokens.kl_loss is +0.0 everywhere
+    rows = _rows(tokens, adv, mask, outside, kl_zero)
+    policy_sum = tokens.policy_loss.sum()
+    kl_sum = zeros.new_zeros(()) if kl_zero else tokens.kl_loss.sum()
+    sums = _Sums(policy_sum, t.kl_zero, inp.rejected is None)
+    metrics = _metrics(batch, config, t.objective.flags, tokens, rows, adv, mask, t.ratio.detach(), sums)
     sampling = None
     if t.correction is not None and inp.sampler is not None and config.rollout_correction != "none":
         sampling = sampling_sums(t.correction, inp.base, inp.sampler, mask)
@@ -662,7 +693,7 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
     if config.aux_loss_coef and config.aux_loss is not None:
         metrics["aux_loss"] = float(config.aux_loss)  # TRL logs the router loss itself (gathered mean)
     if entropy_loss is not None:  # the trainers' names: TRL's coefficient and policy part, verl's agg(H)
-        policy_part = float(tokens.policy_loss.sum() + tokens.kl_loss.sum()) * config.gradient_accumulation_steps
+        policy_part = float(policy_sum + kl_sum) * config.gradient_accumulation_steps
         metrics |= {
             "entropy_coef": config.entropy_coef,
             "policy_loss": policy_part,
@@ -672,8 +703,8 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
     return Breakdown(
         loss=loss.detach(),
         objective=0.0 - loss.detach(),  # 0.0 - x, not -x: no -0.0 for a zero loss
-        policy_loss=tokens.policy_loss.sum(),
-        kl_loss=tokens.kl_loss.sum(),
+        policy_loss=policy_sum,
+        kl_loss=kl_sum,
         metrics=metrics,
         advantages=rows.advantage,
         rows=rows,
@@ -703,11 +734,41 @@ def _rollout_logps(inp: _Inputs, config: LossConfig) -> RolloutLogps | None:
     return RolloutLogps(inp.base, inp.sampler, inp.logp.detach(), inp.before_rejection.bool())
 
 
-def _correction_tokens(applied: Applied | None, inp: _Inputs) -> dict[str, Tensor]:
+def _same(a: Tensor, b: Tensor, shape: torch.Size) -> bool:
+    """Whether ``a`` and ``b`` broadcast to ``shape`` read the same memory the same way (so hold the same values)."""
+    x, y = a.expand(shape), b.expand(shape)
+    return x.data_ptr() == y.data_ptr() and x.stride() == y.stride() and x.dtype == y.dtype
+
+
+def _region_codes(region: Tensor, inp: _Inputs, shape: torch.Size) -> tuple[Tensor, Tensor]:
+    """(int8 region codes (B, T), 0 where nothing counts; (B,) each row's count of tokens outside the trust
+    region). An objective with one region for every token (``regions`` without indicators) gives one code."""
+    mask = inp.mask
+    if region.numel() == 1:
+        code = int(region.reshape(()))
+        outside = mask.sum(-1) if code > TRUST else mask.new_zeros(shape[0])
+        return inp.counted.to(torch.int8) * code, outside
+    codes = region.expand(shape) * mask  # MASKED is 0
+    return codes.to(torch.int8), above(codes, TRUST).sum(-1)
+
+
+@dataclass(frozen=True)
+class _Sums:
+    """What the metrics can take from evaluate instead of another pass over (B, T)."""
+
+    policy: Tensor
+    """0-d: tokens.policy_loss.sum()."""
+    kl_zero: bool
+    """tokens.kl is +0.0 at every token."""
+    zero_outside: bool
+    """tokens.log_ratio is 0 wherever nothing counts and the importance ratio 1 there (no rejection)."""
+
+
+def _correction_tokens(applied: Applied | None, inp: _Inputs, zeros: Tensor) -> dict[str, Tensor]:
     """The breakdown's per-token view of the rollout correction (the identity when none is chosen)."""
     mask = inp.mask
     if applied is None:
-        log_ratio = torch.zeros_like(mask) if inp.sampler is None else sampler_log_ratio(inp.base, inp.sampler, mask)
+        log_ratio = zeros if inp.sampler is None else sampler_log_ratio(inp.base, inp.sampler, mask)
         # KEPT where counted, NOT_COUNTED (0) elsewhere: the bool mask's int8 copy times KEPT, a pass over bytes
         # (torch.where into int64 and back costs ten of them)
         code = inp.counted.to(torch.int8) * KEPT
@@ -729,26 +790,28 @@ def _uncorrected_loss(batch: Batch, config: LossConfig, t: _Terms, inp: _Inputs,
     bonus = router_part(config, t.weight) + (0.0 if t.entropy_tokens is None else t.entropy_tokens.sum().detach())
     if inp.rejected is None:
         if t.uncorrected is None:
-            return (t.policy_tokens + t.kl_tokens).sum().detach() + bonus
-        return (t.weight * -t.uncorrected).sum() + t.kl_tokens.detach().sum() + bonus
+            return token_terms(t).sum().detach() + bonus
+        kl = 0.0 if t.kl_tokens is None else t.kl_tokens.detach().sum()
+        return (t.weight * -t.uncorrected).sum() + kl + bonus
     off = replace(config, rollout_correction="none", off_policy_mask_threshold=None, rollout_rs=None)
     inp = _inputs(batch, off)
     with torch.no_grad():
         t = _terms(inp, inp.logp.detach(), inp.logp.detach(), off, want_kl=False)
-        return (t.policy_tokens + t.kl_tokens).sum() + bonus
+        return token_terms(t).sum() + bonus
 
 
-def _rows(tokens: TokenBreakdown, adv: _Advantages, mask: Tensor) -> RowBreakdown:
+def _rows(tokens: TokenBreakdown, adv: _Advantages, mask: Tensor, outside: Tensor, kl_zero: bool) -> RowBreakdown:
+    """``outside``: each row's tokens outside the trust region; ``kl_zero``: tokens.kl_loss is +0.0 everywhere."""
     lengths = mask.sum(-1)
-    outside = above(tokens.region.to(mask.dtype), TRUST).sum(-1)
     B = mask.shape[0]
+    policy = tokens.policy_loss.sum(-1)
     return RowBreakdown(
         advantage=adv.of_rows(mask),
         reward=adv.reward,
         length=lengths,
-        loss=tokens.loss.sum(-1),
-        policy_loss=tokens.policy_loss.sum(-1),
-        kl_loss=tokens.kl_loss.sum(-1),
+        loss=policy if tokens.loss is tokens.policy_loss else tokens.loss.sum(-1),
+        policy_loss=policy,
+        kl_loss=lengths.new_zeros(B) if kl_zero else tokens.kl_loss.sum(-1),
         sequence_ratio=(tokens.log_ratio.sum(-1) / lengths.clamp(min=1)).exp(),
         clip_fraction=outside / lengths.clamp(min=1),
         group=torch.arange(B, device=mask.device) // adv.group_size,
@@ -764,12 +827,17 @@ def _metrics(
     adv: _Advantages,
     mask: Tensor,
     raw_ratio: Tensor,
+    sums: _Sums,
 ) -> dict[str, float]:
-    n_tokens = mask.sum().clamp(min=1)
+    lengths = rows.length
+    counted = lengths.sum()  # counts: exact in either order
+    n_tokens = counted.clamp(min=1)
     flat_mask = mask.view(-1)
 
     def masked_sum(x: Tensor) -> Tensor:
-        return torch.dot(x.expand(mask.shape).reshape(-1), flat_mask)
+        if x.shape[-1] == 1:  # one value per row: the row's value times its counted tokens
+            return torch.dot(x.reshape(-1), lengths)
+        return torch.dot(x.reshape(-1), flat_mask)
 
     metrics = dict.fromkeys(objective_metrics(), 0.0)
     reductions = OBJECTIVES.entry(config.objective).metrics
@@ -784,7 +852,6 @@ def _metrics(
     # TRL 1.16: the min (max) over sequences of each sequence's clip fraction, gathered over
     # processes; rows without a counted token are NaN there and skipped (nanmin / nanmax). At
     # sequence level each row's flag is its fraction, empty rows included (TRL squeezes the flag).
-    lengths = mask.sum(-1)
     counted_rows = lengths > 0
     for name, reduce in (("clip_ratio/low_min", torch.min), ("clip_ratio/high_max", torch.max)):
         if name not in flags:
@@ -794,31 +861,29 @@ def _metrics(
         elif bool(counted_rows.any()):
             per_row = (flags[name] * mask).sum(-1)[counted_rows] / lengths[counted_rows]
             metrics[name] = float(reduce(per_row))
-    any_counted = float(mask.sum()) > 0
-    # Ratios are > 0 and tokens.ratio holds 0 where nothing counts, so its max is a counted one;
-    # the raw ratio is 1 there, so max(mask / raw ratio) is 1 / (the smallest counted ratio).
-    ratio_max = tokens.ratio.max()
-    ratio_min = 1 / (mask / raw_ratio).max()
+    any_counted = float(counted) > 0
+    ratio_min, ratio_max = _ratio_range(tokens, mask, raw_ratio, counted_rows, sums.zero_outside)
+    masked_log_ratio = tokens.log_ratio if sums.zero_outside else tokens.log_ratio * mask
     # An objective's own reading of a shared name wins (verl's kl_cov logs the mean |log-ratio| as actor/ppo_kl).
     metrics |= {
         name: value
         for name, value in {
             # over the tokens that count: verl's rejection leaves log-ratios on the tokens it took out
-            "actor/ppo_kl": 0.0 - float((tokens.log_ratio * mask).sum() / n_tokens),
+            "actor/ppo_kl": 0.0 - float(masked_log_ratio.sum() / n_tokens),
         }.items()
         if name not in flags
     }
     metrics |= {
-        "kl": float(tokens.kl.sum() / n_tokens),  # kl is 0 where nothing counts
-        "actor/pg_loss": float(tokens.policy_loss.sum()),
-        "actor/kl_loss": float(torch.dot(tokens.weight.view(-1), tokens.kl.view(-1))),
+        "kl": 0.0 if sums.kl_zero else float(tokens.kl.sum() / n_tokens),  # kl is 0 where nothing counts
+        "actor/pg_loss": float(sums.policy),
+        "actor/kl_loss": 0.0 if sums.kl_zero else float(torch.dot(tokens.weight.view(-1), tokens.kl.view(-1))),
         "actor/kl_coef": config.beta,
         "completions/mean_length": float(rows.length.mean()),
         "completions/min_length": float(rows.length.min()),
         "completions/max_length": float(rows.length.max()),
         # GRPO Lens's own quantities: no trainer logs these under these names (TRL's num_tokens is a
         # running total with prompts, grad_norm the norm over the model's parameters).
-        "lens/num_tokens": float(mask.sum()),
+        "lens/num_tokens": float(counted),
         "lens/grad_norm_logps": float(tokens.grad.norm()),
         "lens/ratio/min": float(ratio_min) if any_counted else 1.0,
         "lens/ratio/mean": float(tokens.ratio.sum() / n_tokens) if any_counted else 1.0,
@@ -829,6 +894,24 @@ def _metrics(
     if batch.entropies is not None:
         metrics["entropy"] = float(masked_mean(batch.entropies.to(mask.device, mask.dtype), mask))
     return metrics | adv.metrics
+
+
+def _ratio_range(
+    tokens: TokenBreakdown, mask: Tensor, raw_ratio: Tensor, counted_rows: Tensor, one_outside: bool
+) -> tuple[Tensor, Tensor]:
+    """(smallest, largest) importance ratio over the counted tokens, the smallest as 1 / (1 / min): the values of
+    1 / max(mask / raw ratio) and max(tokens.ratio) (ratios are > 0; 1/x is monotone). ``one_outside``: the raw ratio
+    is exactly 1 wherever nothing counts, so one pass over it finds both when they lie on either side of 1."""
+    if raw_ratio.shape[-1] == 1:  # one ratio per row (sequence level): the rows with a counted token
+        per_row = raw_ratio.reshape(-1)[counted_rows]
+        if per_row.numel():
+            low, high = torch.aminmax(per_row)
+            return 1 / (1 / low), high
+    elif one_outside:
+        low, high = torch.aminmax(raw_ratio)
+        if bool(low < 1) and bool(high > 1):  # neither is an uncounted position's 1
+            return 1 / (1 / low), high
+    return 1 / (mask / raw_ratio).max(), tokens.ratio.max()
 
 
 def _clamp_counts(touched: Touched, tokens: TokenBreakdown, mask: Tensor, config: LossConfig) -> dict[str, int]:

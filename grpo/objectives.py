@@ -39,7 +39,8 @@ class ObjectiveTerms:
     clipped_ratio: Tensor
     """The ratio after the objective's bounds (clip: TRL's coef_2; CISPO: the capped weight)."""
     region: Tensor
-    """Region codes (see REGIONS) as floats, before masking."""
+    """Region codes (see REGIONS) as floats, before masking; broadcastable to the surrogate: (1, ..., 1) when every
+    token is in the trust region (``regions`` without indicators)."""
     flags: dict[str, Tensor] = field(default_factory=dict)
     """0.0/1.0 indicators keyed by the trainer's metric name; the caller takes their masked mean."""
     weight: Tensor | None = None
@@ -188,7 +189,10 @@ def below(x: Tensor, threshold: float | Tensor) -> Tensor:
 def regions(
     like: Tensor, clip_low: Tensor | None = None, clip_high: Tensor | None = None, dual_clip: Tensor | None = None
 ) -> Tensor:
-    """Float region codes from disjoint 0/1 indicators: TRUST where none is 1."""
+    """Float region codes from disjoint 0/1 indicators: TRUST where none is 1. Without indicators every token is
+    in the trust region: one TRUST of shape (1, ..., 1) that broadcasts to ``like`` (no (B, T) pass)."""
+    if clip_low is None and clip_high is None and dual_clip is None:
+        return like.new_full((1,) * like.dim(), TRUST)
     region = torch.full_like(like, TRUST)
     for code, indicator in ((CLIP_LOW, clip_low), (CLIP_HIGH, clip_high), (DUAL_CLIP, dual_clip)):
         if indicator is not None:
