@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -229,8 +230,35 @@ Touched = dict[str, Tensor]
 """Where each clamp acted: config field name -> 1.0/0.0 indicator, (B, T) or (B, 1)."""
 
 
+class _CountedRowSum(torch.autograd.Function):
+    """Each row's sum of an x that is already 0 wherever the mask is 0: the value of (x · mask).sum(-1) to the bit,
+    without the product; the gradient that product gives, grad · mask. (B, T) -> (B, 1)"""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, mask: Tensor) -> Tensor:
+        ctx.save_for_backward(mask)
+        return x.sum(-1, keepdim=True)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        (mask,) = ctx.saved_tensors
+        return grad * mask, None
+
+
+def counted_row_sum(x: Tensor, mask: Tensor) -> Tensor:
+    """(x · mask).sum(-1, keepdim=True) for an x already 0 wherever the mask is 0, in one pass (``_CountedRowSum``)."""
+    out: Tensor = _CountedRowSum.apply(x, mask)  # type: ignore[no-untyped-call]  # torch's Function.apply is untyped
+    return out
+
+
 def importance_ratio(
-    logp: Tensor, old: Tensor, mask: Tensor, config: LossConfig, touched: Touched | None = None
+    logp: Tensor,
+    old: Tensor,
+    mask: Tensor,
+    config: LossConfig,
+    touched: Touched | None = None,
+    lengths: Tensor | None = None,
+    zero_outside: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """(ratio, log_ratio): ratio (B, T), or (B, 1) at sequence level; log_ratio (B, T).
 
@@ -238,7 +266,7 @@ def importance_ratio(
     through the mean as in TRL; with ``sequence_ratio_gradient="token"`` verl's token form
     sg(s)·pi/sg(pi) (B, T): the same value, and the same gradient while a row has one advantage
     (with per-token advantages each token's gradient then carries its own). ``touched`` records where
-    the clamps acted.
+    the clamps acted. ``lengths``: mask.sum(-1) when known; ``zero_outside``: logp - old is 0 wherever the mask is.
     """
     touched = {} if touched is None else touched
     log_ratio = logp - old
@@ -246,7 +274,9 @@ def importance_ratio(
         log_ratio, touched["log_ratio_clamp"] = clamp_symmetric(log_ratio, config.log_ratio_clamp)
     if config.importance_sampling_level == "token":
         return log_ratio.exp(), log_ratio
-    seq = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # (B, T) -> (B, 1)
+    total = counted_row_sum(log_ratio, mask) if zero_outside else (log_ratio * mask).sum(-1, keepdim=True)
+    counts = mask.sum(-1, keepdim=True) if lengths is None else lengths[:, None]
+    seq = total / counts.clamp(min=1)  # (B, T) -> (B, 1)
     if config.sequence_ratio_gradient == "token":  # verl: log s_t = logp - sg(logp) + sg(log s), (B, T)
         seq = logp - logp.detach() + seq.detach()
     if config.seq_log_ratio_clamp is not None:  # verl GSPO: an upper clamp only
@@ -298,8 +328,21 @@ def reference_free_constant(like: Tensor, config: LossConfig) -> float:
     return float(kl_penalty(zero, zero, zero, zero, config, bias_correct=False))
 
 
-def is_positive_zero(value: float) -> bool:
-    return value == 0.0 and math.copysign(1.0, value) > 0
+def reference_free_zero(
+    like: Tensor, config: LossConfig, ratio: Tensor, extent: tuple[Tensor, Tensor] | None = None
+) -> bool:
+    """Whether ``reference_free_kl`` is +0.0 at every token: its constant is +0.0 (k1, k2, k3, ...) and, under the
+    bias correction, every ratio is finite (+0 times a finite ratio >= 0 is +0.0; times inf it is NaN). A finite sum
+    proves every ratio finite; a sum that overflows says no, and the KL is then computed. ``extent``: the ratio's
+    (min, max), when known."""
+    constant = reference_free_constant(like, config)
+    if constant != 0.0 or math.copysign(1.0, constant) < 0:
+        return False
+    if not config.kl_bias_correction:
+        return True
+    if extent is not None:
+        return bool(torch.isfinite(extent[0])) and bool(torch.isfinite(extent[1]))
+    return bool(torch.isfinite(ratio.detach().sum()))
 
 
 @dataclass(frozen=True)
@@ -436,6 +479,8 @@ class _Inputs:
     rejected: Tensor | None
     """(B, T) bool: counted positions rollout_rs took out of the batch (None: no rejection)."""
     adv: _Advantages
+    lengths: Tensor
+    """(B,) counted tokens per row: mask.sum(-1)."""
     width: int
     """The padded completion width (T minus the shortest prompt)."""
 
@@ -462,11 +507,12 @@ def _inputs(batch: Batch, config: LossConfig) -> _Inputs:
         criteria = rs_criteria(config.rollout_rs, config.rollout_rs_threshold)
         keep = rejection_keep(sampler_log_ratio(base, sampler, before), before, criteria).bool()
         rejected, counted = counted & ~keep, counted & keep
+    mask = before if rejected is None else counted.to(dtype)
     return _Inputs(
         device=device,
         dtype=dtype,
         counted=counted,
-        mask=before if rejected is None else counted.to(dtype),
+        mask=mask,
         logp=logp,
         old=old,
         ref=logp.detach() if ref is None else ref,
@@ -477,6 +523,7 @@ def _inputs(batch: Batch, config: LossConfig) -> _Inputs:
         before_rejection=before,
         rejected=rejected,
         adv=compute_advantages(batch, config, device, dtype),
+        lengths=mask.sum(-1),
         width=int(batch.shape[1] - int(batch.prompt_length_tensor().min())),
     )
 
@@ -493,6 +540,8 @@ class _Terms:
     weight: Tensor
     policy_tokens: Tensor
     """weight · -surrogate, written 0 - weight·surrogate: a zero is +0.0, as when the KL's zeros were added to it."""
+    weighted: Tensor
+    """weight · surrogate (policy_tokens = 0 - weighted)."""
     kl_tokens: Tensor | None
     """weight · beta · kl; None when the KL is out of the loss (beta 0)."""
     touched: Touched
@@ -505,8 +554,10 @@ class _Terms:
     entropy_tokens: Tensor | None
     """(B, T) -entropy_coef · w_H · H per token (None: no entropy bonus)."""
     kl_zero: bool = False
-    """Whether ``kl`` is +0.0 at every token (the reference-free KL of k1, k2, k3, ... without the bias correction):
-    the breakdown's zero tensors are then that one tensor."""
+    """Whether ``kl`` is +0.0 at every token (``reference_free_zero``): the breakdown's zero tensors are then that
+    one tensor."""
+    ratio_extent: tuple[Tensor, Tensor] | None = None
+    """torch.aminmax of the (B, T) importance ratio, when it was taken."""
 
 
 def entropy_threshold(entropies: Tensor, counted: Tensor, quantile: float) -> Tensor | None:
@@ -538,8 +589,9 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
     """Every per-token term, from the log-probs the policy and the KL terms read (the same values)."""
     touched: Touched = {}
     A = inp.adv.on_tokens()  # (B, 1) broadcast over the row's tokens, or (B, T) given per token
-    ratio, log_ratio = importance_ratio(logp_policy, inp.old, inp.mask, config, touched)
-    given = ObjectiveInputs(old=inp.old, log_ratio=log_ratio, mask=inp.mask)
+    zero_outside = inp.rejected is None  # the Batch holds 0 wherever nothing counts, unless rollout_rs took tokens
+    ratio, log_ratio = importance_ratio(logp_policy, inp.old, inp.mask, config, touched, inp.lengths, zero_outside)
+    given = ObjectiveInputs(old=inp.old, log_ratio=log_ratio, mask=inp.mask, zero_outside=zero_outside)
     objective = OBJECTIVES.get(config.objective)(ratio, logp_policy, A, config, given)
     kept = policy_kept(inp, config)
     if kept is not None:  # a token mask on the policy term only (TRL multiplies the per-token loss by it)
@@ -549,11 +601,13 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
     correction = correct(inp.base, inp.sampler, logp_policy, A, inp.before_rejection, config)
     uncorrected = None if correction is None else objective.surrogate.detach()
     if correction is not None:
-        objective = replace(objective, surrogate=objective.surrogate * correction.factor)
-    kl, kl_zero = None, False
+        objective = replace(objective, surrogate=objective.surrogate * correction.factor, zero_outside=False)
+    kl, kl_zero, extent = None, False, None
     if not inp.ref_given and not config.beta and want_kl:
-        kl = reference_free_kl(logp_kl, config, ratio)  # reported only: one constant (times the ratio) per token
-        kl_zero = not config.kl_bias_correction and is_positive_zero(reference_free_constant(logp_kl, config))
+        # one pass finds the ratio's extent: whether it is finite here, its smallest and largest in the metrics
+        extent = torch.aminmax(ratio.detach()) if config.kl_bias_correction and ratio.shape[-1] > 1 else None
+        kl_zero = reference_free_zero(logp_kl, config, ratio, extent)  # reported only: one constant (times the ratio)
+        kl = torch.zeros_like(logp_kl.detach()) if kl_zero else reference_free_kl(logp_kl, config, ratio)
     elif want_kl or config.beta:
         kl = kl_penalty(logp_kl, inp.ref, inp.old, inp.mask, config, touched)
     weight = AGGREGATIONS.get(config.aggregation)(inp.mask, config, inp.width)
@@ -561,7 +615,8 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
     if config.gradient_accumulation_steps != 1:  # the trainer's scaling of one micro-batch's loss
         weight = weight / config.gradient_accumulation_steps
         policy_weight = policy_weight / config.gradient_accumulation_steps
-    policy_tokens = 0.0 - policy_weight * objective.surrogate
+    weighted = policy_weight * objective.surrogate
+    policy_tokens = 0.0 - weighted
     # beta = 0 leaves the KL out of the loss entirely, as TRL does (so an overflowed KL cannot
     # turn the loss into NaN through 0 · inf); the KL is still reported.
     kl_tokens = weight * (config.beta * kl) if config.beta and kl is not None else None
@@ -573,6 +628,7 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
         kl,
         weight,
         policy_tokens,
+        weighted,
         kl_tokens,
         touched,
         kept,
@@ -580,6 +636,7 @@ def _terms(inp: _Inputs, logp_policy: Tensor, logp_kl: Tensor, config: LossConfi
         uncorrected,
         entropy_tokens,
         kl_zero,
+        extent,
     )
 
 
@@ -641,7 +698,11 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         token_loss = token_terms(t)
         if t.entropy_tokens is not None:  # a constant per token: it moves the loss, not the gradient
             token_loss = token_loss + t.entropy_tokens
-        loss = token_loss.sum() + router_part(config, t.weight)
+        weighted_sum = t.weighted.sum()
+        if token_loss is t.policy_tokens:  # Σ(0 - w·s) is 0 - Σ w·s to the bit; its backward has one pass fewer
+            loss = (0.0 - weighted_sum) + router_part(config, t.weight)
+        else:
+            loss = token_loss.sum() + router_part(config, t.weight)
         grads = torch.autograd.grad(loss, [logp_policy, logp_kl], allow_unused=True)
     assert t.kl is not None  # want_kl
     # Every tensor of the breakdown that is +0.0 at every token is this one (it is never written to).
@@ -653,17 +714,20 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
 
     shape = logp.shape
     ratio = t.ratio.detach().expand(shape) * mask
-    region, outside = _region_codes(t.objective.region, inp, shape)
+    counted = inp.counted.to(torch.int8)  # 1 where a token counts: the code of the trust region and of "kept"
+    region, outside = _region_codes(t.objective.region, inp, shape, counted)
     clipped = t.objective.clipped_ratio
+    policy_loss = t.policy_tokens.detach()
+    surrogate = t.objective.surrogate.detach()
     # Masked positions hold logp = old = ref = 0, so kl and log_ratio are already 0 there.
     tokens = TokenBreakdown(
         ratio=ratio,
         clipped_ratio=ratio if _same(clipped, t.ratio, shape) else clipped.expand(shape) * mask,
-        surrogate=t.objective.surrogate.detach().expand(shape) * mask,
+        surrogate=surrogate if t.objective.zero_outside else surrogate.expand(shape) * mask,
         kl=t.kl.detach(),
         weight=t.weight,
-        loss=token_loss.detach(),
-        policy_loss=t.policy_tokens.detach(),
+        loss=policy_loss if token_loss is t.policy_tokens else token_loss.detach(),
+        policy_loss=policy_loss,
         kl_loss=zeros if t.kl_tokens is None else t.kl_tokens.detach(),
         grad=grad,
         grad_policy=grad_policy,
@@ -672,16 +736,16 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         policy_kept=mask if t.kept is None else t.kept * mask,
         log_ratio=t.log_ratio.detach(),
         mask=inp.counted,
-        **_correction_tokens(t.correction, inp, zeros),
+        **_correction_tokens(t.correction, inp, zeros, counted),
         selected=None if t.objective.selected is None else t.objective.selected.expand(shape) * mask,
         advantage=adv.on_tokens().expand(shape) * mask,
         tool_output=None if batch.tool_output is None else batch.tool_output.to(inp.device),
     )
     kl_zero = t.kl_tokens is None  # tokens.kl_loss is +0.0 everywhere
-    rows = _rows(tokens, adv, mask, outside, kl_zero)
-    policy_sum = tokens.policy_loss.sum()
+    rows = _rows(tokens, adv, mask, inp.lengths, outside, kl_zero)
+    policy_sum = 0.0 - weighted_sum.detach()  # tokens.policy_loss.sum(), to the bit
     kl_sum = zeros.new_zeros(()) if kl_zero else tokens.kl_loss.sum()
-    sums = _Sums(policy_sum, t.kl_zero, inp.rejected is None)
+    sums = _Sums(policy_sum, t.kl_zero, inp.rejected is None, t.ratio_extent)
     metrics = _metrics(batch, config, t.objective.flags, tokens, rows, adv, mask, t.ratio.detach(), sums)
     sampling = None
     if t.correction is not None and inp.sampler is not None and config.rollout_correction != "none":
@@ -740,14 +804,23 @@ def _same(a: Tensor, b: Tensor, shape: torch.Size) -> bool:
     return x.data_ptr() == y.data_ptr() and x.stride() == y.stride() and x.dtype == y.dtype
 
 
-def _region_codes(region: Tensor, inp: _Inputs, shape: torch.Size) -> tuple[Tensor, Tensor]:
+def _code(counted: Tensor, code: int) -> Tensor:
+    """int8 ``code`` where a token counts, else 0, from ``counted`` (int8 0/1: itself when the code is 1)."""
+    return counted if code == 1 else counted * code
+
+
+def _region_codes(region: Tensor, inp: _Inputs, shape: torch.Size, counted: Tensor) -> tuple[Tensor, Tensor]:
     """(int8 region codes (B, T), 0 where nothing counts; (B,) each row's count of tokens outside the trust
-    region). An objective with one region for every token (``regions`` without indicators) gives one code."""
+    region). An objective with one region for every token (``regions`` without indicators) gives one code.
+    ``counted``: inp.counted as int8."""
     mask = inp.mask
     if region.numel() == 1:
         code = int(region.reshape(()))
-        outside = mask.sum(-1) if code > TRUST else mask.new_zeros(shape[0])
-        return inp.counted.to(torch.int8) * code, outside
+        outside = inp.lengths if code > TRUST else mask.new_zeros(shape[0])
+        return _code(counted, code), outside
+    if region.shape[-1] == 1 and shape[-1] > 1:  # one region per row (sequence level): a row's tokens share it
+        per_row = region.reshape(-1, 1)
+        return counted * per_row.to(torch.int8), above(per_row, TRUST)[:, 0] * inp.lengths
     codes = region.expand(shape) * mask  # MASKED is 0
     return codes.to(torch.int8), above(codes, TRUST).sum(-1)
 
@@ -762,16 +835,19 @@ class _Sums:
     """tokens.kl is +0.0 at every token."""
     zero_outside: bool
     """tokens.log_ratio is 0 wherever nothing counts and the importance ratio 1 there (no rejection)."""
+    ratio_extent: tuple[Tensor, Tensor] | None
+    """torch.aminmax of the (B, T) raw importance ratio, when evaluate took it already."""
 
 
-def _correction_tokens(applied: Applied | None, inp: _Inputs, zeros: Tensor) -> dict[str, Tensor]:
-    """The breakdown's per-token view of the rollout correction (the identity when none is chosen)."""
+def _correction_tokens(applied: Applied | None, inp: _Inputs, zeros: Tensor, counted: Tensor) -> dict[str, Tensor]:
+    """The breakdown's per-token view of the rollout correction (the identity when none is chosen). ``zeros``: the
+    breakdown's +0.0 tensor; ``counted``: inp.counted as int8."""
     mask = inp.mask
     if applied is None:
         log_ratio = zeros if inp.sampler is None else sampler_log_ratio(inp.base, inp.sampler, mask)
         # KEPT where counted, NOT_COUNTED (0) elsewhere: the bool mask's int8 copy times KEPT, a pass over bytes
         # (torch.where into int64 and back costs ten of them)
-        code = inp.counted.to(torch.int8) * KEPT
+        code = _code(counted, KEPT)
         is_weight = mask
     else:
         log_ratio, code = applied.log_ratio * mask, applied.code
@@ -800,9 +876,11 @@ def _uncorrected_loss(batch: Batch, config: LossConfig, t: _Terms, inp: _Inputs,
         return token_terms(t).sum() + bonus
 
 
-def _rows(tokens: TokenBreakdown, adv: _Advantages, mask: Tensor, outside: Tensor, kl_zero: bool) -> RowBreakdown:
-    """``outside``: each row's tokens outside the trust region; ``kl_zero``: tokens.kl_loss is +0.0 everywhere."""
-    lengths = mask.sum(-1)
+def _rows(
+    tokens: TokenBreakdown, adv: _Advantages, mask: Tensor, lengths: Tensor, outside: Tensor, kl_zero: bool
+) -> RowBreakdown:
+    """``lengths``: each row's counted tokens; ``outside``: each row's tokens outside the trust region; ``kl_zero``:
+    tokens.kl_loss is +0.0 everywhere."""
     B = mask.shape[0]
     policy = tokens.policy_loss.sum(-1)
     return RowBreakdown(
@@ -862,7 +940,7 @@ def _metrics(
             per_row = (flags[name] * mask).sum(-1)[counted_rows] / lengths[counted_rows]
             metrics[name] = float(reduce(per_row))
     any_counted = float(counted) > 0
-    ratio_min, ratio_max = _ratio_range(tokens, mask, raw_ratio, counted_rows, sums.zero_outside)
+    ratio_min, ratio_max = _ratio_range(tokens, mask, raw_ratio, counted_rows, sums)
     masked_log_ratio = tokens.log_ratio if sums.zero_outside else tokens.log_ratio * mask
     # An objective's own reading of a shared name wins (verl's kl_cov logs the mean |log-ratio| as actor/ppo_kl).
     metrics |= {
@@ -897,18 +975,19 @@ def _metrics(
 
 
 def _ratio_range(
-    tokens: TokenBreakdown, mask: Tensor, raw_ratio: Tensor, counted_rows: Tensor, one_outside: bool
+    tokens: TokenBreakdown, mask: Tensor, raw_ratio: Tensor, counted_rows: Tensor, sums: _Sums
 ) -> tuple[Tensor, Tensor]:
     """(smallest, largest) importance ratio over the counted tokens, the smallest as 1 / (1 / min): the values of
-    1 / max(mask / raw ratio) and max(tokens.ratio) (ratios are > 0; 1/x is monotone). ``one_outside``: the raw ratio
-    is exactly 1 wherever nothing counts, so one pass over it finds both when they lie on either side of 1."""
+    1 / max(mask / raw ratio) and max(tokens.ratio) (ratios are > 0; 1/x is monotone). With ``sums.zero_outside``
+    the raw ratio is 1 wherever nothing counts (or, in verl's token form of the sequence ratio, the ratio of a row's
+    counted tokens), so one pass over it finds both when they lie on either side of 1."""
     if raw_ratio.shape[-1] == 1:  # one ratio per row (sequence level): the rows with a counted token
         per_row = raw_ratio.reshape(-1)[counted_rows]
         if per_row.numel():
             low, high = torch.aminmax(per_row)
             return 1 / (1 / low), high
-    elif one_outside:
-        low, high = torch.aminmax(raw_ratio)
+    elif sums.zero_outside:
+        low, high = torch.aminmax(raw_ratio) if sums.ratio_extent is None else sums.ratio_extent
         if bool(low < 1) and bool(high > 1):  # neither is an uncounted position's 1
             return 1 / (1 / low), high
     return 1 / (mask / raw_ratio).max(), tokens.ratio.max()

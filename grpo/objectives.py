@@ -50,6 +50,9 @@ class ObjectiveTerms:
     selected: Tensor | None = None
     """(B, T) 1.0 on the tokens the objective's own rule picked (Clip-Cov's cut, KL-Cov's penalised), else 0.0;
     None when it picks none. Its why names them (Why.selected)."""
+    zero_outside: bool = False
+    """Whether ``surrogate`` is (B, T) and ±0 wherever the mask is 0 (so surrogate · mask is surrogate itself, to the
+    bit): a multiple of logp (and of the log-ratio), which the batch holds at 0 there (``inputs.zero_outside``)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,17 @@ class ObjectiveInputs:
     """(B, T) logp - old after log_ratio_clamp (differentiable); ratio = exp(log_ratio) at token level."""
     mask: Tensor
     """(B, T) 1.0 where a token counts, else 0.0."""
+    zero_outside: bool = False
+    """Whether log_ratio is 0 wherever mask is 0 (so log_ratio · mask is log_ratio itself)."""
+
+    def counted_log_ratio(self, x: Tensor) -> Tensor:
+        """``x`` (a function of the log-ratio that is 0 at 0) times the mask: x itself when it is 0 there already."""
+        return x if self.zero_outside else x * self.mask
+
+
+def zero_outside(inputs: ObjectiveInputs | None) -> bool:
+    """Whether a surrogate that is a multiple of logp (and of the log-ratio) is ±0 wherever the mask is 0."""
+    return inputs is not None and inputs.zero_outside
 
 
 def inputs_of(ratio: Tensor, logp: Tensor) -> ObjectiveInputs:
@@ -191,13 +205,20 @@ def regions(
 ) -> Tensor:
     """Float region codes from disjoint 0/1 indicators: TRUST where none is 1. Without indicators every token is
     in the trust region: one TRUST of shape (1, ..., 1) that broadcasts to ``like`` (no (B, T) pass)."""
-    if clip_low is None and clip_high is None and dual_clip is None:
+    indicators = ((CLIP_LOW, clip_low), (CLIP_HIGH, clip_high), (DUAL_CLIP, dual_clip))
+    given = [(code, indicator) for code, indicator in indicators if indicator is not None]
+    if not given:
         return like.new_full((1,) * like.dim(), TRUST)
-    region = torch.full_like(like, TRUST)
-    for code, indicator in ((CLIP_LOW, clip_low), (CLIP_HIGH, clip_high), (DUAL_CLIP, dual_clip)):
-        if indicator is not None:
-            region = region.add_(indicator, alpha=code - TRUST)
-    return region
+    # TRUST + Σ (code - TRUST)·indicator: small integers, exact in any order; one pass per indicator, one for TRUST
+    (code, first), rest = given[0], given[1:]
+    if rest and code - TRUST == 1:
+        region = torch.add(first, rest[0][1], alpha=rest[0][0] - TRUST)
+        rest = rest[1:]
+    else:
+        region = first * (code - TRUST)
+    for code, indicator in rest:
+        region = torch.add(region, indicator, alpha=code - TRUST)
+    return region.add_(TRUST).expand_as(like)
 
 
 def clipped_surrogate(ratio: Tensor, advantages: Tensor, config: ObjectiveSettings) -> Tensor:
@@ -404,13 +425,15 @@ def cispo(
         low, high = 1 - config.epsilon_low, 1 + config.epsilon_high
     weight = r.clamp(min=low, max=high)
     surrogate = weight * advantages * logp
-    clip_low, clip_high = below(r, low), above(r, high)
+    clip_high = above(r, high)
+    clip_low = None if low == float("-inf") else below(r, low)  # TRL's absolute cap has no floor
+    over = clip_high if high == config.epsilon_high else above(r, config.epsilon_high)
     flags = {
-        "cispo_clip_ratio": above(r, config.epsilon_high) * above(advantages, 0.0),
-        "actor/pg_clipfrac": clip_low + clip_high,  # verl: ratio != clip(ratio)
+        "cispo_clip_ratio": over * above(advantages, 0.0),
+        "actor/pg_clipfrac": clip_high if clip_low is None else clip_low + clip_high,  # verl: ratio != clip(ratio)
     }
     region = regions(surrogate.detach(), clip_low, clip_high)
-    return ObjectiveTerms(surrogate, weight, region, flags)
+    return ObjectiveTerms(surrogate, weight, region, flags, zero_outside=zero_outside(inputs))
 
 
 @OBJECTIVES.register("sapo", label="SAPO", axis=PER_UNIT_A)
@@ -441,7 +464,8 @@ def gpg(
     Paper: https://arxiv.org/abs/2504.02546
     """
     surrogate = advantages * logp
-    return ObjectiveTerms(surrogate, ratio.detach().expand_as(surrogate), regions(surrogate.detach()))
+    clipped = ratio.detach().expand_as(surrogate)
+    return ObjectiveTerms(surrogate, clipped, regions(surrogate.detach()), zero_outside=zero_outside(inputs))
 
 
 # --- verl 0.9.1's later policy losses (core_algos.register_policy_loss) -------------------------------
@@ -687,7 +711,13 @@ def dppo_why(divergence: str) -> Why:
 
 
 def dppo_terms(
-    ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, valid_pos: Tensor, valid_neg: Tensor
+    ratio: Tensor,
+    logp: Tensor,
+    advantages: Tensor,
+    config: ObjectiveSettings,
+    valid_pos: Tensor,
+    valid_neg: Tensor,
+    inputs: ObjectiveInputs | None,
 ) -> ObjectiveTerms:
     """DPPO's term given the trust-region masks: sg(min(r, c))·A·logp where the token's divergence is inside."""
     r = ratio.detach()
@@ -699,7 +729,7 @@ def dppo_terms(
     blocked = 1 - valid
     flags = {"actor/pg_clipfrac": blocked, "actor/pg_clipfrac_lower": truncated}
     region = regions(surrogate.detach(), blocked * (1 - positive), blocked * positive)  # truncated: see its why
-    return ObjectiveTerms(surrogate, weight, region, flags)
+    return ObjectiveTerms(surrogate, weight, region, flags, zero_outside=zero_outside(inputs))
 
 
 DPPO_METRICS: dict[str, Reduction] = {"actor/pg_clipfrac": "tokens", "actor/pg_clipfrac_lower": "tokens"}
@@ -727,7 +757,7 @@ def dppo_tv(
     moved = logp.detach().exp() - old.exp()  # p - p_old
     valid_pos = (moved <= config.epsilon_high).to(logp.dtype)
     valid_neg = (moved >= -config.epsilon_low).to(logp.dtype)
-    return dppo_terms(ratio, logp, advantages, config, valid_pos, valid_neg)
+    return dppo_terms(ratio, logp, advantages, config, valid_pos, valid_neg, inputs)
 
 
 @register_dppo("dppo_kl", "DPPO (binary KL)", "binary KL")
@@ -747,7 +777,7 @@ def dppo_kl(
     divergence = p_old * (old - lp) + (1 - p_old) * torch.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
     valid_pos = ((divergence <= config.epsilon_high) | (p <= p_old)).to(lp.dtype)
     valid_neg = ((divergence <= config.epsilon_low) | (p >= p_old)).to(lp.dtype)
-    return dppo_terms(ratio, logp, advantages, config, valid_pos, valid_neg)
+    return dppo_terms(ratio, logp, advantages, config, valid_pos, valid_neg, inputs)
 
 
 def dro_warnings(config: ObjectiveSettings, longest_row: int) -> list[str]:
@@ -768,7 +798,8 @@ def dro(
         raise GrpoInputError("dro_beta", "a positive number: DRO's quadratic log-ratio penalty (verl requires it)")
     x = given_inputs(ratio, logp, inputs).log_ratio
     surrogate = advantages * logp - 0.5 * config.dro_beta * x.square()
-    return ObjectiveTerms(surrogate, ratio.detach().expand_as(surrogate), regions(surrogate.detach()))
+    clipped = ratio.detach().expand_as(surrogate)
+    return ObjectiveTerms(surrogate, clipped, regions(surrogate.detach()), zero_outside=zero_outside(inputs))
 
 
 # --- TRL 1.16's vespo ------------------------------------------------------------------------------------------
@@ -791,10 +822,12 @@ def vespo(
     """
     given = given_inputs(ratio, logp, inputs)
     x = given.log_ratio.detach().clamp(-20.0, 20.0)
-    log_w = (x * given.mask).sum(-1, keepdim=True).clamp(VESPO_LOG_W_MIN, 20.0)  # (B, T) -> (B, 1)
+    log_w = given.counted_log_ratio(x).sum(-1, keepdim=True).clamp(VESPO_LOG_W_MIN, 20.0)  # (B, T) -> (B, 1)
     nonneg = advantages >= 0
     k = torch.where(nonneg, config.vespo_k_pos, config.vespo_k_neg)
     lam = torch.where(nonneg, config.vespo_lambda_pos, config.vespo_lambda_neg).clamp(min=1e-4)
     phi = torch.exp(lam + k * log_w - lam * log_w.exp()).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)  # (B, 1)
     surrogate = phi * advantages * logp
-    return ObjectiveTerms(surrogate, phi.expand_as(surrogate), regions(surrogate.detach()), {"vespo/phi_seq_mean": phi})
+    flags = {"vespo/phi_seq_mean": phi}
+    zero = zero_outside(inputs)
+    return ObjectiveTerms(surrogate, phi.expand_as(surrogate), regions(surrogate.detach()), flags, zero_outside=zero)
