@@ -606,7 +606,7 @@ def clip_cov(
     clipped_by_ppo = (-A * ratio_clipped.detach() > -A * r) & (mask > 0)
     cov = (A - masked_mean_verl(A, mask)) * (logp.detach() - masked_mean_verl(logp.detach(), mask))
     cov = cov.masked_fill((mask == 0) | clipped_by_ppo, -torch.inf)
-    cut = clip_cov_selection(cov, mask, config, r)
+    cut = clip_cov_selection(cov, mask, config, logp.detach())  # per token, also with a ratio per row (B, 1)
     surrogate = surrogate * (1 - cut)
     positive, negative = above(A, 0.0), below(A, 0.0)
     clip_low = clipped_by_ppo.to(r.dtype) * negative

@@ -245,3 +245,23 @@ def test_random_inputs_reach_every_clip_region() -> None:
     bd = evaluate64(grpo.Batch(**random_inputs(0).batch_fields()), "verl-grpo")
     present = set(bd.tokens.region.unique().tolist())
     assert {T_, LO, HI} <= present
+
+
+def test_clip_cov_with_a_ratio_per_row_cuts_tokens() -> None:
+    """Clip-Cov picks tokens, also when the importance ratio is one per row (importance_sampling_level "sequence"):
+    its cut was shaped like the (B, 1) ratio, and the draw's token index raised an IndexError (a 500 in the API)."""
+    x = random_inputs(6, B=6, T=7)
+    config = grpo.LossConfig(
+        objective="clip_cov",
+        importance_sampling_level="sequence",
+        clip_cov_ratio=0.5,
+        clip_cov_lb=-100.0,
+        clip_cov_ub=100.0,
+        beta=0.0,
+        dtype="float64",
+    )
+    bd = grpo.evaluate(grpo.Batch(**x.batch_fields()), config)
+    assert bd.tokens.selected is not None and bd.tokens.selected.shape == x.mask.shape
+    cut = bd.tokens.selected > 0
+    assert bool(cut.any()) and not bool((cut & ~bd.tokens.mask).any())
+    assert (bd.tokens.loss[cut] == 0).all()  # its term is 0; its log-prob still moves its row's ratio (a gradient)
