@@ -714,7 +714,8 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
 
     shape = logp.shape
     ratio = t.ratio.detach().expand(shape) * mask
-    counted = inp.counted.to(torch.int8)  # 1 where a token counts: the code of the trust region and of "kept"
+    # 1 where a token counts, the code of the trust region and of "kept": the bool mask's bytes read as int8
+    counted = inp.counted.view(torch.int8)
     region, outside = _region_codes(t.objective.region, inp, shape, counted)
     clipped = t.objective.clipped_ratio
     policy_loss = t.policy_tokens.detach()
