@@ -846,8 +846,8 @@ def _correction_tokens(applied: Applied | None, inp: _Inputs, zeros: Tensor, cou
     mask = inp.mask
     if applied is None:
         log_ratio = zeros if inp.sampler is None else sampler_log_ratio(inp.base, inp.sampler, mask)
-        # KEPT where counted, NOT_COUNTED (0) elsewhere: the bool mask's int8 copy times KEPT, a pass over bytes
-        # (torch.where into int64 and back costs ten of them)
+        # KEPT where counted, NOT_COUNTED (0) elsewhere: the bool mask's bytes read as int8 (times KEPT when it is
+        # not 1), no pass (torch.where into int64 and back costs ten of them)
         code = _code(counted, KEPT)
         is_weight = mask
     else:
