@@ -742,10 +742,10 @@ def evaluate(batch: Batch, config: LossConfig | None = None) -> Breakdown:
         advantage=adv.on_tokens().expand(shape) * mask,
         tool_output=None if batch.tool_output is None else batch.tool_output.to(inp.device),
     )
-    kl_zero = t.kl_tokens is None  # tokens.kl_loss is +0.0 everywhere
-    rows = _rows(tokens, adv, mask, inp.lengths, outside, kl_zero)
+    kl_out = t.kl_tokens is None  # the KL is out of the loss: tokens.kl_loss is +0.0 everywhere
+    rows = _rows(tokens, adv, mask, inp.lengths, outside, kl_out)
     policy_sum = 0.0 - weighted_sum.detach()  # tokens.policy_loss.sum(), to the bit
-    kl_sum = zeros.new_zeros(()) if kl_zero else tokens.kl_loss.sum()
+    kl_sum = zeros.new_zeros(()) if kl_out else tokens.kl_loss.sum()
     sums = _Sums(policy_sum, t.kl_zero, inp.rejected is None, t.ratio_extent)
     metrics = _metrics(batch, config, t.objective.flags, tokens, rows, adv, mask, t.ratio.detach(), sums)
     sampling = None
@@ -878,9 +878,9 @@ def _uncorrected_loss(batch: Batch, config: LossConfig, t: _Terms, inp: _Inputs,
 
 
 def _rows(
-    tokens: TokenBreakdown, adv: _Advantages, mask: Tensor, lengths: Tensor, outside: Tensor, kl_zero: bool
+    tokens: TokenBreakdown, adv: _Advantages, mask: Tensor, lengths: Tensor, outside: Tensor, kl_out: bool
 ) -> RowBreakdown:
-    """``lengths``: each row's counted tokens; ``outside``: each row's tokens outside the trust region; ``kl_zero``:
+    """``lengths``: each row's counted tokens; ``outside``: each row's tokens outside the trust region; ``kl_out``:
     tokens.kl_loss is +0.0 everywhere."""
     B = mask.shape[0]
     policy = tokens.policy_loss.sum(-1)
@@ -890,7 +890,7 @@ def _rows(
         length=lengths,
         loss=policy if tokens.loss is tokens.policy_loss else tokens.loss.sum(-1),
         policy_loss=policy,
-        kl_loss=lengths.new_zeros(B) if kl_zero else tokens.kl_loss.sum(-1),
+        kl_loss=lengths.new_zeros(B) if kl_out else tokens.kl_loss.sum(-1),
         sequence_ratio=(tokens.log_ratio.sum(-1) / lengths.clamp(min=1)).exp(),
         clip_fraction=outside / lengths.clamp(min=1),
         group=torch.arange(B, device=mask.device) // adv.group_size,
