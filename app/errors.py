@@ -44,6 +44,16 @@ class ApiError(Exception):
         super().__init__(items[0]["msg"] if items else str(status))
         self.status, self.items, self.headers = status, items, headers or {}
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the default rebuild calls __init__ with ``args`` (the message), which no __init__ here takes
+        return _unpickled, (type(self), self.args), self.__dict__
+
+
+def _unpickled(cls: type[ApiError], args: tuple[Any, ...]) -> ApiError:
+    """An ApiError (or subclass) back from pickle, as it crosses a process: made without its __init__,
+    its attributes then restored from its ``__dict__``."""
+    return cls.__new__(cls, *args)
+
 
 class LimitError(ApiError):
     """A request past a size limit (413)."""

@@ -20,3 +20,8 @@ class GrpoInputError(ValueError):
         if got is not None:
             message += f", got {got}"
         super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # the default rebuilds from ``args`` (the message alone), which this __init__ cannot take: a pool
+        # worker's error would fail to unpickle in the parent and kill the pool's result thread (a hang)
+        return type(self), (self.field, self.expected, self.row, self.got), self.__dict__
