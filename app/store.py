@@ -43,7 +43,7 @@ from app.errors import ApiError, LimitError, error_item
 from app.forms import file_form
 from app.settings import Settings
 from grpo.errors import GrpoInputError
-from grpo.runs import LOGGED_FILE, STEP_FILE, load_run, load_step
+from grpo.runs import LOGGED_FILE, STEP_FILE, dir_mode, load_run, load_step
 
 log = logging.getLogger("grpo_lens.store")
 
@@ -272,6 +272,7 @@ class RunStore:
     def _unpack(self, archive: zipfile.ZipFile, members: list[zipfile.ZipInfo], target: Path) -> dict[str, Any]:
         staging = Path(tempfile.mkdtemp(dir=self.root, prefix=f".upload-{target.name}-"))
         try:
+            staging.chmod(dir_mode())  # the umask's mode (0755 under 022), not mkdtemp's 0700: renamed as it is
             for member in members:
                 copy_member(archive, member, staging / member.filename)
             run = _checked_run(staging)

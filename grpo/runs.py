@@ -24,6 +24,7 @@ import re
 import stat
 import struct
 import tempfile
+import threading
 import warnings
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,19 +41,22 @@ from grpo.batch import Batch
 from grpo.config import PRESETS, LossConfig
 from grpo.errors import GrpoInputError
 from grpo.fields import BATCH_FIELDS, fields_of
+from grpo.step_schema import DISPLAY_TENSORS, TRAINER_TENSORS, step_tensors  # what a step file holds
 
 FORMAT = 1
 SOURCES = ("trl", "verl", "lab", "upload", "nemo-rl", "slime")  # the last two: grpo.importers
 # Matched whole (``fullmatch``), ASCII digits only: ``\d`` takes other scripts' digits (a file named with
 # Arabic-Indic digits read as a second micro 0 of step 1) and ``$`` matches before a trailing newline.
 STEP_FILE = re.compile(r"([0-9]{6})-([0-9]{3})(?:-rank([0-9]{1,6}))?\.safetensors")
-# Tensors a step file may hold that are not Batch fields: shown, never used by the loss.
-DISPLAY_TENSORS = ("row_rewards", "row_groups")
-# What the trainer applied, recorded to be compared by check-run (never an input): TRL's importance-sampling
-# ratio of the rollout correction, (rows, positions) at token level or (rows, 1) at sequence level.
-TRAINER_TENSORS = ("importance_sampling_ratio",)
 # group_size (and any field for the whole batch): a 0-d tensor, read as a number
 BATCH_TENSORS = tuple(name for name in BATCH_FIELDS if name not in fields_of("batch"))
+
+
+def batch_tensors() -> tuple[str, ...]:
+    """The Batch fields a step file holds as tensors, from the table as it is now (a plugin's field included)."""
+    return tuple(name for name in BATCH_FIELDS if name not in fields_of("batch"))
+
+
 # The trainer's logged metrics, appended a line per log call (``-rank{r}``: a process other than the first):
 # a rewrite of run.json per call would cost the whole history at every step of a run of thousands.
 LOGGED_FILE = re.compile(r"logged(?:-rank([0-9]{1,6}))?\.jsonl")
@@ -76,18 +80,78 @@ STEP_DTYPES = (
 
 
 # --- atomic writes ------------------------------------------------------------------------------
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same directory and a rename."""
+_UMASK_LOCK = threading.Lock()
+
+
+def process_umask() -> int:
+    """The process's umask, read without changing it: Linux's ``/proc/self/status``. Elsewhere it is set and
+    put back (``os.umask`` is process-wide: a file another thread creates meanwhile gets the mode it sets)."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode of a run's files: what ``open`` gives a new file under the process's umask (0644 under 022)."""
+    return 0o666 & ~process_umask()
+
+
+def dir_mode() -> int:
+    """The mode of a run's directories under the process's umask (0755 under 022), for those made 0700
+    (``tempfile.mkdtemp``): a server running as another user reads the run."""
+    return 0o777 & ~process_umask()
+
+
+def _staged(path: Path, data: bytes) -> str:
+    """``data`` in a temporary file beside ``path``, on disk, with a run file's mode (mkstemp makes it 0600)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), file_mode())
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same directory and a rename."""
+    tmp = _staged(path, data)
+    try:
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def create_atomic(path: Path, data: bytes) -> bool:
+    """Write ``data`` to ``path`` only if nothing is there; whether this call made it. The staged file is linked
+    into place (``os.link`` refuses a name that exists): of two processes creating it, one does, whole, and the
+    other learns it did not. (A filesystem without hard links: replaced, as ``write_atomic``.)"""
+    tmp = _staged(path, data)
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        os.replace(tmp, path)
+        return True
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def _json(value: Any) -> str:
@@ -130,8 +194,8 @@ def package_versions(*names: str) -> dict[str, str]:
     return out
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+def _now(timespec: str = "seconds") -> str:
+    return datetime.now(timezone.utc).isoformat(timespec=timespec)
 
 
 # --- writing ------------------------------------------------------------------------------------
@@ -182,6 +246,17 @@ class Sampling:
             self.steps is not None and step in self.steps
         )
 
+    def chooses_nothing(self, world_size: int, last_step: int | None = None) -> str | None:
+        """Why this sampling records no loss call of a run of ``world_size`` processes (ranks 0..world_size-1)
+        and, when known, ``last_step`` optimiser steps; None when it may record some."""
+        if self.ranks is not None and not any(r < world_size for r in self.ranks):
+            return f"ranks {sorted(self.ranks)} but the run has ranks 0..{world_size - 1}"
+        if self.every is None and self.steps is not None:
+            last = "" if last_step is None else f"..{last_step}"
+            if not any(s >= 1 and (last_step is None or s <= last_step) for s in self.steps):
+                return f"steps {sorted(self.steps)[:10]} but the run has steps 1{last}"
+        return None
+
     def settings(self) -> dict[str, Any]:
         return {
             "every": self.every,
@@ -200,10 +275,16 @@ class RunWriter:
     run.json (a status, a name...) in its first write, or keeps those of an earlier writer of the run
     (``created``): a run.json written once per change of state, not once per field.
 
+    One process writes run.json: rank 0 (or the one writer, ``rank=None``), whether or not it writes step
+    files. Another rank never creates or rewrites it (its ``update`` changes only its own ``info``), and
+    never needs it to exist: its step files and ``logged-rank{r}.jsonl`` are its part of the run.
+
     ``sampling`` chooses the steps written (``write_step`` returns None for the others). ``resume``: a
     restarted job writing into its run again keeps run.json's ``created`` and what it logged, counts the
     attempt, and moves a step file an earlier attempt wrote to ``steps/superseded/{attempt}/`` before
-    writing that step again: nothing is overwritten. (The lab starts its runs afresh: no resume.)
+    writing that step again: nothing is overwritten. A fresh run.json is then created atomically
+    (``create_atomic``): a writer that finds one made meanwhile resumes it. (The lab starts its runs afresh:
+    no resume.) Files and directories get the modes the process's umask gives (0644 and 0755 under 022).
     """
 
     def __init__(
@@ -245,24 +326,84 @@ class RunWriter:
         self._last_step: int | None = None
         self._mine: set[Path] = set()  # the step files this writer wrote: anything else is an earlier attempt's
         self.resume = resume
+        self.chosen_nothing: str | None = None  # check_sampling's finding, kept in run.json's ``capture``
+        self.attempt = 1  # another rank's: counted by the first process, read from run.json when needed
+        self._attempt_known = rank in (None, 0)
+        if sampling is not None:
+            self.info["capture"] = self.sampling.settings()
+        if not self.writes_info:
+            return
+        for _ in range(3):  # a run.json another writer creates between the read and the create: resumed
+            earlier = self._read_info() if resume else None
+            if earlier is not None:
+                self._resume(earlier, source)
+            if earlier is not None or not resume:
+                self._write_info()
+                return
+            if create_atomic(self.run_dir / "run.json", self._info_bytes()):
+                return
+        raise GrpoInputError("run.json", "a file that stays in place while a writer resumes it", got="replaced")
+
+    @property
+    def writes_info(self) -> bool:
+        """Whether this process writes run.json: rank 0, or the run's one writer."""
+        return self.rank in (None, 0)
+
+    def _read_info(self) -> dict[str, Any] | None:
         path = self.run_dir / "run.json"
-        earlier = json.loads(path.read_text()) if (resume or rank not in (None, 0)) and path.exists() else None
-        self.attempt = 1
-        if rank not in (None, 0) and earlier is not None:  # another process already described the run
-            self.info = earlier
-            self.attempt = len(earlier.get("attempts", [None]))
-        else:
-            if earlier is not None and earlier.get("source") == source:
-                attempts = earlier.get("attempts") or [earlier.get("created")]
-                self.attempt = len(attempts) + 1
-                keep = {k: earlier[k] for k in ("created", "logged") if k in earlier}
-                self.info |= keep | {"attempts": [*attempts, _now()]}
-            if sampling is not None:
-                self.info["capture"] = self.sampling.settings()
-            self._write_info()
+        try:
+            earlier = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        if not isinstance(earlier, dict):
+            raise GrpoInputError("run.json", "a JSON object: the run's description", got=type(earlier).__name__)
+        return earlier
+
+    def _resume(self, earlier: dict[str, Any], source: str) -> None:
+        """Count this attempt after ``earlier``'s (run.json as an earlier attempt left it), keeping its
+        ``created`` and what it logged; a run of another source is written over."""
+        if earlier.get("source") != source:
+            return
+        attempts = earlier.get("attempts") or [earlier.get("created")]
+        self.attempt = len(attempts) + 1
+        keep = {k: earlier[k] for k in ("created", "logged") if k in earlier}
+        # milliseconds: two attempts (two writers of one run) never read as one repeated entry
+        self.info |= keep | {"attempts": [*attempts, _now("milliseconds")]}
+
+    def _info_bytes(self) -> bytes:
+        return (json.dumps(self.info, indent=1, default=_plain) + "\n").encode()
 
     def _write_info(self) -> None:
-        write_atomic(self.run_dir / "run.json", (json.dumps(self.info, indent=1, default=_plain) + "\n").encode())
+        if self.writes_info:
+            write_atomic(self.run_dir / "run.json", self._info_bytes())
+
+    def _superseded(self) -> Path:
+        """Where an earlier attempt's step file goes: ``steps/superseded/{attempt - 1}``. Another rank reads
+        the attempt from run.json at its first resumed step file (the first process counted it at its start;
+        no run.json: the second)."""
+        if not self._attempt_known:
+            try:
+                earlier = self._read_info()
+            except (OSError, ValueError):
+                earlier = None
+            attempts = earlier.get("attempts") if earlier is not None else None
+            self.attempt = len(attempts) if isinstance(attempts, list) and attempts else 2
+            self._attempt_known = True
+        return self.steps_dir / SUPERSEDED / str(self.attempt - 1)
+
+    def _capture(self) -> dict[str, Any]:
+        chosen = {} if self.chosen_nothing is None else {"chooses_nothing": self.chosen_nothing}
+        return self.sampling.settings() | chosen
+
+    def check_sampling(self, world_size: int, last_step: int | None = None, who: str = "grpo.runs") -> str | None:
+        """Warn, and say in run.json's ``capture.chooses_nothing``, when the sampling records nothing of a run of
+        ``world_size`` processes and ``last_step`` optimiser steps (when known): ``ranks=[1]`` on one process.
+        The reason, or None."""
+        self.chosen_nothing = self.sampling.chooses_nothing(world_size, last_step)
+        if self.chosen_nothing is not None:
+            warnings.warn(f"{who}: {self.chosen_nothing}: this capture records no step file", stacklevel=3)
+            self.update(capture=self._capture())
+        return self.chosen_nothing
 
     def step_path(self, step: int, micro: int) -> Path:
         rank = "" if self.rank is None else f"-rank{self.rank}"
@@ -277,7 +418,7 @@ class RunWriter:
         at most a torn last line, which readers skip). Later lines of a step add to and replace earlier ones."""
         name = "logged.jsonl" if self.rank in (None, 0) else f"logged-rank{self.rank}.jsonl"
         line = (json.dumps({"step": step, "metrics": metrics}, default=_plain) + "\n").encode()
-        fd = os.open(self.run_dir / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(self.run_dir / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)  # the umask applies
         try:
             os.write(fd, line)
         finally:
@@ -285,14 +426,14 @@ class RunWriter:
 
     def _account(self) -> None:
         """run.json's ``capture``: the sampling settings and what this process wrote and skipped."""
-        if self.rank not in (None, 0):
+        if not self.writes_info:
             return  # one process describes the run; the others' step files speak for themselves
         account = {"files": self.files, "bytes": self.written_bytes, "skipped_calls": self.skipped}
         if self.budget_reached_at is not None:
             account["budget_reached_at_step"] = self.budget_reached_at
         if self.incomplete_step is not None:
             account["incomplete_step"] = self.incomplete_step
-        self.update(capture=self.sampling.settings() | account)
+        self.update(capture=self._capture() | account)
 
     def write_step(
         self,
@@ -311,6 +452,8 @@ class RunWriter:
         if not self.wants(step):
             self.skipped += 1
             return None
+        given = self.config if config is None else config
+        tensors = step_tensors(tensors, given if isinstance(given, LossConfig) else config_from_dict(given))
         size = sum(t.numel() * t.element_size() for t in tensors.values())
         if self.sampling.max_bytes is not None and self.written_bytes + size > self.sampling.max_bytes:
             self.budget_reached_at, self.skipped = step, self.skipped + 1
@@ -335,7 +478,7 @@ class RunWriter:
         }
         path = self.step_path(step, micro)
         if self.resume and path not in self._mine and path.exists():  # an earlier attempt's: kept, not replaced
-            aside = self.steps_dir / SUPERSEDED / str(self.attempt - 1)
+            aside = self._superseded()
             aside.mkdir(parents=True, exist_ok=True)
             os.replace(path, aside / path.name)
         self._mine.add(path)
@@ -368,7 +511,8 @@ class RunWriter:
             self._executor = None
 
     def update(self, **fields: Any) -> None:
-        """Set fields of run.json (``status="done"``...) and rewrite it atomically."""
+        """Set fields of run.json (``status="done"``...) and rewrite it atomically (in rank 0 or the one
+        writer: another rank's ``info`` only)."""
         self.info.update(fields)
         self._write_info()
 
@@ -623,7 +767,8 @@ def step_request(tensors: dict[str, Tensor], metadata: dict[str, str]) -> tuple[
         if tensor.dtype not in STEP_DTYPES:
             kinds = "float16, bfloat16, float32, float64, bool or integers"
             raise GrpoInputError(name, f"a tensor of {kinds}", got=str(tensor.dtype).removeprefix("torch."))
-    fields: dict[str, Any] = {k: tensors[k] for k in BATCH_TENSORS if k in tensors}
+    # the batch fields registered now (a plugin's included: BATCH_TENSORS is the table at import)
+    fields: dict[str, Any] = {k: tensors[k] for k in batch_tensors() if k in tensors}
     if "group_size" in tensors:
         fields["group_size"] = _group_size(tensors["group_size"])
     display = {k: tensors[k] for k in DISPLAY_TENSORS if k in tensors}

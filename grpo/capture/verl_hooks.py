@@ -16,6 +16,7 @@ optimiser step (or pass ``micro_batches_per_step`` to count them).
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -109,6 +110,8 @@ class VerlCapture:
             if self.pending is not None and not self.in_policy:
                 key = "kl_loss" if loss_mat is self.pending.get("kld") else "entropy_loss"
                 self.pending[key] = _float(out)
+                if key == "entropy_loss":  # the model output's entropies (B, T), as the bonus reads them
+                    self.pending["entropies"] = loss_mat.detach()
             return out
 
         return wrapped
@@ -125,19 +128,17 @@ class VerlCapture:
             return
         call = record["call"]
         actor = call["config"]
-        mask = call["response_mask"].bool()
-        tensors = {
-            "per_token_logps": call["log_prob"].detach(),
-            "old_per_token_logps": call["old_log_prob"].detach(),
-            "completion_mask": mask,
-            "advantages": call["advantages"].detach(),  # (B, T) as verl hands them: per token, kept as they are
-        }
+        # the policy loss's tensors under verl's names, the batch table's aliases (log_prob, old_log_prob,
+        # response_mask; advantages (B, T) per token, kept as they are), any other registered field it was handed
+        # included: the step schema (grpo.step_schema) keeps the fields, renamed, and leaves the rest
+        tensors: dict[str, Any] = {k: v for k, v in call.items() if isinstance(v, Tensor)}
+        tensors["response_mask"] = call["response_mask"].bool()
         config = record["config"]
         weights = call.get("rollout_is_weights")
         driver = self.writer.run_dir / verl_driver.DRIVER_DIR
         joined = verl_driver.join(self.writer.run_dir, call["old_log_prob"]) if driver.is_dir() else None
         if joined is not None:  # the driver's view of these rows: the correction is recomputed from the sampler
-            tensors |= {"sampling_per_token_logps": joined.sampler, "completion_mask": joined.mask.bool()}
+            tensors |= {"sampling_per_token_logps": joined.sampler, "response_mask": joined.mask.bool()}
             config = dataclasses.replace(config, **joined.settings)
             if weights is not None:  # what verl applied, compared token by token by check-run
                 tensors["importance_sampling_ratio"] = weights.detach()
@@ -150,12 +151,14 @@ class VerlCapture:
         loss = pg_loss
         metrics = record["pg_metrics"] | {"actor/pg_loss": pg_loss}
         if "kl_loss" in record and "ref_log_prob" in record:
-            tensors["ref_per_token_logps"] = record["ref_log_prob"].detach()
+            tensors["ref_log_prob"] = record["ref_log_prob"]
             kl_loss = record["kl_loss"]
             loss += float(actor.kl_loss_coef) * kl_loss
             metrics |= {"actor/kl_loss": kl_loss, "actor/kl_coef": float(actor.kl_loss_coef)}
         if "entropy_loss" in record:
+            tensors["entropies"] = record["entropies"]
             loss -= float(actor.entropy_coeff) * record["entropy_loss"]
+            metrics["actor/entropy_loss"] = record["entropy_loss"]  # as ppo_loss returns it: agg_loss(entropy)
         meta = {"loss": loss, "metrics": metrics, "scaling": record["scaling"]}
         epochs = getattr(actor, "ppo_epochs", None)
         if isinstance(epochs, int):
@@ -223,8 +226,21 @@ def install(cap: VerlCapture, run_dir: str | Path | None = None) -> Callable[[],
     return remove
 
 
+def world_size(rank: int | None) -> int:
+    """How many processes train: torch.distributed's world, else the ``WORLD_SIZE`` variable, else one (and
+    never fewer than ``rank`` + 1)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_world_size())
+    size = os.environ.get("WORLD_SIZE", "")
+    return max(int(size) if size.isdigit() else 1, (rank or 0) + 1)
+
+
 def verl_writer(run_dir: str | Path, rank: int | None, sampling: Sampling) -> RunWriter:
-    return RunWriter(
+    """The process's writer (run.json: rank 0's, captured or not); sampling that chooses none of the run's
+    ranks or steps warns and is said in run.json (``capture.chooses_nothing``)."""
+    writer = RunWriter(
         run_dir,
         "verl",
         LossConfig.from_preset("verl-grpo"),
@@ -233,6 +249,8 @@ def verl_writer(run_dir: str | Path, rank: int | None, sampling: Sampling) -> Ru
         sampling=sampling,
         resume=True,
     )
+    writer.check_sampling(world_size(rank), who="grpo.capture.verl")
+    return writer
 
 
 def finish(cap: VerlCapture, status: str) -> None:

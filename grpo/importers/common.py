@@ -23,8 +23,11 @@ from grpo.batch import Batch
 from grpo.config import LossConfig
 from grpo.errors import GrpoInputError
 from grpo.fields import BATCH_FIELDS
-from grpo.runs import RunWriter
+from grpo.runs import RunWriter, dir_mode
 
+# run.json's lists of the dump's files (``imported.files``, ``skipped``) keep this many names: a run's
+# description stays small at any length (each step file's meta names its own dump file: ``imported_from``)
+LISTED_NAMES = 100
 SAMPLER_FIELD = "sampling_per_token_logps"
 # run.json says where the sampler's log-probs went (keyed by sampler_is_a_field())
 SAMPLER_WHERE = {
@@ -148,6 +151,17 @@ def remove_stale(parent: Path, name: str) -> list[Path]:
     return removed
 
 
+def listed(info: dict[str, Any]) -> dict[str, Any]:
+    """``info`` with each list of names in ``imported`` longer than LISTED_NAMES cut to its first ones, and
+    ``{key}_count`` saying how many it held (a 34,000-step import's ``files`` made run.json over 1 MiB)."""
+    imported = info.get("imported")
+    if not isinstance(imported, dict):
+        return info
+    cut = {k: v for k, v in imported.items() if isinstance(v, list) and len(v) > LISTED_NAMES}
+    short = {k: v[:LISTED_NAMES] for k, v in cut.items()} | {f"{k}_count": len(v) for k, v in cut.items()}
+    return info | {"imported": imported | short}
+
+
 def write_run(
     run_dir: str | os.PathLike[str],
     source: str,
@@ -165,6 +179,7 @@ def write_run(
     remove_stale(parent, target.name)
     tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f"{_temp_prefix(target.name)}{os.getpid()}-"))
     try:
+        tmp.chmod(dir_mode())  # mkdtemp's 0700 would keep the run from a server running as another user
         writers: dict[int | None, RunWriter] = {}
         seen: set[tuple[int, int | None]] = set()
         for s in steps:  # each dump file is read, checked and written in turn: memory is one file's
@@ -172,11 +187,13 @@ def write_run(
                 raise GrpoInputError("step", "one dump file per step and process", got=f"step {s.step} twice")
             seen.add((s.step, s.rank))
             if s.rank not in writers:
-                writers[s.rank] = RunWriter(tmp, source, config, rank=s.rank, info=info)
+                writers[s.rank] = RunWriter(tmp, source, config, rank=s.rank, info=listed(info))
             writers[s.rank].write_step(s.step, 0, s.tensors, s.meta, config=s.config)
         if not writers:
             raise GrpoInputError("DIR", "at least one dump file", got="none")
-        next(iter(writers.values())).update(status="done")
+        # run.json's writer (RunWriter): the dump's one process or its rank 0, made for it when rank 0 wrote nothing
+        describer = writers.get(None) or writers.get(0) or RunWriter(tmp, source, config, rank=0, info=listed(info))
+        describer.update(status="done", **listed(info))  # info's lists as the reading left them (slime's skipped)
         os.rename(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

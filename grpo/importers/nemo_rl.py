@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -22,8 +23,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from grpo import step_schema
 from grpo.config import LossConfig
 from grpo.errors import GrpoInputError
+from grpo.fields import BATCH_FIELDS
 from grpo.importers import common
 from grpo.runs import read_regular
 from grpo.trainer_config import TrainerMapping
@@ -55,6 +58,8 @@ NEMO_RL_DEFAULTS: dict[str, Any] = {
 KL_TYPES = ("k1", "k2", "k3")
 MASKED_MEAN_EPSILON = 1e-8  # nemo_rl.algorithms.utils.masked_mean: Σ(values · mask) / (count + 1e-8)
 PER_TOKEN = ("prev_logprobs", "generation_logprobs", "token_loss_mask", "advantages")  # what the import reads
+# ... and the fields it writes from them: any other registered field a line holds (a plugin's) is written as it is
+TAKEN = frozenset({*PER_TOKEN, "rewards", "sample_loss_mask", "per_token_logps", "old_per_token_logps"})
 CANNOT_CHECK = [
     "the current policy's log-probs: the dump holds prev_logprobs (the old policy) and generation_logprobs "
     "(the sampler's), so the run uses prev as current: every ratio is 1 and no clip acts",
@@ -214,6 +219,7 @@ def read_step(path: Path, step: int, config: LossConfig | None = None) -> common
     """One ``train_data_step{N}.jsonl`` as a step file's tensors and meta (every line checked); with the run's
     ``config``, the step's own (``step_config``)."""
     prev, gen, masks, advs, rewards, kept = [], [], [], [], [], []
+    more: dict[str, list[Any]] = {}  # the other registered fields, by the lines that hold them
     lines = read_regular(path).decode("utf-8", errors="replace").splitlines()
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -238,6 +244,15 @@ def read_step(path: Path, step: int, config: LossConfig | None = None) -> common
         masks.append(rows["token_loss_mask"][1:] * (keep or 0.0))
         advs.append(rows["advantages"][1:])
         rewards.append(_row_number(sample, "rewards", None, where))
+        for name, key in step_schema.dumped_fields(sample, TAKEN).items():
+            if BATCH_FIELDS[name].shape == "token":  # aligned with token_ids, as the loss reads it: [1:]
+                values = _token_row(sample, key, where)
+                if len(values) != len(rows["prev_logprobs"]):
+                    raise GrpoInputError(key, f"one value per token like prev_logprobs ({where})", got=str(len(values)))
+                more.setdefault(name, []).append(values[1:])
+            else:
+                number = _row_number(sample, key, None, where)
+                more.setdefault(name, []).append(math.nan if number is None else number)
     if not prev:
         raise GrpoInputError(path.name, "at least one sample line", got="none")
     mask = common.grid(masks)
@@ -252,6 +267,7 @@ def read_step(path: Path, step: int, config: LossConfig | None = None) -> common
         tensors["row_rewards"] = torch.tensor(rewards, dtype=torch.float32)
     sampler, sampler_meta = common.sampler_entry(gen)
     tensors |= sampler
+    tensors |= step_schema.sample_tensors(more, len(prev), path.name)
     common.checked(tensors, path.name)
     meta = {
         "imported_from": path.name,

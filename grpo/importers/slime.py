@@ -27,8 +27,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from grpo import step_schema
 from grpo.config import LossConfig
 from grpo.errors import GrpoInputError
+from grpo.fields import BATCH_FIELDS
 from grpo.importers import common
 from grpo.runs import read_regular
 from grpo.trainer_config import TrainerMapping
@@ -55,6 +57,12 @@ KL_TYPES: dict[str, dict[str, Any]] = {
     "k3": {"kl_estimator": "k3"},
     "low_var_kl": {"kl_estimator": "k3", "kl_clamp": 10.0},
 }
+# what the import reads, and the fields it writes: any other registered field a sample holds (a plugin's) is
+# written as it is
+TAKEN = frozenset(
+    {"log_probs", "ref_log_probs", "rollout_log_probs", "advantages", "loss_masks", "rewards", "response_lengths"}
+    | {"per_token_logps", "old_per_token_logps", "ref_per_token_logps", "completion_mask", "sampling_per_token_logps"}
+)
 CANNOT_CHECK = [
     "the current policy's log-probs: the dump holds log_probs (the actor's before the update: the old policy), "
     "so the run uses them as current: every ratio is 1 and no clip acts",
@@ -170,6 +178,15 @@ def _tokens(sample: dict[str, Any], key: str, i: int, where: str, length: int | 
     return value.detach().to(torch.float32)
 
 
+def _number(sample: dict[str, Any], key: str, i: int, where: str) -> float:
+    value = sample[key]
+    if isinstance(value, Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise GrpoInputError(key, f"one number per sample ({where})", row=i, got=type(value).__name__)
+    return float(value)
+
+
 def read_dump(path: Path) -> common.ImportedStep | None:
     """One dump file as a step (None: a file with no training log-probs, a pipeline stage before the last)."""
     data = load_dump(path)
@@ -183,6 +200,7 @@ def read_dump(path: Path) -> common.ImportedStep | None:
     if not isinstance(rollout_id, int) or isinstance(rollout_id, bool) or not 0 <= rollout_id < 999_999:
         raise GrpoInputError("rollout_id", f"a whole number from 0 ({where})", got=repr(rollout_id)[:40])
     logps, masks, advs, refs, gens, rewards = [], [], [], [], [], []
+    more: dict[str, list[Any]] = {}  # the other registered fields, by the samples that hold them
     for i, s in enumerate(samples):
         n = s.get("response_lengths")
         length = int(n) if isinstance(n, int) and not isinstance(n, bool) else None
@@ -198,6 +216,10 @@ def read_dump(path: Path) -> common.ImportedStep | None:
             gens.append(_tokens(s, "rollout_log_probs", i, where, len(logp)))
         reward = s.get("rewards")
         rewards.append(float(reward) if isinstance(reward, int | float) and not isinstance(reward, bool) else None)
+        for name, key in step_schema.dumped_fields(s, TAKEN).items():
+            per_token = BATCH_FIELDS[name].shape == "token"
+            value = _tokens(s, key, i, where, len(logp)) if per_token else _number(s, key, i, where)
+            more.setdefault(name, []).append(value)
     mask = common.grid(masks)
     current = common.grid(logps)
     tensors = {
@@ -219,6 +241,7 @@ def read_dump(path: Path) -> common.ImportedStep | None:
         tensors |= sampler
         meta |= {"sampler_vs_old": common.mismatch(current, common.grid(gens, fill=float("nan")), mask), **sampler_meta}
     meta["cannot_check"] = cannot
+    tensors |= step_schema.sample_tensors(more, len(samples), where)
     common.checked(tensors, where)
     return common.ImportedStep(rollout_id + 1, rank, tensors, meta)
 

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 import grpo
+from grpo import step_schema
 from grpo.advantages import ADVANTAGES
 from grpo.batch import Batch
 from grpo.config import LossConfig
@@ -35,11 +36,14 @@ METRICS: tuple[str, ...] = LAB_METRICS
 
 LAB_INPUTS = frozenset({"rewards", "group_size", "entropies", "completion_mask", "sum_pi_squared"})
 """The batch fields the lab's rollouts supply beyond the log-probs: one reward per row, nothing per function."""
+LAB_FIELDS = LAB_INPUTS | {"per_token_logps", "old_per_token_logps", "ref_per_token_logps"}
+"""Every batch field of a lab step (``Trainer.batch_fields``)."""
 
 
 def check_lab_inputs(loss: LossConfig) -> None:
-    """GrpoInputError naming the advantage (and the input it lacks) when the loss reads a batch field the lab's
-    rollouts do not produce (ReMax's greedy baselines); every other variant trains."""
+    """GrpoInputError naming the advantage or the setting (and the input it lacks) when the loss reads a batch
+    field the lab's rollouts do not produce (ReMax's greedy baselines; the sampler's log-probs of a rollout
+    correction, ``grpo.step_schema.READS``); every other variant trains."""
     missing = [name for name in ADVANTAGES.entry(loss.advantage).needs if name not in LAB_INPUTS]
     if missing:
         raise GrpoInputError(
@@ -48,6 +52,14 @@ def check_lab_inputs(loss: LossConfig) -> None:
             f"({BATCH_FIELDS[missing[0]].doc.rstrip('.')}), which the lab's rollouts do not produce",
             got=repr(loss.advantage),
         )
+    for r in step_schema.READS:  # the lab samples from its own policy: no sampler's log-probs
+        if not r.stand_in and r.field not in LAB_FIELDS and r.on(loss):
+            raise GrpoInputError(
+                r.setting,
+                f"a setting the lab can supply inputs for: {r.setting} reads {r.field} ({r.what}), which the "
+                "lab's rollouts do not produce",
+                got=repr(getattr(loss, r.setting)),
+            )
 
 
 def _f(default: Any, doc: str, **bounds: float) -> Any:
@@ -143,23 +155,9 @@ class Trainer:
             self._sampled = self._sample()
         s = self._sampled
         self.step_count += 1
-        mask = s.rollout.completion_mask
         current = self._logps(self.policy, s.rollout)
-        logps = current.logps * mask
-        if s.old_logps is None:
-            s.old_logps = logps.detach()
-            assert current.sum_pi_squared is not None
-            s.sum_pi_squared = current.sum_pi_squared.detach().clamp(0.0, 1.0) * mask
-        batch = Batch(
-            per_token_logps=logps,
-            old_per_token_logps=s.old_logps,
-            ref_per_token_logps=s.ref_logps,
-            completion_mask=mask,
-            rewards=s.rewards,
-            group_size=c.group_size,
-            entropies=current.entropies.detach() * mask,
-            extra={} if s.sum_pi_squared is None else {"sum_pi_squared": s.sum_pi_squared},
-        )
+        fields = self.batch_fields(s, current)
+        batch = Batch(**fields)
         loss = grpo.compute_loss(batch, c.loss)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
@@ -169,18 +167,37 @@ class Trainer:
         breakdown = grpo.evaluate(dataclasses.replace(batch, per_token_logps=batch.logp.detach()), c.loss)
         metrics = _step_metrics(breakdown, grad_norm) | {"step": self.step_count, "iteration": iteration + 1}
         if self.writer is not None:
-            self._save(batch, breakdown, metrics)
+            self._save(fields, breakdown, metrics)
         return metrics
 
-    def _save(self, batch: Batch, breakdown: grpo.Breakdown, metrics: dict[str, float]) -> None:
-        assert self.writer is not None and self._sampled is not None
-        s = self._sampled
-        assert s.old_logps is not None
-        tensors = {
-            "per_token_logps": batch.logp.detach(),
+    def batch_fields(self, s: _Sampled, current: grpo.TokenLogprobs) -> dict[str, Any]:
+        """This step's batch, under the batch table's names: what ``grpo.compute_loss`` trains on and what the
+        step file holds (a subclass may add a registered field of its own: it is written like the rest)."""
+        mask = s.rollout.completion_mask
+        logps = current.logps * mask
+        if s.old_logps is None:
+            s.old_logps = logps.detach()
+            assert current.sum_pi_squared is not None
+            s.sum_pi_squared = current.sum_pi_squared.detach().clamp(0.0, 1.0) * mask
+        return {
+            "per_token_logps": logps,
             "old_per_token_logps": s.old_logps,
             "ref_per_token_logps": s.ref_logps,
-            "completion_mask": s.rollout.completion_mask,
+            "completion_mask": mask,
+            "rewards": s.rewards,
+            "group_size": self.config.group_size,
+            "entropies": current.entropies.detach() * mask,
+            "sum_pi_squared": s.sum_pi_squared,
+        }
+
+    def _save(self, fields: dict[str, Any], breakdown: grpo.Breakdown, metrics: dict[str, float]) -> None:
+        """The step file: every field of the step's batch (the step schema, ``grpo.step_schema``, requires what
+        the loss reads: the entropies of an entropy bonus...), with the advantages the loss computed from the
+        rewards as the input (the rewards shown per row)."""
+        assert self.writer is not None and self._sampled is not None
+        s = self._sampled
+        tensors = {k: v for k, v in fields.items() if k not in ("rewards", "group_size")}
+        tensors |= {
             # one per row, or one per token where the estimator gives them so (REINFORCE++'s discounted return)
             "advantages": (
                 breakdown.tokens.advantage if breakdown.per_token_advantages else breakdown.advantages
