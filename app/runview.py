@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from torch import Tensor
@@ -262,6 +262,10 @@ def run_overview(run: Run, rtol: float = DEFAULT_RTOL, metric_atol: float = DEFA
                 "lens_loss": s.lens_loss,
                 "max_rel_error": max(errors) if errors else None,
                 "ok": s.ok and all(m.ok for m in micro),
+                "verdict": s.verdict,
+                "unchecked": s.unchecked,
+                "logged_loss": None if s.logged_loss is None else asdict(s.logged_loss),
+                "errors": [{"file": m.file, "error": m.error} for m in micro if m.error is not None],
                 "mismatches": [
                     {
                         "micro": m.micro,
@@ -285,6 +289,9 @@ def run_overview(run: Run, rtol: float = DEFAULT_RTOL, metric_atol: float = DEFA
         **run.summary(),
         "info": run.info,
         "ok": check.ok,
+        "verdict": check.verdict,
+        "counts": check.counts(),
+        "unchecked": [{"reason": r, "count": n} for r, n in check.unchecked_reasons()],
         "rtol": check.rtol,
         "steps": steps,
         "named_apart": pairs,

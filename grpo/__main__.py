@@ -3,6 +3,7 @@
 python -m grpo                          the article's example, as a table
 python -m grpo eval FILE [--preset NAME] [--json] [--set field=value ...]
 python -m grpo check-run RUN_DIR [--rtol R] [--metric-atol A] [--json] [--jobs N | --ray ADDRESS]
+                                        exit 0 match, 1 differ, 2 error, 3 unchecked
 python -m grpo import {nemo-rl,slime} DIR RUN_DIR [--config FILE]
 
 A run's step file (``steps/000001-000.safetensors``) carries its config: ``eval`` uses it, ``--preset``
@@ -21,7 +22,17 @@ from typing import Any
 
 from grpo._allocator import keep_freed_memory
 from grpo.answer import breakdown_to_json, dumps
-from grpo.check import DEFAULT_METRIC_ATOL, DEFAULT_RTOL, check_pool, check_run, format_check
+from grpo.check import (
+    DEFAULT_METRIC_ATOL,
+    DEFAULT_RTOL,
+    DIFFER,
+    ERROR,
+    MATCH,
+    UNCHECKED,
+    check_pool,
+    check_run,
+    format_check,
+)
 from grpo.config import PRESETS, LossConfig
 from grpo.errors import GrpoInputError
 from grpo.examples import ARTICLE_EXAMPLE
@@ -108,8 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+CHECK_EXIT = {ERROR: 2, DIFFER: 1, UNCHECKED: 3, MATCH: 0}
+"""check-run's exit status by the run's verdict: 2 if a file could not be read (or the run itself), else 1 if a
+number differs, else 3 if anything was left unchecked, else 0."""
+
+
 def _check_run(args: argparse.Namespace) -> int:
-    """Exit 0 when every micro-batch and step is within tolerance, 1 when one is not, 2 on bad input."""
+    """Exit by the run's verdict (``CHECK_EXIT``); 2 on a run that cannot be read."""
     try:
         run = load_run(args.run_dir)
         with check_pool(min(args.jobs, len(run.steps)), args.ray) as pool:
@@ -118,7 +134,7 @@ def _check_run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(result.to_dict(), indent=1) if args.json else format_check(result))
-    return 0 if result.ok else 1
+    return CHECK_EXIT[result.verdict]
 
 
 def _import(args: argparse.Namespace) -> int:

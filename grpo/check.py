@@ -2,9 +2,16 @@
 
 Per micro-batch: the trainer's returned loss against GRPO Lens's under the file's config (the
 relative error is taken against the size of the terms that sum to the loss, since they cancel
-when the loss is near 0), and every metric both name. Per step: the trainer's logged metrics
-(TRL and verl log the plain mean over micro-batches) against GRPO Lens's plain mean, with the
+when the loss is near 0), and every metric both name. Per step: the trainer's logged loss against
+GRPO Lens's joined as the trainer logs it (``logged_loss``), and the trainer's logged metrics (TRL
+and verl log the plain mean over micro-batches) against GRPO Lens's plain mean, with the
 token-weighted mean beside it, labelled. ``python -m grpo check-run RUN_DIR`` prints this.
+
+Every micro-batch, step and run gets a verdict: ``match`` (compared with a number the trainer wrote,
+within tolerance), ``differ`` (a compared number past tolerance), ``unchecked`` (nothing past
+tolerance, but something the trainer did not write, or that the capture could not join, was left
+uncompared: the reasons say what), or ``error`` (the step file could not be read or evaluated: the
+message says why). Joined, the worst wins: error, differ, unchecked, match.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 import torch
 from torch import Tensor
@@ -40,6 +47,25 @@ SCALING_FIELDS = (
 )
 
 
+MATCH, DIFFER, UNCHECKED, ERROR = "match", "differ", "unchecked", "error"
+VERDICTS = (MATCH, DIFFER, UNCHECKED, ERROR)
+_RANK = {MATCH: 0, UNCHECKED: 1, DIFFER: 2, ERROR: 3}  # joined, the worst wins
+
+
+def joined_verdict(verdicts: Iterable[str]) -> str:
+    """The verdict of several (a step of its micro-batches, a run of its steps): the worst; none is unchecked."""
+    return max(verdicts, key=_RANK.__getitem__, default=UNCHECKED)
+
+
+def verdict_of(compared: Iterable[bool], unchecked: list[str]) -> str:
+    """``differ`` when a compared number is past tolerance, else ``unchecked`` when something was left
+    uncompared (or nothing was compared at all), else ``match``."""
+    results = list(compared)
+    if not all(results):
+        return DIFFER
+    return UNCHECKED if unchecked or not results else MATCH
+
+
 @dataclass(frozen=True)
 class MetricCheck:
     trainer: float
@@ -57,7 +83,8 @@ class MicroCheck:
     rank: int | None
     file: str
     trainer_loss: float | None
-    lens_loss: float
+    lens_loss: float | None
+    """None: the file could not be evaluated (``error``)."""
     rel_error: float | None
     """|lens - trainer| / max(|trainer|, sum of |per-token losses|)."""
     num_tokens: int
@@ -65,7 +92,12 @@ class MicroCheck:
     metrics: dict[str, MetricCheck]
     """Every metric both the trainer and GRPO Lens name, compared."""
     ok: bool
-    """The loss and every compared metric within tolerance."""
+    """Nothing compared past tolerance, and the file was read (``verdict`` is match or unchecked)."""
+    verdict: str = MATCH
+    unchecked: list[str] = field(default_factory=list)
+    """What was not compared, and why ("the dump holds no loss", "metrics TRL gathers over 2 processes...")."""
+    error: str | None = None
+    """Why the file could not be read or evaluated (``verdict`` error)."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +109,7 @@ class StepCheck:
     trainer_loss: float | None
     """The sum of the trainer's returned micro-batch losses, over several ranks their mean (None: a
     micro-batch did not record one)."""
-    lens_loss: float
+    lens_loss: float | None
     logged: dict[str, float]
     """What the trainer logged for the step (run.json ``logged``), when it was captured."""
     lens_mean: dict[str, float]
@@ -85,12 +117,19 @@ class StepCheck:
     lens_token_weighted: dict[str, float]
     """The same token-level metrics weighted by each micro-batch's counted tokens (not what trainers log)."""
     metrics: dict[str, MetricCheck]
-    """The trainer's logged metrics against ``lens_mean``."""
+    """The trainer's logged metrics against ``lens_mean`` (the logged loss keys joined as the trainer joins them)."""
     ok: bool
-    """Every logged metric within tolerance."""
+    """Nothing compared past tolerance (the step's micro-batches included) and every file read."""
     ranks: int = 1
     """The processes whose loss calls make the step. Several: the losses are joined as DDP joins them (each
     rank's sum over its micro-batches, averaged over the ranks: what the trainer logs as the step's loss)."""
+    verdict: str = MATCH
+    unchecked: list[str] = field(default_factory=list)
+    """What of the step (its log, its micro-batches) was not compared, and why."""
+    logged_loss: MetricCheck | None = None
+    """The loss the trainer logged for this step against GRPO Lens's joined as the trainer logs it (TRL: each
+    rank's sum over the logging window's micro-batches, meaned over the ranks and the window's steps); ``diff``
+    relative to the size of the terms, as each micro-batch's."""
 
 
 @dataclass(frozen=True)
@@ -100,13 +139,39 @@ class RunCheck:
     metric_atol: float
     micro: list[MicroCheck] = field(default_factory=list)
     steps: list[StepCheck] = field(default_factory=list)
+    unchecked_run: list[str] = field(default_factory=list)
+    """What of the run as a whole was not compared (no step files; a capture that chose nothing)."""
+
+    @property
+    def verdict(self) -> str:
+        """The run's verdict: its steps' joined (a run without steps is unchecked)."""
+        return joined_verdict([s.verdict for s in self.steps] + ([UNCHECKED] if self.unchecked_run else []))
 
     @property
     def ok(self) -> bool:
-        return all(m.ok for m in self.micro) and all(s.ok for s in self.steps)
+        """Nothing compared past tolerance and every file read (``verdict`` match or unchecked)."""
+        return self.verdict in (MATCH, UNCHECKED)
+
+    def counts(self) -> dict[str, int]:
+        """Micro-batches by verdict."""
+        out = dict.fromkeys(VERDICTS, 0)
+        for m in self.micro:
+            out[m.verdict] += 1
+        return out
+
+    def unchecked_reasons(self) -> list[tuple[str, int]]:
+        """Each reason something was not compared, with how many micro-batches give it (a step's own reason,
+        which none of its micro-batches gives: how many steps)."""
+        seen: dict[str, int] = dict.fromkeys(self.unchecked_run, 1)
+        given = [r for m in self.micro for r in m.unchecked]
+        own = [r for s in self.steps for r in s.unchecked if r not in given]
+        for reason in given + own:
+            seen[reason] = seen.get(reason, 0) + 1
+        return sorted(seen.items(), key=lambda kv: -kv[1])
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "ok": self.ok}
+        reasons = [{"reason": r, "count": n} for r, n in self.unchecked_reasons()]
+        return {"verdict": self.verdict, **asdict(self), "ok": self.ok, "counts": self.counts(), "unchecked": reasons}
 
 
 def _finite(value: Any) -> float | None:
@@ -137,22 +202,56 @@ def evaluate_ref(ref: StepRef, overrides: dict[str, Any] | None = None) -> tuple
     return evaluate(batch, replay_config(stored, overrides)), info
 
 
+NO_TRAINER_LOSS = "the trainer's returned loss: the step file does not record it"
+
+
 def check_micro(ref: StepRef, bd: Breakdown, info: dict[str, Any], rtol: float, atol: float) -> MicroCheck:
     meta = info["meta"] if isinstance(info.get("meta"), dict) else {}
-    trainer = _finite(meta.get("loss"))
     lens = float(bd.loss)
-    rel = None
+    given = meta.get("loss")
+    trainer, rel = _finite(given), None
     if trainer is not None:
         scale = max(abs(trainer), float(bd.tokens.loss.abs().sum()), 1e-30)
         rel = abs(lens - trainer) / scale
+    elif isinstance(given, float):  # NaN or inf returned (JSON NaN): the same non-finite value matches
+        trainer = given
+        rel = 0.0 if (math.isnan(given) and math.isnan(lens)) or given == lens else math.inf
     logged = meta.get("metrics")  # a trainer's log is free-form: only an object of numbers is compared
     metrics = _compare(logged if isinstance(logged, dict) else {}, bd.metrics, atol)
     applied = info.get("trainer", {}).get("importance_sampling_ratio")
     if applied is not None:
         metrics[IS_WEIGHT_CHECK] = _weights_check(applied, bd, atol)
-    ok = (rel is None or rel <= rtol) and all(m.ok for m in metrics.values())
+    unchecked = cannot_check(meta)
+    if rel is None and not unchecked:
+        unchecked = [NO_TRAINER_LOSS]
     n = int(bd.tokens.mask.sum())
-    return MicroCheck(ref.step, ref.micro, ref.rank, ref.path.name, trainer, lens, rel, n, metrics, ok)
+    check = MicroCheck(ref.step, ref.micro, ref.rank, ref.path.name, trainer, lens, rel, n, metrics, True)
+    return settled(check, rtol, unchecked)
+
+
+def cannot_check(meta: dict[str, Any]) -> list[str]:
+    """What a step file says cannot be compared (an importer's ``cannot_check`` / ``unchecked`` sentences)."""
+    reasons = [*(meta.get("cannot_check") or []), *(meta.get("unchecked") or [])]
+    return [str(r) for r in reasons if isinstance(r, str)]
+
+
+def settled(check: MicroCheck, rtol: float, unchecked: list[str] | None = None) -> MicroCheck:
+    """``check`` with its verdict and ``ok`` from what it compares (its loss, its metrics) and ``unchecked``."""
+    if check.error is not None:
+        return replace(check, verdict=ERROR, ok=False)
+    reasons = check.unchecked if unchecked is None else unchecked
+    compared = [m.ok for m in check.metrics.values()]
+    if check.rel_error is not None:
+        compared.append(check.rel_error <= rtol)  # NaN: past tolerance
+    verdict = verdict_of(compared, reasons)
+    return replace(check, verdict=verdict, ok=verdict != DIFFER, unchecked=reasons)
+
+
+def failed_micro(ref: StepRef, exc: BaseException) -> MicroResult:
+    """A step file that could not be read or evaluated: its ``error``, so the rest of the run is still checked."""
+    message = f"{type(exc).__name__}: {exc}"[:2000]
+    check = MicroCheck(ref.step, ref.micro, ref.rank, ref.path.name, None, None, None, 0, {}, False, ERROR, [], message)
+    return MicroResult(check, {}, 0.0, math.nan)
 
 
 # The rollout correction's weights as the trainer applied them against GRPO Lens's, token by token.
@@ -199,25 +298,55 @@ class MicroResult:
     """The sums behind TRL's ``sampling/*`` (``Breakdown.sampling``), joined over the generation batch."""
     rollout: tuple[int, int, int] | None = None
     """(rollout, iteration, steps_per_generation) as the capture recorded them (None: not recorded)."""
+    scale: float = 0.0
+    """The sum of |per-token losses|: the size of the terms a joined loss's tolerance is taken against."""
+    processes: int | None = None
+    """The processes the trainer ran on, as the capture recorded them (None: not recorded)."""
+    parts: dict[str, float] = field(default_factory=dict)
+    """GRPO Lens's loss parts under verl's logged names (``actor/pg_loss``, ``actor/kl_loss``)."""
+    global_batch: bool = False
+    """The loss was normalised by global counts (verl's ``global_batch_info``): verl then sums its parts' metrics."""
 
 
 def micro_result(ref: StepRef, bd: Breakdown, info: dict[str, Any], rtol: float, metric_atol: float) -> MicroResult:
     """What a step's check keeps of one micro-batch's breakdown."""
     check = check_micro(ref, bd, info, rtol, metric_atol)
-    meta = info.get("meta")
-    r = meta.get("rollout") if isinstance(meta, dict) else None
+    meta: dict[str, Any] = info["meta"] if isinstance(info.get("meta"), dict) else {}
+    r = meta.get("rollout")
     given = [r.get(k) for k in ("rollout", "iteration", "steps_per_generation")] if isinstance(r, dict) else []
-    numbers = [n for n in given if isinstance(n, int) and not isinstance(n, bool) and n >= 1]
+    numbers: list[int] = [n for n in given if _whole(n)]
     rollout = (numbers[0], numbers[1], numbers[2]) if len(numbers) == 3 else None
-    return MicroResult(check, dict(bd.metrics), float(bd.tokens.mask.sum()), float(bd.loss), bd.sampling, rollout)
+    scaling: dict[str, Any] = meta["scaling"] if isinstance(meta.get("scaling"), dict) else {}
+    processes = next((n for n in (meta.get("processes"), scaling.get("num_processes")) if _whole(n)), None)
+    parts = {"actor/pg_loss": float(bd.policy_loss)}
+    if bd.config.beta != 0:
+        parts["actor/kl_loss"] = float(bd.kl_loss) / bd.config.beta
+    if "actor/entropy_loss" in bd.metrics:
+        parts["actor/entropy_loss"] = bd.metrics["actor/entropy_loss"]
+    global_batch = (scaling.get("dp_size") or 1) > 1 or any(
+        scaling.get(k) is not None for k in ("batch_num_tokens", "global_batch_size")
+    )
+    tokens, loss, scale = float(bd.tokens.mask.sum()), float(bd.loss), float(bd.tokens.loss.abs().sum())
+    return MicroResult(
+        check, dict(bd.metrics), tokens, loss, bd.sampling, rollout, scale, processes, parts, global_batch
+    )
+
+
+def _whole(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def check_ref(ref: StepRef, rtol: float, metric_atol: float, ahead: StepRef | None = None) -> MicroResult:
     """Load, evaluate and check one step file (a module-level function: a process pool can run it); ``ahead``,
-    the run's next file, is asked of the disk first, so it is read while this one is evaluated."""
+    the run's next file, is asked of the disk first, so it is read while this one is evaluated. A file that
+    cannot be read or evaluated is that file's ``error``: the run's other files are still checked, and nothing
+    but a small result crosses back from a pool's process."""
     read_ahead(ahead)
-    bd, info = evaluate_ref(ref)
-    return micro_result(ref, bd, info, rtol, metric_atol)
+    try:
+        bd, info = evaluate_ref(ref)
+        return micro_result(ref, bd, info, rtol, metric_atol)
+    except Exception as exc:  # any failure of one file is that file's verdict, said with its message
+        return failed_micro(ref, exc)
 
 
 def _check_ref_args(args: tuple[StepRef, float, float, StepRef | None]) -> MicroResult:
@@ -259,7 +388,6 @@ def check_run(
     ``pool``: anything with ``imap`` (``multiprocessing.Pool``, Ray's ``ray.util.multiprocessing.Pool``)
     evaluates the files in parallel, in order; only each file's small ``MicroResult`` comes back. Serial, or in
     a pool, one micro-batch's breakdown at a time is alive in a process: memory does not grow with the run."""
-    result = RunCheck(run.name, rtol, metric_atol)
     logged_all = run.info.get("logged") or {}
     capture = run.info.get("capture")
     # a byte budget reached in the middle of a step leaves it without its last micro-batches: its per-call
@@ -268,32 +396,125 @@ def check_run(
     by_step: dict[int, list[MicroResult]] = {}
     for item in _micro_results(run, rtol, metric_atol, seen, pool):
         by_step.setdefault(item.check.step, []).append(item)
-    gathered = run.info.get("source") in GATHERING_SOURCES
+    source = run.info.get("source")
+    gathered = source in GATHERING_SOURCES
     restricted = isinstance(capture, dict) and capture.get("ranks") is not None
     generated = {} if restricted else generation_metrics(by_step, logged_all, incomplete)
+    steps: list[_Step] = []
     for step in run.step_numbers():
         items = by_step.pop(step)
         ranks = sorted({item.check.rank or 0 for item in items})
-        if gathered and len(ranks) > 1:
+        world = _processes(items, ranks)
+        missing = sorted(set(range(world)) - set(ranks)) if world is not None else None
+        reasons: list[str] = []
+        if gathered and missing != []:
+            items = [_ungathered(item, rtol, world, ranks) for item in items]
+            reasons.append(_ranks_reason(world, ranks))
+        elif gathered and len(ranks) > 1:
             items = joined_over_ranks(items, rtol, metric_atol)
+        steps.append(_Step(step, items, ranks, reasons, step == incomplete))
+    logged_losses = logged_loss_checks(source, steps, logged_all, rtol)
+    result = RunCheck(run.name, rtol, metric_atol, unchecked_run=run_reasons(run))
+    for s in steps:
+        result.micro.extend(item.check for item in s.items)
+        result.steps.append(s.check(logged_all, generated.get(s.number, {}), logged_losses.get(s.number), metric_atol))
+    return result
+
+
+def run_reasons(run: Run) -> list[str]:
+    """What of the run as a whole cannot be compared: no step files, a capture that chose nothing."""
+    out = [] if run.steps else ["the run holds no step files: nothing was compared"]
+    capture = run.info.get("capture")
+    chose = capture.get("chooses_nothing") if isinstance(capture, dict) else None
+    if isinstance(chose, str):
+        out.append(f"the capture chose nothing: {chose}")
+    return out
+
+
+@dataclass
+class _Step:
+    """One step's micro-batch results on their way to its ``StepCheck``."""
+
+    number: int
+    items: list[MicroResult]
+    ranks: list[int]
+    reasons: list[str]
+    incomplete: bool
+    """The capture's byte budget cut the step short."""
+
+    @property
+    def failed(self) -> list[str]:
+        return [item.check.file for item in self.items if item.check.error is not None]
+
+    def rank_losses(self, lens: bool = True) -> dict[int, list[float]]:
+        """Each rank's micro-batch losses in order (GRPO Lens's, or the trainer's returned ones)."""
+        out: dict[int, list[float]] = {}
+        for item in sorted(self.items, key=lambda i: i.check.micro):
+            value = item.loss if lens else item.check.trainer_loss
+            out.setdefault(item.check.rank or 0, []).append(math.nan if value is None else value)
+        return out
+
+    def check(
+        self, logged_all: dict[str, Any], generated: dict[str, float], logged_loss: Any, atol: float
+    ) -> StepCheck:
+        items, gathered = self.items, len(self.ranks) > 1
         checks = [item.check for item in items]
-        result.micro.extend(checks)
+        readable = [item for item in items if item.check.error is None]
         # one entry per micro-batch of the step: over several ranks, their join (each rank holds the same)
-        firsts = [item for item in items if (item.check.rank or 0) == ranks[0]] if gathered else items
-        mean, weighted = metric_views([(item.metrics, item.tokens) for item in firsts])
-        trainer_loss, lens_loss = _step_losses(items, len(ranks))
+        firsts = [item for item in readable if (item.check.rank or 0) == self.ranks[0]] if gathered else readable
+        mean, weighted = metric_views([(item.metrics, item.tokens) for item in firsts]) if firsts else ({}, {})
+        trainer_loss, lens_loss = _step_losses(items, len(self.ranks))
         # The metrics the loss calls logged (per micro-batch), as the trainer averaged them for the step;
         # generation-batch metrics (reward, completions/*) are the trainer's own view of other rows.
         per_call = set().union(*(c.metrics for c in checks))
-        step_log = {} if step == incomplete else logged_all.get(str(step)) or {}
+        step_log = {} if self.incomplete else logged_all.get(str(self.number)) or {}
         logged = {k: v for k, v in step_log.items() if _finite(v) is not None}
-        metrics = _compare({k: v for k, v in logged.items() if k in per_call}, mean, metric_atol)
-        metrics |= _compare(logged, generated.get(step, {}), metric_atol)
-        ok = all(m.ok for m in metrics.values())
-        result.steps.append(
-            StepCheck(step, len(checks), trainer_loss, lens_loss, logged, mean, weighted, metrics, ok, len(ranks))
-        )
-    return result
+        metrics = _compare({k: v for k, v in logged.items() if k in per_call}, mean, atol)
+        metrics |= _compare(logged, generated, atol)
+        reasons = list(self.reasons)
+        if self.failed:
+            reasons.append(f"the step's joined numbers: {len(self.failed)} step file(s) could not be read")
+        if isinstance(logged_loss, str):
+            reasons.append(logged_loss)
+        loss_check = logged_loss if isinstance(logged_loss, MetricCheck) else None
+        compared = [m.ok for m in metrics.values()] + ([loss_check.ok] if loss_check else [])
+        own = verdict_of(compared, reasons)
+        # a step compares nothing of its own unless the trainer logged it: its micro-batches speak for it
+        verdict = joined_verdict([c.verdict for c in checks] + ([own] if compared or reasons else []))
+        ok = verdict in (MATCH, UNCHECKED)
+        unchecked = sorted({r for c in checks for r in c.unchecked} | set(reasons), key=str)
+        number, n = self.number, len(checks)
+        return StepCheck(
+            number, n, trainer_loss, lens_loss, logged, mean, weighted, metrics, ok, len(self.ranks),
+            verdict, unchecked, loss_check,
+        )  # fmt: skip
+
+
+def _processes(items: list[MicroResult], ranks: list[int]) -> int | None:
+    """The processes the run's trainer ran on: as recorded; else one when no file names a rank; else unknown."""
+    recorded = {item.processes for item in items if item.processes is not None}
+    if recorded:
+        return max(recorded)
+    return 1 if all(item.check.rank is None for item in items) else None
+
+
+def _ranks_reason(world: int | None, ranks: list[int]) -> str:
+    captured = ", ".join(map(str, ranks))
+    of = "an unrecorded number of processes" if world is None else f"{world} processes"
+    return (
+        f"the metrics TRL gathers over the processes and the step's logged loss: the run had {of} and rank "
+        f"{captured} alone was captured (they are compared only when every rank of the step is)"
+    )
+
+
+def _ungathered(item: MicroResult, rtol: float, world: int | None, ranks: list[int]) -> MicroResult:
+    """A micro-batch of a run whose step lacks some ranks: TRL's metrics are gathered over every rank, so they
+    cannot be compared with these ranks' alone (its returned loss, per rank, still is)."""
+    if item.check.error is not None:
+        return item
+    check = replace(item.check, metrics={k: v for k, v in item.check.metrics.items() if k == IS_WEIGHT_CHECK})
+    reasons = [*check.unchecked, _ranks_reason(world, ranks)]
+    return replace(item, check=settled(check, rtol, reasons))
 
 
 # Trainers that gather each loss call's metrics over the processes before logging them: TRL 1.16 logs
@@ -328,12 +549,18 @@ def joined_over_ranks(items: list[MicroResult], rtol: float, metric_atol: float)
     out = []
     for item in items:
         group = by_micro[item.check.micro]
+        if item.check.error is not None:
+            out.append(item)
+            continue
+        if any(g.check.error is not None for g in group):  # a rank's file unread: the join cannot be made
+            reason = "the metrics TRL gathers over the processes: a rank's step file of this micro-batch is unread"
+            check = settled(replace(item.check, metrics={}), rtol, [*item.check.unchecked, reason])
+            out.append(replace(item, check=check))
+            continue
         names = set.intersection(*(set(g.metrics) for g in group))
         joined = {k: _join(k, [(g.metrics[k], g.tokens) for g in group]) for k in names}
         compared = _compare({k: m.trainer for k, m in item.check.metrics.items()}, joined, metric_atol)
-        rel = item.check.rel_error
-        ok = (rel is None or rel <= rtol) and all(m.ok for m in compared.values())
-        out.append(replace(item, check=replace(item.check, metrics=compared, ok=ok), metrics=joined))
+        out.append(replace(item, check=settled(replace(item.check, metrics=compared), rtol), metrics=joined))
     return out
 
 
@@ -375,12 +602,120 @@ def generation_metrics(
     return out
 
 
-def _step_losses(items: list[MicroResult], ranks: int) -> tuple[float | None, float]:
+def _step_losses(items: list[MicroResult], ranks: int) -> tuple[float | None, float | None]:
     """(trainer's, GRPO Lens's) loss of a step: the sum over its micro-batches, over several ranks the mean of
-    each rank's sum (DDP averages the ranks' gradients; the trainer logs the ranks' mean)."""
+    each rank's sum (DDP averages the ranks' gradients; the trainer logs the ranks' mean). None: a micro-batch
+    did not record the trainer's loss, or its file could not be read."""
     losses = [item.check.trainer_loss for item in items]
     trainer = None if any(v is None for v in losses) else sum(v for v in losses if v is not None) / ranks
-    return trainer, sum(item.loss for item in items) / ranks
+    lens = None if any(item.check.error is not None for item in items) else sum(item.loss for item in items) / ranks
+    return trainer, lens
+
+
+# --- the logged loss, joined as the trainer logs it --------------------------------------------------------
+def logged_loss_checks(
+    source: Any, steps: list[_Step], logged: dict[str, Any], rtol: float
+) -> dict[int, MetricCheck | str]:
+    """Per logged step, the trainer's logged loss against GRPO Lens's joined as the trainer logs it (a
+    ``MetricCheck``), or why it cannot be (a sentence: a step of the logging window or a rank not captured, a
+    file unread). Only TRL logs a step's total: verl 0.9.1 logs its parts (``VERL_LOSS_KEYS``, joined in
+    ``verl_logged_parts``)."""
+    by_number = {s.number: s for s in steps}
+    if source == "verl":
+        return verl_logged_parts(by_number, logged, rtol)
+    if source not in GATHERING_SOURCES:
+        return {}
+    out: dict[int, MetricCheck | str] = {}
+    logged_steps = sorted(int(k) for k, v in logged.items() if k.isdigit() and _finite((v or {}).get("loss")))
+    for before, number in zip([0, *logged_steps], logged_steps, strict=False):
+        window = range(before + 1, number + 1)
+        if number not in by_number:
+            continue
+        reason = _window_gap(window, by_number)
+        if reason is not None:
+            out[number] = reason
+            continue
+        joined = trl_logged_loss([by_number[n] for n in window], before)
+        scale = sum(item.scale for n in window for item in by_number[n].items)
+        scale /= len(by_number[number].ranks) * len(window)
+        out[number] = _loss_check(float(logged[str(number)]["loss"]), joined, scale, rtol)
+    return out
+
+
+def _window_gap(window: range, by_number: dict[int, _Step]) -> str | None:
+    """Why a logging window's loss cannot be joined from what was captured (None: it can)."""
+    span = f"step {window[0]}" if len(window) == 1 else f"steps {window[0]}-{window[-1]}"
+    what = f"the logged loss (the mean over {span})"
+    for n in window:
+        s = by_number.get(n)
+        if s is None:
+            return f"{what}: step {n} was not captured"
+        if s.incomplete:
+            return f"{what}: the capture's byte budget cut step {n} short"
+        if s.failed:
+            return f"{what}: a step file of step {n} could not be read"
+        if s.reasons:  # a rank not captured
+            return f"{what}: not every rank of step {n} was captured"
+    return None
+
+
+def trl_logged_loss(window: list[_Step], before: int) -> float:
+    """The loss transformers 5's ``Trainer`` logs for a window of steps, from GRPO Lens's micro-batch losses: each
+    rank adds every micro-batch's returned loss to its ``tr_loss`` (TRL's is already divided by gradient
+    accumulation: ``loss_is_scaled_for_ga``); a non-finite one is replaced by ``tr_loss / (1 + global_step -
+    last_logged)`` (``logging_nan_inf_filter``, on by default); at the log, the ranks' ``tr_loss`` are gathered
+    and meaned, and divided by the steps since the last log."""
+    totals: dict[int, float] = {}
+    for s in window:
+        for rank, losses in s.rank_losses().items():
+            total = totals.get(rank, 0.0)
+            for loss in losses:  # during step s the trainer's global_step is s - 1
+                total += loss if math.isfinite(loss) else total / (1 + (s.number - 1) - before)
+            totals[rank] = total
+    return sum(totals.values()) / len(totals) / len(window)
+
+
+def _loss_check(trainer: float, lens: float, scale: float, rtol: float) -> MetricCheck:
+    """A loss against the trainer's, relative to the size of its terms (they cancel near 0)."""
+    diff = abs(lens - trainer) / max(abs(trainer), scale, 1e-30)
+    return MetricCheck(trainer, lens, diff, diff <= rtol)
+
+
+VERL_LOSS_KEYS = ("actor/pg_loss", "actor/kl_loss", "actor/entropy_loss")
+"""What verl 0.9.1 logs of a step's loss: no total, each part apart (``verl.workers.utils.losses.ppo_loss``)."""
+
+
+def verl_logged_parts(by_number: dict[int, _Step], logged: dict[str, Any], rtol: float) -> dict[int, MetricCheck | str]:
+    """verl's logged loss parts against GRPO Lens's, joined as ``Metric.aggregate_dp`` joins them: the mean over
+    the data-parallel ranks per micro-batch index, then summed over the micro-batches when the loss is normalised
+    by the global batch (several ranks, or global token or row counts: verl's ``AggregationType.SUM``), else
+    averaged. The worst part is the step's ``logged_loss``."""
+    out: dict[int, MetricCheck | str] = {}
+    for number, s in by_number.items():
+        given = {k: v for k, v in (logged.get(str(number)) or {}).items() if k in VERL_LOSS_KEYS and _finite(v)}
+        if not given:
+            continue
+        gap = _window_gap(range(number, number + 1), by_number)
+        if gap is not None:
+            out[number] = gap.replace("the logged loss (the mean over step", "verl's logged loss parts (step")
+            continue
+        by_micro: dict[int, list[MicroResult]] = {}
+        for item in s.items:
+            by_micro.setdefault(item.check.micro, []).append(item)
+        summed = len(s.ranks) > 1 or any(item.global_batch for item in s.items)
+        worst: MetricCheck | None = None
+        for key, value in given.items():
+            per_micro = [[g.parts[key] for g in group if key in g.parts] for group in by_micro.values()]
+            if not all(per_micro):
+                continue
+            means = [sum(v) / len(v) for v in per_micro]
+            lens = sum(means) if summed else sum(means) / len(means)
+            scale = sum(item.scale for item in s.items) / len(s.ranks)
+            check = _loss_check(float(value), lens, scale, rtol)
+            worst = check if worst is None or check.diff > worst.diff else worst
+        if worst is not None:
+            out[number] = worst
+    return out
 
 
 def _micro_results(
@@ -395,7 +730,11 @@ def _micro_results(
         return
     for ref, ahead in pairs:
         read_ahead(ahead)
-        bd, info = evaluate_ref(ref)
+        try:
+            bd, info = evaluate_ref(ref)
+        except Exception as exc:  # as check_ref: the file's error, the run goes on
+            yield failed_micro(ref, exc)
+            continue
         if seen is not None:
             seen(ref, bd, info)
         yield micro_result(ref, bd, info, rtol, metric_atol)
@@ -480,7 +819,8 @@ class Pool(Protocol):
 
 
 def format_check(check: RunCheck) -> str:
-    """The check as a table: one line per micro-batch, then one per step."""
+    """The check as a table: one line per micro-batch, then one per step, then the verdict and what was not
+    compared, with why."""
     lines = [f"run {check.run}: rtol {check.rtol:g}, metrics to {check.metric_atol:g}"]
     lines.append(
         f"{'step':>6} {'micro':>5} {'trainer loss':>14} {'lens loss':>14} {'rel error':>10} {'max metric diff':>16}  "
@@ -491,21 +831,29 @@ def format_check(check: RunCheck) -> str:
         rank = "" if m.rank is None else f" r{m.rank}"
         lines.append(
             f"{m.step:>6} {m.micro:>5}{rank} {_num(m.trainer_loss):>14} {_num(m.lens_loss):>14} "
-            f"{_sci(m.rel_error):>10} {worst_text:>16}  {'ok' if m.ok else 'MISMATCH'}"
+            f"{_sci(m.rel_error):>10} {worst_text:>16}  {m.verdict}"
         )
+        if m.error is not None:
+            lines.append(f"{'':>13}error: {m.error}")
     lines.append("")
     lines.append(
-        f"{'step':>6} {'micros':>6} {'trainer loss':>14} {'lens loss':>14} {'logged metrics':>15} {'max diff':>9}"
+        f"{'step':>6} {'micros':>6} {'trainer loss':>14} {'lens loss':>14} {'logged loss':>14} "
+        f"{'logged metrics':>15} {'max diff':>9}"
     )
     for s in check.steps:
         largest = max((v.diff for v in s.metrics.values()), default=None)
+        logged = _num(s.logged_loss.trainer) if s.logged_loss else "-"
         lines.append(
-            f"{s.step:>6} {s.micro_batches:>6} {_num(s.trainer_loss):>14} {_num(s.lens_loss):>14} "
-            f"{len(s.metrics):>15} {_sci(largest):>9}  {'ok' if s.ok else 'MISMATCH'}"
+            f"{s.step:>6} {s.micro_batches:>6} {_num(s.trainer_loss):>14} {_num(s.lens_loss):>14} {logged:>14} "
+            f"{len(s.metrics):>15} {_sci(largest):>9}  {s.verdict}"
         )
-    bad = sum(not m.ok for m in check.micro) + sum(not s.ok for s in check.steps)
-    verdict = "all within tolerance" if check.ok else f"{bad} past tolerance"
-    lines.append(f"{len(check.micro)} micro-batches, {len(check.steps)} steps: {verdict}")
+    counts = check.counts()
+    said = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+    lines.append(f"{len(check.micro)} micro-batches ({said or 'none'}), {len(check.steps)} steps: {check.verdict}")
+    reasons = check.unchecked_reasons()
+    if reasons:
+        lines.append("not compared:")
+        lines.extend(f"  - {reason} ({n})" for reason, n in reasons)
     return "\n".join(lines)
 
 

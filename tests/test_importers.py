@@ -123,12 +123,16 @@ def test_nemo_rl_import_holds_the_dump_as_the_loss_reads_it(nemo_dir: Path, caps
 
 
 def test_nemo_rl_run_checks_as_documented(nemo_dir: Path, capsys: Any) -> None:
-    """No trainer loss in the dump: check-run compares nothing, exits 0, shows -; the loss is the ratio-1
-    breakdown: ratio 1 everywhere, KL 0 (no reference), token-mean of -A over the counted tokens."""
+    """No trainer loss in the dump: check-run compares nothing, so every micro-batch, step and the run are
+    unchecked, with the dump's reasons, and it exits 3 (it said "all within tolerance" and exited 0 before
+    issue 31); it shows -; the loss is the ratio-1 breakdown: ratio 1 everywhere, KL 0 (no reference),
+    token-mean of -A over the counted tokens."""
     target = nemo_dir.parent / "run"
     assert run(capsys, "import", "nemo-rl", str(nemo_dir), str(target))[0] == 0
     result = check_run(load_run(target))
-    assert result.ok and all(m.trainer_loss is None and m.rel_error is None for m in result.micro)
+    assert result.verdict == "unchecked" and result.counts()["unchecked"] == 2
+    assert all(m.trainer_loss is None and m.rel_error is None and m.verdict == "unchecked" for m in result.micro)
+    assert any("not in the dump" in r for r, n in result.unchecked_reasons())
     for m, step in zip(result.micro, (1, 2), strict=True):
         data = nemo_train_data(step)
         mask = torch.tensor(data["token_loss_mask"])[:, 1:] * torch.tensor(data["sample_loss_mask"])[:, None]
@@ -136,8 +140,11 @@ def test_nemo_rl_run_checks_as_documented(nemo_dir: Path, capsys: Any) -> None:
         expected = -float((adv[:, None] * mask).sum() / mask.sum())
         assert m.lens_loss == pytest.approx(expected, rel=1e-6)
     code, out, _ = run(capsys, "check-run", str(target))
-    assert code == 0 and "all within tolerance" in out
+    assert code == 3 and "2 micro-batches (2 unchecked), 2 steps: unchecked" in out and "match" not in out
+    assert "not compared:" in out and "the loss NeMo RL returned: it is not in the dump" in out
     assert out.splitlines()[2].split()[2] == "-"  # step 1's trainer loss: not in the dump
+    code, out, _ = run(capsys, "check-run", str(target), "--json")
+    assert code == 3 and json.loads(out)["verdict"] == "unchecked"
 
 
 def test_nemo_rl_config_file_maps_loss_fn(nemo_dir: Path, tmp_path: Path, capsys: Any) -> None:

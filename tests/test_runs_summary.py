@@ -147,15 +147,21 @@ def test_files_written_just_now_are_not_trusted(http: TestClient, tmp_path: Path
     assert counted == ["r", "r"]
 
 
-def test_a_bad_step_file_is_kept_as_its_422(http: TestClient, tmp_path: Path, counted: list[str]) -> None:
+def test_a_bad_step_file_is_its_error_in_a_kept_page(http: TestClient, tmp_path: Path, counted: list[str]) -> None:
+    """A step file the check cannot read is that file's ``error`` (issue 31): the run's page is answered with
+    the rest checked, the run's verdict error, the file and why named; kept like any page (one computation)."""
     run = write_run(tmp_path, "r")
     step = run / "steps" / "000001-001.safetensors"
     tensors = {**step_tensors(1), "group_size": torch.tensor([2, 2])}  # read by the check, not the cost
     step.write_bytes(save(tensors, metadata=read_metadata(step.read_bytes())))
     settle(run)
     first, second = http.get("/api/v1/runs/r"), http.get("/api/v1/runs/r")
-    assert first.status_code == second.status_code == 422
-    assert "000001-001.safetensors" in second.json()["detail"][0]["msg"] and counted == ["r"]
+    assert first.status_code == second.status_code == 200 and first.content == second.content
+    page = second.json()
+    assert page["verdict"] == "error" and not page["ok"] and page["counts"]["error"] == 1
+    (bad,) = [s for s in page["steps"] if s["errors"]]
+    assert bad["verdict"] == "error" and bad["errors"][0]["file"] == "000001-001.safetensors"
+    assert "group_size" in bad["errors"][0]["error"] and counted == ["r"]
 
 
 def test_a_torn_summary_is_refused(http: TestClient, tmp_path: Path, counted: list[str]) -> None:

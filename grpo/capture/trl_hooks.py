@@ -152,28 +152,18 @@ class _TrlHooks:
         trainer = self.trainer
         assert self.logps is not None
         logps, entropies = self.logps
-        mask = inputs["completion_mask"]
+        # TRL's batch as the loss call got it: every registered field in it (completion_mask, advantages, old and
+        # reference log-probs, tool_mask, the sampler's log-probs, a plugin's field) and the correction TRL applied
+        # are kept by the step schema (grpo.step_schema), the rest (prompt_ids...) left out
+        tensors: dict[str, Any] = {k: v for k, v in inputs.items() if isinstance(v, Tensor)}
         old = inputs.get("old_per_token_logps")
-        tensors: dict[str, Tensor] = {
-            "per_token_logps": logps.detach(),
-            # absent: TRL uses the current log-probs, detached (ratio 1)
-            "old_per_token_logps": (logps if old is None else old).detach(),
-            "completion_mask": mask.detach(),
-            "advantages": inputs["advantages"].detach(),
+        tensors |= {
+            "per_token_logps": logps,
+            "old_per_token_logps": logps if old is None else old,  # absent: TRL uses the current ones (ratio 1)
+            "entropies": entropies,
+            "row_rewards": inputs.get(ROW_REWARDS),
+            "row_groups": inputs.get(ROW_GROUPS),
         }
-        if trainer.beta != 0.0 and inputs.get("ref_per_token_logps") is not None:
-            tensors["ref_per_token_logps"] = inputs["ref_per_token_logps"].detach()
-        if entropies is not None:
-            tensors["entropies"] = entropies.detach()
-        if isinstance(inputs.get("tool_mask"), Tensor):  # TRL counts completion_mask · tool_mask: kept apart, marked
-            tensors["tool_mask"] = inputs["tool_mask"].detach()
-        # the sampler's log-probs (vLLM's, NaN where it could not score) and the correction TRL applied with them
-        for name in ("sampling_per_token_logps", "importance_sampling_ratio"):
-            if isinstance(inputs.get(name), Tensor):
-                tensors[name] = inputs[name].detach()
-        for key, name in ((ROW_REWARDS, "row_rewards"), (ROW_GROUPS, "row_groups")):
-            if key in inputs:
-                tensors[name] = inputs[key]
         config, scaling = self._step_config(inputs)
         ga = scaling["gradient_accumulation_steps"]
         if self.applied_entropy_coef is not None and "entropy_coef" in logged:
@@ -185,6 +175,7 @@ class _TrlHooks:
             "metrics": {k: _number(v) for k, v in logged.items()},
             "scaling": scaling,
             "rollout": rollout(trainer),
+            "processes": int(trainer.accelerator.num_processes),  # TRL gathers metrics over them (check-run)
         }
         step = int(trainer.state.global_step) + 1  # the optimiser step this loss call belongs to
         self.writer.write_step(step, int(trainer._step) % ga, tensors, meta, config=config)
@@ -247,8 +238,10 @@ def trl(
 
     For long runs: ``every=N`` records optimiser steps 1, N+1, 2N+1...; ``steps`` these steps; ``ranks`` these
     processes; ``max_bytes`` stops recording (never training) at the first step file that would cross it, per
-    process (run.json's ``capture`` says what was written and skipped). A job restarted into the same
-    ``run_dir`` resumes it: nothing an earlier attempt wrote is overwritten (``RunWriter``'s ``resume``).
+    process (run.json's ``capture`` says what was written and skipped). Sampling that chooses no rank or step of
+    the run warns at the start and says so in run.json (``capture.chooses_nothing``). Rank 0 writes run.json,
+    captured or not. A job restarted into the same ``run_dir`` resumes it: nothing an earlier attempt wrote is
+    overwritten (``RunWriter``'s ``resume``).
     """
     mapping = map_trl(trainer.args)
     for message in mapping.warnings:
@@ -264,6 +257,9 @@ def trl(
         sampling=Sampling.of(every, steps, ranks, max_bytes),
         resume=True,
     )
+    max_steps = getattr(trainer.args, "max_steps", None)  # -1: set by the epochs, known once training starts
+    last_step = max_steps if isinstance(max_steps, int) and max_steps > 0 else None
+    writer.check_sampling(processes, last_step, who="grpo.capture.trl")  # ranks=[1] on one process: said
     writer.update(unsupported=mapping.unsupported, loss_type=trainer.loss_type)
     hooks = _TrlHooks(trainer, writer, mapping.config)
     hooks.install()
