@@ -20,7 +20,7 @@ from app import summaries
 from app.api import JSONBytes, as_response, multipart_body
 from app.deps import LabDep, LanesDep, SettingsDep, StoreDep
 from app.lanes import Lanes, release_memory
-from app.schemas import ErrorResponse
+from app.schemas import HEATMAP_ROWS, Count, ErrorResponse, HeatmapRows
 from app.store import LAB_REMOVE_SECONDS, valid_name
 from app.work import Reply
 
@@ -32,6 +32,7 @@ TOO_LARGE: dict[int | str, dict[str, Any]] = {
     422: {"model": ErrorResponse, "description": "Not a form with the zip, or a bad zip, run.json or step file"},
     507: {"model": ErrorResponse, "description": "The runs directory's budget or free-space floor would be crossed"},
 }
+TOKEN_ROWS = "Rows whose per-token arrays to return when the step is past the token limit (below it: every row's)"
 UPLOAD_BODY = multipart_body(
     "A zip of run.json and steps/*.safetensors", {"name": "The run's name (default: the file's name)"}
 )
@@ -97,9 +98,13 @@ async def step_detail(
     settings: SettingsDep,
     micro: Annotated[int | None, Query(ge=0, le=999)] = None,
     config: Annotated[str | None, Query(description="A JSON object of LossConfig fields (preset included)")] = None,
+    token_rows: Annotated[list[Count] | None, Query(max_length=1000, description=TOKEN_ROWS)] = None,
+    heatmap_rows: Annotated[HeatmapRows, Query(description=HEATMAP_ROWS)] = "shown",
 ) -> Response:
-    """Checked as /api/v1/loss is (padded size and memory from the files' headers: 413), in its lane."""
-    return as_response(await summaries.step(lanes, store.open(run), step, micro, config, settings))
+    """One evaluation: ``breakdown`` is /api/v1/loss's answer for ``request`` (what the page draws, no second
+    request); checked as /api/v1/loss is (padded size and memory from the files' headers: 413), in its lane."""
+    shown = summaries.Shown(token_rows, heatmap_rows)
+    return as_response(await summaries.step(lanes, store.open(run), step, micro, config, settings, shown))
 
 
 @router.delete("/{run}", responses=NOT_FOUND, status_code=204, summary="Delete a run (a running lab run is cancelled)")

@@ -55,23 +55,23 @@ import orjson
 
 import grpo
 from app.errors import ApiError, LimitError, as_api_error, config_error, error_item, error_json
-from app.ingest import check_padded, read_json, validated
+from app.ingest import Prepared, check_padded, read_json, validated
 from app.lanes import Lanes
 from app.runview import batch_advantages, replay, run_overview, step_batch
 from app.schemas import ConfigRequest
 from app.settings import Settings
-from app.work import Reply
-from grpo.answer import breakdown_to_json, dumps
+from app.work import Reply, loss_json
+from grpo.answer import dumps
 from grpo.batch import request_advantages
 from grpo.check import DEFAULT_METRIC_ATOL, DEFAULT_RTOL, replay_config
 from grpo.errors import GrpoInputError
 from grpo.fields import ragged
-from grpo.requests import batch_from_request, row_lengths
+from grpo.requests import row_lengths
 from grpo.runs import FORMAT as RUN_FORMAT
 from grpo.runs import LOGGED_FILE, STEP_FILE, Run, StepRef, load_run, load_step, package_versions, read_header
 
 SUMMARY_FILE = ".lens-summary.json"
-FORMAT = 3  # of the summary: a change in the page's or the entry's shape bumps it
+FORMAT = 4  # of the summary: a change in the page's or the entry's shape bumps it
 VERSION = package_versions().get("grpo-lens", "unknown")
 MAX_INFO_BYTES = 1024 * 1024  # run.json is a run's description: a real one is a few KB
 MAX_HEADER_BYTES = 2 * MAX_INFO_BYTES  # the summary's header holds an entry drawn from run.json
@@ -521,8 +521,23 @@ def opened(path: Path) -> Run:
     return load_run(path)
 
 
+@dataclass(frozen=True)
+class Shown:
+    """What of a step's breakdown its answer carries, as /api/v1/loss's ``token_rows`` and ``heatmap_rows``:
+    every row's per-token arrays up to the per-token limit, past it those of ``token_rows``."""
+
+    token_rows: list[int] | None = None
+    heatmap_rows: str = "shown"
+
+
 async def step(
-    lanes: Lanes, path: Path, number: int, micro: int | None, config: str | None, settings: Settings
+    lanes: Lanes,
+    path: Path,
+    number: int,
+    micro: int | None,
+    config: str | None,
+    settings: Settings,
+    shown: Shown = Shown(),
 ) -> Reply:
     """GET /api/v1/runs/{run}/steps/{step}: ``config`` (``?config=``, JSON text of a preset and overrides)
     checked as /api/v1/loss checks its config, the step (or its micro-batch) found (a 404 naming which
@@ -535,7 +550,7 @@ async def step(
         where = f"step {number}" + ("" if micro is None else f" micro-batch {micro}")
         raise ApiError(404, [error_item(["path", "step"], f"run {run.name!r} has no {where}", "not_found")])
     plan = await lanes.call(step_plan, run, number, micro, settings, (given or {}).get("dtype"))
-    return await lanes.run(plan.size, step_json, str(path), number, micro, given, settings)
+    return await lanes.run(plan.size, step_json, str(path), number, micro, given, settings, shown)
 
 
 async def replay_page(lanes: Lanes, path: Path, body: dict[str, Any], after: int, settings: Settings) -> Reply:
@@ -563,14 +578,23 @@ def _config(stored: grpo.LossConfig, given: dict[str, Any] | None, loc: list[str
         raise config_error(loc, exc) from exc
 
 
-def step_json(path: str, step: int, micro: int | None, given: dict[str, Any] | None, settings: Settings) -> Any:
-    """GET /api/v1/runs/{run}/steps/{step}: the step's batch (or one micro-batch) as /api/v1/loss answers it."""
+def step_json(
+    path: str, step: int, micro: int | None, given: dict[str, Any] | None, settings: Settings, shown: Shown = Shown()
+) -> Any:
+    """GET /api/v1/runs/{run}/steps/{step}: the step's batch (or one micro-batch) evaluated once. ``breakdown`` is
+    /api/v1/loss's answer to ``request`` (the batch and the config it was evaluated under): the page draws it as
+    it is, and a replay under another config is this endpoint again with ``?config=``."""
     run = load_run(path)
     fields, stored, info = step_batch(run, step, micro)
     resolved = _config(stored, given, ["query", "config"])
-    bd = grpo.evaluate(batch_from_request(fields), resolved)
-    breakdown = breakdown_to_json(bd, row_lengths(fields), None, max_tokens=settings.full_token_limit)
     request = {**fields, "config": {k: v for k, v in resolved.to_dict().items() if k != "device"}}
+    lengths = row_lengths(fields)
+    if any(r >= len(lengths) for r in shown.token_rows or []):
+        msg = f"row numbers below {len(lengths)}, the step's rows"
+        raise ApiError(422, [error_item(["query", "token_rows"], msg, "value_error")])
+    rows = None if sum(lengths) <= settings.full_token_limit else shown.token_rows
+    prepared = Prepared(dict(fields), lengths, None)  # a copy: evaluating lets go of its fields
+    breakdown = loss_json(prepared, resolved, settings, None, rows, shown.heatmap_rows)
     return {"run": run.name, **info, "breakdown": breakdown, "request": request}
 
 

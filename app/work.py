@@ -36,6 +36,7 @@ from app.settings import Settings
 from grpo.answer import breakdown_to_json, dumps
 from grpo.export import FORMATS, export_batch, file_bytes
 from grpo.io import INPUT_DTYPES, UPLOAD_FORMATS, file_name, load_file, precision_notes
+from grpo.marks import parts_of
 from grpo.requests import batch_from_request
 
 
@@ -228,9 +229,16 @@ def _upload(fields: dict[str, Any], texts: dict[str, Any], settings: Settings) -
         prepared = Prepared(fields, lengths, None)
     config = resolve_config(form_model.config, settings)
     result = loss_json(prepared, config, settings, tokens, form_model.token_rows, form_model.heatmap_rows)
-    result["warnings"] += [f"Ignored {name!r} in the file: not a batch field." for name in ignored]
-    result["warnings"] += precision_notes(input_dtypes, config.dtype)
+    ignored_notes = [f"Ignored {name!r} in the file: not a batch field." for name in ignored]
+    add_warnings(result, ignored_notes + precision_notes(input_dtypes, config.dtype))
     return result
+
+
+def add_warnings(answer: dict[str, Any], sentences: list[str]) -> None:
+    """``sentences`` added to an answer's ``warnings`` and, as parts, to its ``warning_parts``: the two lists
+    stay one for one, and the page, which draws the parts, shows every warning."""
+    answer["warnings"] += sentences
+    answer["warning_parts"] += [parts_of(s) for s in sentences]
 
 
 def _dtype(config: Any) -> str:

@@ -50,6 +50,10 @@ export function postForm(channel, path, form) {
   return latest(channel, path, { method: "POST", body: form });
 }
 
+export function getLatest(channel, path) {
+  return latest(channel, path, {});
+}
+
 // A request outside any channel (each one is answered, none supersedes another): its JSON answer.
 async function request(path, init) {
   const response = await fetch(path, init);

@@ -1,7 +1,7 @@
 // Chart functions: the API's JSON in, Plotly {data, layout} out. No numbers are computed here.
 
 import { REGION_COLORS, fmt, plotlyText, whyColor } from "./format.js";
-import { HEATMAP_TITLES, HOVER, LABELS, POOLED } from "./labels.js";
+import { HEATMAP_TITLES, HOVER, LABELS, POOLED, RUN } from "./labels.js";
 
 const FONT = { family: "system-ui, sans-serif", size: 12 };
 const base = (title, extra = {}) => ({
@@ -788,7 +788,12 @@ const stepsLayout = (title, steps, extra = {}) =>
 
 export function lossChart(data) {
   const x = data.steps.map((s) => s.step);
-  const bad = data.steps.filter((s) => !s.ok);
+  // each step marked by its verdict (app/runview.py); a matching step carries no marker
+  const marked = (verdict, name, marker) => {
+    const steps = data.steps.filter((s) => s.verdict === verdict);
+    const y = steps.map((s) => s.lens_loss ?? s.trainer_loss ?? 0); // an unreadable step may have no loss
+    return { x: steps.map((s) => s.step), y, name, mode: "markers", marker };
+  };
   return {
     data: [
       {
@@ -805,13 +810,14 @@ export function lossChart(data) {
         mode: "lines+markers",
         line: { color: "#2563eb", dash: "dot" },
       },
-      {
-        x: bad.map((s) => s.step),
-        y: bad.map((s) => s.lens_loss),
-        name: "mismatch",
-        mode: "markers",
-        marker: { color: "#dc2626", size: 14, symbol: "x" },
-      },
+      marked("differ", `mismatch (${RUN.step.differ})`, { color: "#dc2626", size: 14, symbol: "x" }),
+      marked("unchecked", RUN.step.unchecked, {
+        color: "#d97706",
+        size: 13,
+        symbol: "circle-open",
+        line: { width: 2 },
+      }),
+      marked("error", RUN.step.error, { color: "#111827", size: 13, symbol: "square-x-open" }),
     ],
     layout: stepsLayout("Loss per step: trainer vs recomputed", x, {
       yaxis: { title: { text: "loss", standoff: 10 }, automargin: true },

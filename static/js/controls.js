@@ -89,8 +89,10 @@ function buildControl(field, onChange) {
 export function renderControls(data) {
   const { options } = state.ui;
   const config = data.config;
-  const preset = options.presets.find((p) => p.name === config.preset)?.config || {};
-  $("#preset").value = config.preset;
+  // a config of no preset (a run's own: an import's, a verl capture's) against the one the page holds for it
+  const name = config.preset ?? state.config.preset;
+  const preset = options.presets.find((p) => p.name === name)?.config || {};
+  $("#preset").value = name;
   for (const field of options.fields) {
     const input = inputs.get(field.name);
     if (!input) continue;

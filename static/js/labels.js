@@ -230,3 +230,26 @@ export const UPLOAD = {
   fileLabel: (labels) => `A batch file: ${labels} (tensors only; logits with token_ids go through the causal shift)`,
   exportTitle: (label) => `Download the input batch as ${label} (the upload reads it back)`,
 };
+
+// The Runs view's verdict (app/runview.py; grpo.check: match, differ, unchecked, error): what was compared
+// with a number the trainer wrote, and what was not. Only a run whose verdict is "match" is said to match.
+export const RUN = {
+  head: (d) => `${d.name}: ${d.source}, ${d.steps.length} steps, ${d.files} micro-batches. `,
+  checking: "checking every micro-batch…",
+  match: (rtol) => `Every micro-batch matches the trainer (relative error ≤ ${rtol}).`,
+  differ: (steps) => `Mismatch at steps ${steps.join(", ")}.`,
+  error: (steps) => `Step files that could not be read, at steps ${steps.join(", ")}.`,
+  unchecked: (full, total, rtol) =>
+    full === 0
+      ? "Not checked against the trainer: nothing the trainer wrote could be compared (why, below); nothing compared is past tolerance."
+      : `Checked in part: ${full} of ${total} micro-batches compared in full, within tolerance (relative error ≤ ${rtol}); the others hold something that could not be compared (why, below).`,
+  notChecked: (reason, count) => `Not checked: ${reason} (${count} micro-batch${count === 1 ? "" : "es"})`,
+  unreadable: (file, message) => `Could not read ${file}: ${message}`,
+  // a step's verdict, in its label and the loss chart's legend
+  step: {
+    match: "matches the trainer",
+    differ: "past tolerance",
+    unchecked: "not checked",
+    error: "could not be read",
+  },
+};

@@ -32,7 +32,12 @@ const HEATMAP_ROWS = "all";
 const lossRequest = () => ({ ...currentRequest(), config: state.config, heatmap_rows: HEATMAP_ROWS });
 
 async function fetchLoss() {
-  const { uploadFile } = state.ui;
+  const { uploadFile, runStep } = state.ui;
+  if (runStep) {
+    // a run's step: evaluated where its batch is, under the page's settings (one request, the batch not sent)
+    const data = await runs.fetchStep(runStep, state.config, state.row);
+    return data && data.breakdown;
+  }
   if (uploadFile && !state.input) {
     const form = new FormData();
     form.append("file", uploadFile);
@@ -135,11 +140,13 @@ async function copyLink() {
   }
 }
 
-// Every load (state.js `load`): the input views show the new batch, then one recompute (an edit's own
-// recompute, a moment later, replaces this one).
-function onLoaded(origin) {
+// Every load (state.js `load`): the input views show the new batch, then the answer that came with it is
+// drawn (a run's step), or one recompute (an edit's own recompute, a moment later, replaces this one).
+function onLoaded(origin, answer) {
   input.showLoaded(origin);
-  schedule(0);
+  if (!answer) return schedule(0);
+  clearTimeout(timer);
+  compute(Promise.resolve(answer));
 }
 
 // A lab step's batch (an /api/v1/loss request and its config) becomes the input of every view.
@@ -215,17 +222,18 @@ function sameJSON(a, b) {
   return keys.length === Object.keys(b).length && keys.every((k) => Object.hasOwn(b, k) && sameJSON(a[k], b[k]));
 }
 
-// The Runs view: its step slider loads a captured step into every view (an /api/v1/loss body).
-function loadRequest(body, title = "", note = "") {
-  const { config, ...fields } = body;
-  load({ input: fields, config }, { kind: "step", name: title, note });
+// The Runs view: its step slider loads a captured step into every view, with the breakdown the step
+// endpoint answered (drawn as it is); the page's settings then replay it there (`runStep`).
+function loadStep(data, runStep, title = "", note = "") {
+  const { config, ...fields } = data.request;
+  load({ input: fields, config, runStep, answer: data.breakdown }, { kind: "step", name: title, note });
 }
 
 async function setupRuns() {
   const presets = $("#run-replay-preset");
   for (const p of state.ui.options.presets) presets.append(el("option", { value: p.name, text: p.name, title: p.doc }));
   presets.value = "trl-dr_grpo";
-  await runs.setup({ loadRequest });
+  await runs.setup({ loadStep });
 }
 
 // For tests and bench/page.py: the state, the latest response, whether a chart is current, and

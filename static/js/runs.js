@@ -2,15 +2,18 @@
 // logged loss and metrics beside GRPO Lens's recomputation, mismatches flagged, one unit per axis,
 // gaps where the trainer logged nothing), each step's story (its rollout and pass, zero-std groups'
 // dilution), a step slider and a micro-batch picker that load the step into every other view
-// (through the page's own input path), and a replay of the same batches under another preset. Every
-// number and sentence comes from the server (app/runview.py); a failed load says so and greys the view.
+// (through the page's own input path, with the breakdown the step endpoint answered: one evaluation per
+// step shown), and a replay of the same batches under another preset. The verdict says what was compared
+// with the trainer's numbers and what was not (match, differ, unchecked, error). Every number and reason
+// comes from the server (app/runview.py); a failed load says so and greys the view.
 
-import { getJSON, postJSON } from "./api.js";
+import { getJSON, getLatest, postJSON } from "./api.js";
 import { lossChart, replayChart, runSeriesChart } from "./charts.js";
 import { $, clear, el, plot } from "./dom.js";
 import { fmt } from "./format.js";
+import { RUN } from "./labels.js";
 
-let hooks = null; // { loadRequest(body) }: puts a /api/v1/loss body into the page's state and redraws
+let hooks = null; // { loadStep(data, runStep, title, note) }: puts a step's batch and breakdown into the page
 let current = null; // the open run's /api/v1/runs/{run} response
 
 export function setup(h) {
@@ -54,17 +57,11 @@ export async function refresh() {
 export async function openRun(name) {
   if (!name) return;
   $("#run-select").value = name;
-  $("#run-info").textContent = "checking every micro-batch…";
+  $("#run-info").textContent = RUN.checking;
   const data = await getJSON(`/api/v1/runs/${encodeURIComponent(name)}`);
   current = data;
   recovered();
-  const bad = data.steps.filter((s) => !s.ok).map((s) => s.step);
-  $("#run-info").textContent =
-    `${data.name}: ${data.source}, ${data.steps.length} steps, ${data.files} micro-batches. ` +
-    (data.ok
-      ? `Every micro-batch matches the trainer (relative error ≤ ${data.rtol}).`
-      : `Mismatch at steps ${bad.join(", ")}.`);
-  $("#run-info").className = data.ok ? "run-info" : "run-info error";
+  showVerdict(data);
   const notes = clear($("#run-notes"));
   for (const pair of data.named_apart) notes.append(el("li", { text: `${pair.trainer} ≠ ${pair.lens}: ${pair.text}` }));
   const slider = $("#run-step");
@@ -82,6 +79,26 @@ export async function openRun(name) {
   await Promise.all(draws);
   $("#runs").dataset.open = name;
   if (data.steps.length) await pickStep(Number(slider.value));
+}
+
+// What was compared with the trainer's numbers and what was not: the run's verdict in a sentence (only
+// "match" says the run matches), the steps past tolerance or unreadable, and each reason something was not
+// compared with how many micro-batches it concerns.
+function showVerdict(data) {
+  const at = (verdict) => data.steps.filter((s) => s.verdict === verdict).map((s) => s.step);
+  const sentences = [];
+  if (data.verdict === "match") sentences.push(RUN.match(data.rtol));
+  if (at("error").length) sentences.push(RUN.error(at("error")));
+  if (at("differ").length) sentences.push(RUN.differ(at("differ")));
+  if (data.verdict === "unchecked") sentences.push(RUN.unchecked(data.counts.match, data.files, data.rtol));
+  $("#run-info").textContent = RUN.head(data) + sentences.join(" ");
+  const tone = { match: "", unchecked: " unchecked" }[data.verdict] ?? " error";
+  $("#run-info").className = `run-info${tone}`;
+  $("#runs").dataset.verdict = data.verdict;
+  const list = clear($("#run-verdict"));
+  for (const s of data.steps)
+    for (const e of s.errors) list.append(el("li", { text: RUN.unreadable(e.file, e.error) }));
+  for (const { reason, count } of data.unchecked ?? []) list.append(el("li", { text: RUN.notChecked(reason, count) }));
 }
 
 // The micro-batch picker offers what the step holds: all joined, or one micro-batch (with its ranks).
@@ -108,12 +125,24 @@ async function pickStep(number) {
   await showStep(number);
 }
 
+// A run's step (`runStep`: { run, step, micro }, micro "" for the whole step) evaluated by the server, once:
+// under `config` (a replay; none: the step's own), with the heatmaps of every row and, past the per-token
+// limit, the tokens of `row` (the page's other requests ask the same). Its `breakdown` is what the views
+// draw; `request`, its batch and config. On the page's one evaluating channel: a newer request supersedes it.
+export function fetchStep(runStep, config = null, row = -1) {
+  const params = new URLSearchParams({ token_rows: String(Math.max(row, 0)), heatmap_rows: "all" });
+  if (runStep.micro !== "") params.set("micro", runStep.micro);
+  if (config) params.set("config", JSON.stringify(config));
+  return getLatest("loss", `/api/v1/runs/${encodeURIComponent(runStep.run)}/steps/${runStep.step}?${params}`);
+}
+
 async function showStep(number) {
   const step = current?.steps.find((s) => s.step === number);
   if (!step) return;
   const micro = $("#run-micro").value;
-  const query = micro === "" ? "" : `?micro=${micro}`;
-  const data = await getJSON(`/api/v1/runs/${encodeURIComponent(current.name)}/steps/${number}${query}`);
+  const runStep = { run: current.name, step: number, micro };
+  const data = await fetchStep(runStep);
+  if (!data) return; // a newer step (or setting) superseded this one
   recovered();
   // The losses from the run's page (what its chart draws), per micro-batch or summed over the step.
   const parts = micro === "" ? null : step.micro.filter((m) => String(m.micro) === micro);
@@ -122,18 +151,18 @@ async function showStep(number) {
   const label =
     `step ${number}` +
     (micro === "" ? ` (micro-batches ${data.micro_batches.join(", ")} joined)` : `, micro-batch ${micro}`) +
-    ` · trainer's loss ${trainer} · GRPO Lens ${lens}`;
+    ` · trainer's loss ${trainer} · GRPO Lens ${lens}` +
+    (step.verdict ? ` · ${RUN.step[step.verdict]}` : "");
   $("#run-step-label").textContent = label;
+  $("#run-step-label").title = step.unchecked?.join("\n") ?? ""; // the reasons, listed under the verdict too
   $("#run-step-label").dataset.lensLoss = String(parts ? parts.map((m) => m.lens_loss) : step.lens_loss);
   $("#run-step-story").textContent =
     step.rollout.text + (step.zero_std ? `. Zero-std groups: ${step.zero_std.text}.` : ".");
   $("#runs").dataset.step = String(number);
   $("#runs").dataset.micro = micro;
-  hooks.loadRequest(
-    data.request,
-    `Run ${current.name}, step ${number}` + (micro === "" ? "" : `, micro-batch ${micro}`),
-    label,
-  );
+  $("#runs").dataset.stepVerdict = step.verdict ?? "";
+  const title = `Run ${current.name}, step ${number}` + (micro === "" ? "" : `, micro-batch ${micro}`);
+  hooks.loadStep(data, runStep, title, label);
 }
 
 async function replay() {

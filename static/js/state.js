@@ -13,6 +13,7 @@ export const state = {
     options: null, // /api/v1/options: fields, presets, scenarios, glossary
     last: null, // the latest /api/v1/loss response
     uploadFile: null, // a binary upload whose batch only the server holds
+    runStep: null, // a run's step the server holds ({ run, step, micro }): evaluated by its step endpoint
     drawCount: 0, // how many times the views were drawn (tests and the benchmark wait on it)
     rowSort: { key: null, dir: 1 }, // the rows table's sort column and direction
     origin: { kind: "scenario", name: "" }, // what is loaded: scenario, edited, json, import (name: file), upload (name: file), step (name: the run's step, note)
@@ -114,22 +115,25 @@ export const fromUpload = () => Boolean(state.ui.uploadFile && !state.input);
 // --- loading a batch ------------------------------------------------------------------------------
 const loadListeners = [];
 
-// `fn(origin)` runs after every load (the page redraws its input views and recomputes).
+// `fn(origin, answer)` runs after every load (the page redraws its input views, and draws `answer` where the
+// batch came with one, else recomputes).
 export function onLoad(fn) {
   loadListeners.push(fn);
 }
 
 // The one way a batch becomes the page's input: a scenario, a table edit, a JSON paste or import, an
 // upload, a run's or a lab run's step. `batch`: `scenario` (its name: its request is the input),
-// `input` (request fields), `file` (a binary upload only the server reads), `config` (the settings;
-// kept when absent), `row` (the row shown; -1 when absent). `origin`: what is loaded, as
-// state.ui.origin describes it.
+// `input` (request fields), `file` (a binary upload only the server reads), `runStep` (a run's step the
+// server holds: `input` is its batch, evaluated there), `answer` (the server's answer for this batch and
+// config, when it came with it: drawn without a request), `config` (the settings; kept when absent),
+// `row` (the row shown; -1 when absent). `origin`: what is loaded, as state.ui.origin describes it.
 export function load(batch, origin) {
   if (batch.scenario !== undefined) state.scenario = batch.scenario;
   state.input = batch.input ?? null;
   state.ui.uploadFile = batch.file ?? null;
+  state.ui.runStep = batch.runStep ?? null;
   if (batch.config) state.config = { ...batch.config, preset: batch.config.preset || "article" };
   state.row = batch.row ?? -1;
   state.ui.origin = origin;
-  for (const fn of loadListeners) fn(origin);
+  for (const fn of loadListeners) fn(origin, batch.answer ?? null);
 }
