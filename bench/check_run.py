@@ -19,6 +19,8 @@ The timed commands run --repeat times each, alternated, cold each time; the medi
 The machine's load average is printed at the start and the end: on a shared machine the figures move with it.
 Run: .venv/bin/python bench/check_run.py [--files 200] [--rows 64] [--width 2048] [--jobs CORES] [--repeat 3]
 (--files 2000: 2.2 GB on disk under the repository, where the fixed start weighs a tenth as much)
+--base DIR: also times another checkout's check-run (run from DIR: `git worktree add DIR COMMIT`) on the same run,
+alternated with this one's, and prints both medians and their ratio (a change's before and after).
 """
 
 from __future__ import annotations
@@ -101,11 +103,11 @@ def serial_eval(run_dir: Path, threads: int) -> float:
     return elapsed
 
 
-def timed(argv: list[str]) -> tuple[float, int]:
+def timed(argv: list[str], cwd: Path = ROOT) -> tuple[float, int]:
     """Wall seconds of a command and its peak RSS in MiB: wait4's ru_maxrss, the largest of the process and
-    the children it waited for (the pool's processes)."""
+    the children it waited for (the pool's processes). ``cwd``: where ``python -m grpo`` finds its grpo."""
     start = time.perf_counter()
-    child = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(child.pid, 0)
     elapsed = time.perf_counter() - start
     child.returncode = os.waitstatus_to_exitcode(status)
@@ -115,10 +117,11 @@ def timed(argv: list[str]) -> tuple[float, int]:
     return elapsed, usage.ru_maxrss // 1024
 
 
-def check_run_cli(run_dir: Path, jobs: int) -> tuple[float, int]:
-    """Wall seconds (cold) and peak RSS in MiB of ``python -m grpo check-run RUN --jobs JOBS``."""
+def check_run_cli(run_dir: Path, jobs: int, checkout: Path = ROOT) -> tuple[float, int]:
+    """Wall seconds (cold) and peak RSS in MiB of ``python -m grpo check-run RUN --jobs JOBS`` (of ``checkout``'s
+    grpo: ``-m`` looks in the working directory first)."""
     drop_cache(run_dir)
-    return timed([sys.executable, "-m", "grpo", "check-run", str(run_dir), "--jobs", str(jobs)])
+    return timed([sys.executable, "-m", "grpo", "check-run", str(run_dir), "--jobs", str(jobs)], checkout)
 
 
 def fixed_start() -> float:
@@ -143,6 +146,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--repeat", type=int, default=3, help="times each figure is taken (medians printed)")
+    parser.add_argument("--base", type=Path, default=None, help="another checkout whose check-run is timed beside")
     args = parser.parse_args()
     cores = os.cpu_count() or 1
     keep_freed_memory()  # as the CLI's processes do: the serial floor is the best this process does
@@ -173,6 +177,17 @@ def main() -> None:
             fixed_start,
         )
         cli(small, args.small)
+        if args.base is not None:
+            base = args.base.resolve()
+            (before, before_min), (after, after_min) = medians(
+                args.repeat,
+                lambda: check_run_cli(big, args.jobs, base)[0],
+                lambda: check_run_cli(big, args.jobs)[0],
+            )
+            print(
+                f"check-run --jobs {args.jobs}, {args.repeat} alternated runs: {base} {before:.3f} s "
+                f"({before_min:.3f}), this checkout {after:.3f} s ({after_min:.3f}): {after / before:.3f}x"
+            )
     floor = max(cold, serial / cores)
     load_end = os.getloadavg()[0]
     print(f"load average (1 min) {load_start:.2f} at the start, {load_end:.2f} at the end, on {cores} cores")

@@ -244,3 +244,33 @@ def test_check_run_jobs_finishes_on_a_file_missing_a_tensor(tmp_path: Path) -> N
     done = cli(str(tmp_path / "r"), "--jobs", "2")
     assert done.returncode == 2, done.stdout + done.stderr
     assert "000002-000.safetensors" in done.stdout and "per_token_logps" in done.stdout
+
+
+def test_a_capture_that_chose_nothing_is_unchecked_and_says_so(tmp_path: Path) -> None:
+    """The finding: ``ranks=[1]`` on one process wrote nothing, warned nothing, and check-run passed (exit 0).
+    The capture now says so in run.json (``capture.chooses_nothing``) and check-run is unchecked with it: exit 3."""
+    import warnings
+
+    from grpo.runs import Sampling
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        writer = RunWriter(tmp_path / "r", "trl", grpo.LossConfig(), sampling=Sampling.of(ranks=[1]))
+        writer.check_sampling(world_size=1)
+        assert writer.write_step(1, 0, tensors(0), {"loss": 0.0}) is None
+        writer.close()
+    assert any("rank" in str(w.message) for w in said)
+    check = check_run(load_run(tmp_path / "r"))
+    assert check.verdict == "unchecked"
+    assert any(r.startswith("the capture chose nothing: ranks [1]") for r, _ in check.unchecked_reasons())
+    assert cli(str(tmp_path / "r")).returncode == 3
+
+
+def test_a_bad_file_in_a_ray_pool_is_its_error(tmp_path: Path) -> None:
+    """--ray: the same worker function, so a bad file comes back as its error from Ray's pool too."""
+    pytest.importorskip("ray")
+    write(tmp_path / "r", steps=1, micros=2)
+    (tmp_path / "r" / "steps" / "000001-001.safetensors").write_bytes(b"not a safetensors file")
+    done = cli(str(tmp_path / "r"), "--ray", "local", "--json")
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert [m["verdict"] for m in json.loads(done.stdout)["micro"]] == ["match", "error"]
