@@ -291,7 +291,7 @@ def run_overview(run: Run, rtol: float = DEFAULT_RTOL, metric_atol: float = DEFA
         "ok": check.ok,
         "verdict": check.verdict,
         "counts": check.counts(),
-        "unchecked": [{"reason": r, "count": n} for r, n in check.unchecked_reasons()],
+        "unchecked": check.unchecked_items(),
         "rtol": check.rtol,
         "steps": steps,
         "named_apart": pairs,

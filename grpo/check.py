@@ -169,8 +169,15 @@ class RunCheck:
             seen[reason] = seen.get(reason, 0) + 1
         return sorted(seen.items(), key=lambda kv: -kv[1])
 
+    def unchecked_items(self) -> list[dict[str, Any]]:
+        """``unchecked_reasons`` as JSON: each reason, its count, and what it counts (``of``: "micro-batches",
+        "steps", or "run" for the run's own)."""
+        given = {r for m in self.micro for r in m.unchecked}
+        of = {**dict.fromkeys(self.unchecked_run, "run"), **dict.fromkeys(given, "micro-batches")}
+        return [{"reason": r, "count": n, "of": of.get(r, "steps")} for r, n in self.unchecked_reasons()]
+
     def to_dict(self) -> dict[str, Any]:
-        reasons = [{"reason": r, "count": n} for r, n in self.unchecked_reasons()]
+        reasons = self.unchecked_items()
         return {"verdict": self.verdict, **asdict(self), "ok": self.ok, "counts": self.counts(), "unchecked": reasons}
 
 

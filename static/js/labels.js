@@ -243,7 +243,12 @@ export const RUN = {
     full === 0
       ? "Not checked against the trainer: nothing the trainer wrote could be compared (why, below); nothing compared is past tolerance."
       : `Checked in part: ${full} of ${total} micro-batches compared in full, within tolerance (relative error ≤ ${rtol}); the others hold something that could not be compared (why, below).`,
-  notChecked: (reason, count) => `Not checked: ${reason} (${count} micro-batch${count === 1 ? "" : "es"})`,
+  // what a count counts: micro-batches, steps (a step's own reason), or the run itself (no count)
+  notChecked: (reason, count, of) => {
+    if (of === "run") return `Not checked: ${reason}`;
+    const [one, many] = of === "steps" ? ["step", "steps"] : ["micro-batch", "micro-batches"];
+    return `Not checked: ${reason} (${count} ${count === 1 ? one : many})`;
+  },
   unreadable: (file, message) => `Could not read ${file}: ${message}`,
   // a step's verdict, in its label and the loss chart's legend
   step: {

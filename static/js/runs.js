@@ -62,6 +62,7 @@ export async function openRun(name) {
   current = data;
   recovered();
   showVerdict(data);
+  showUnsupported(data);
   const notes = clear($("#run-notes"));
   for (const pair of data.named_apart) notes.append(el("li", { text: `${pair.trainer} ≠ ${pair.lens}: ${pair.text}` }));
   const slider = $("#run-step");
@@ -98,7 +99,24 @@ function showVerdict(data) {
   const list = clear($("#run-verdict"));
   for (const s of data.steps)
     for (const e of s.errors) list.append(el("li", { text: RUN.unreadable(e.file, e.error) }));
-  for (const { reason, count } of data.unchecked ?? []) list.append(el("li", { text: RUN.notChecked(reason, count) }));
+  for (const { reason, count, of } of data.unchecked ?? [])
+    list.append(el("li", { text: RUN.notChecked(reason, count, of) }));
+}
+
+// What an imported run does not reproduce of the trainer's settings (run.json's imported.unsupported: setting ->
+// why), listed under the verdict as the import wrote it; hidden when there is none.
+function showUnsupported(data) {
+  let list = $("#run-unsupported");
+  if (!list) {
+    list = el("ul", { id: "run-unsupported", class: "run-unsupported" });
+    $("#run-verdict").after(list);
+  }
+  clear(list);
+  const unsupported = data.info?.imported?.unsupported;
+  const given = unsupported && typeof unsupported === "object" && !Array.isArray(unsupported);
+  const entries = given ? Object.entries(unsupported) : [];
+  for (const [setting, why] of entries) list.append(el("li", { text: `Not reproduced: ${setting} — ${why}` }));
+  list.hidden = entries.length === 0;
 }
 
 // The micro-batch picker offers what the step holds: all joined, or one micro-batch (with its ranks).
