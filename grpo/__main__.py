@@ -16,6 +16,7 @@ import argparse
 import gc
 import json
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from grpo.config import PRESETS, LossConfig
 from grpo.errors import GrpoInputError
 from grpo.examples import ARTICLE_EXAMPLE
 from grpo.explain import summary_table
-from grpo.importers import IMPORTERS
+from grpo.importers import CONFIG_READERS, IMPORTERS
 from grpo.io import UPLOAD_FORMATS, load_file
 from grpo.loss import evaluate
 from grpo.requests import batch_from_request, row_lengths
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "eval" and _is_step_file(args.file):
             return _eval_step_file(args)
         is_file = args.command == "eval"
-        request = load_file(args.file.name, args.file.read_bytes()) if is_file else dict(ARTICLE_EXAMPLE)
+        request = load_file(args.file.name, _read_file(args.file)) if is_file else dict(ARTICLE_EXAMPLE)
         config_fields = request.pop("config", None) or {}
         if not isinstance(config_fields, dict):
             raise GrpoInputError("config", "a JSON object: a preset and overrides", got=type(config_fields).__name__)
@@ -140,7 +141,8 @@ def _check_run(args: argparse.Namespace) -> int:
 def _import(args: argparse.Namespace) -> int:
     """Exit 0 with the run written, 2 on bad input (one line; nothing written)."""
     try:
-        settings = None if args.config is None else _settings_file(args.config)
+        read = CONFIG_READERS.get(args.trainer, _settings_file)  # NeMo RL's defaults: relative to the file
+        settings = None if args.config is None else read(args.config)
         path = IMPORTERS[args.trainer](args.dir, args.run_dir, settings)
         run = load_run(path)
     except (GrpoInputError, OSError) as exc:
@@ -174,6 +176,16 @@ def _sets(items: list[str]) -> dict[str, Any]:
         key, _, value = item.partition("=")
         out[key] = _value(value)
     return out
+
+
+def _read_file(path: Path) -> bytes:
+    """A regular file's bytes (through a link too); a FIFO, a device or a directory is refused at once: a
+    FIFO's read would wait for a writer forever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once instead of waiting for a writer
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise GrpoInputError("file", "a regular file", got=f"{path}, which is not one")
+        return f.read()
 
 
 def _is_step_file(path: Path) -> bool:

@@ -156,7 +156,9 @@ def test_nemo_rl_config_file_maps_loss_fn(nemo_dir: Path, tmp_path: Path, capsys
     assert code == 0, err
     info = load_run(tmp_path / "run").info
     assert info["config"]["epsilon_high"] == 0.28 and info["config"]["aggregation"] == "seq-mean-token-mean"
-    assert "use_importance_sampling_correction" in info["imported"]["unsupported"]
+    # issue 32: the importance-sampling correction is reproduced (unbounded token weights exp(prev - generation))
+    assert info["config"]["rollout_correction"] == "token_truncate" and info["config"]["rollout_is_max"] is None
+    assert "use_importance_sampling_correction" in info["imported"]["mapped"]
 
 
 def test_nemo_rl_counts_a_kept_sample_with_no_token_as_a_sequence(tmp_path: Path) -> None:
@@ -292,7 +294,10 @@ def test_map_slime() -> None:
     m = map_slime({"eps_clip": 0.1, "eps_clip_high": 0.3, "eps_clip_c": 3.0, "calculate_per_token_loss": True})
     assert (m.config.epsilon_low, m.config.epsilon_high, m.config.dual_clip) == (0.1, 0.3, 3.0)
     assert m.config.aggregation == "token-mean" and not m.unsupported
-    assert "use_tis" in map_slime({"use_tis": True}).unsupported
+    tis = map_slime({"use_tis": True}).config  # slime's vanilla_tis_function: clamp(ratio, tis_clip_low, tis_clip)
+    assert (tis.rollout_correction, tis.rollout_is_min, tis.rollout_is_max) == ("token_truncate", 0.0, 2.0)
+    with pytest.raises(GrpoInputError, match="entropy_coef"):  # not reproduced: refused by name
+        map_slime({"entropy_coef": 0.01})
 
 
 # --- bad input: one line, exit 2, nothing written -------------------------------------------------

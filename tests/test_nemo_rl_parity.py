@@ -25,7 +25,8 @@ import pytest
 import torch
 
 import grpo
-from grpo.importers.nemo_rl import map_nemo_rl, step_config
+from grpo.corrections import KEPT
+from grpo.importers.nemo_rl import map_nemo_rl, read_config, step_config
 
 SRC = os.environ.get("NEMO_RL_SRC")
 pytestmark = [
@@ -169,6 +170,7 @@ def lens(cfg: dict[str, Any], b: dict[str, torch.Tensor]) -> grpo.Breakdown:
             per_token_logps=b["curr"],
             old_per_token_logps=b["prev"],
             ref_per_token_logps=b["ref"],
+            sampling_per_token_logps=b["gen"],
             completion_mask=counted,
             advantages=b["advantages"],
         ),
@@ -187,6 +189,33 @@ CASES: list[dict[str, Any]] = [
     {"reference_policy_kl_penalty": 0.0, "use_cispo": True},
     {"reference_policy_kl_penalty": 0.0, "disable_ppo_ratio": True},
     {"reference_policy_kl_penalty": 0.0, "use_kl_in_reward": True},
+]
+# The importance-sampling correction (issue 32): plain, tis, icepop, seq-mask-tis, per token and per sequence
+IS = {"reference_policy_kl_penalty": 0.0, "use_importance_sampling_correction": True}
+TIS = {"truncated_importance_sampling_type": "tis", "truncated_importance_sampling_ratio": 1.04}
+ICEPOP = {
+    "truncated_importance_sampling_type": "icepop",
+    "truncated_importance_sampling_ratio": 1.05,
+    "truncated_importance_sampling_ratio_min": 0.96,
+}
+GSPO = {"sequence_level_importance_ratios": True, "token_level_loss": False}
+CASES += [
+    IS,
+    IS | TIS,
+    IS | TIS | {"truncated_importance_sampling_ratio_min": 0.97, "ratio_clip_c": 3.0},
+    IS | TIS | {"token_level_loss": False},
+    IS | ICEPOP,
+    IS | ICEPOP | {"ratio_clip_max": 0.28},
+    IS
+    | {
+        "truncated_importance_sampling_type": "seq-mask-tis",
+        "truncated_importance_sampling_ratio": 1.01,
+        "truncated_importance_sampling_ratio_min": 0.99,
+    },
+    IS | GSPO,
+    IS | GSPO | {"truncated_importance_sampling_type": "tis", "truncated_importance_sampling_ratio": 1.1},
+    IS | GSPO | ICEPOP | {"truncated_importance_sampling_ratio": 1.1, "truncated_importance_sampling_ratio_min": 0.9},
+    IS | {"use_cispo": True} | TIS,
 ]
 
 
@@ -207,6 +236,19 @@ def test_value_and_gradient_equal_nemo_rl(nemo: Any, cfg: dict[str, Any], seed: 
     torch.testing.assert_close(bd.tokens.grad, grad, rtol=max(off, 1e-11), atol=1e-14)
 
 
+@pytest.mark.parametrize("cfg", [c for c in CASES if c.get("use_importance_sampling_correction")], ids=str)
+def test_the_importance_sampling_cases_correct_something(nemo: Any, cfg: dict[str, Any]) -> None:
+    """Each correction case above moves NeMo RL's loss, and a bound (truncated, masked, or a row left out) acts on
+    at least one counted token when the case sets one: the equality above is not that of two uncorrected losses."""
+    b = batch(0)
+    loss, _ = nemo_loss(nemo, cfg, b)
+    off, _ = nemo_loss(nemo, {**cfg, "use_importance_sampling_correction": False, **dict.fromkeys(TIS, None)}, b)
+    assert abs(float(loss - off)) > 1e-4 * abs(float(off))
+    if cfg.get("truncated_importance_sampling_type"):
+        codes = lens(cfg, b).tokens.correction[b["mask"].bool()]
+        assert bool((codes > KEPT).any())
+
+
 @pytest.mark.parametrize("kl_type", ["k1", "k2", "k3"])
 @pytest.mark.parametrize("token_level", [True, False])
 def test_the_kl_penalty_s_value_equals_nemo_rl(nemo: Any, kl_type: str, token_level: bool) -> None:
@@ -216,3 +258,28 @@ def test_the_kl_penalty_s_value_equals_nemo_rl(nemo: Any, kl_type: str, token_le
     loss, _ = nemo_loss(nemo, cfg, b)
     assert "reference_policy_kl_penalty" in map_nemo_rl(cfg).unsupported
     torch.testing.assert_close(lens(cfg, b).loss, loss, rtol=1e-11, atol=1e-14)
+
+
+def test_read_config_composes_every_example_config_as_nemo_rl_s_loader(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``read_config`` against NeMo RL's ``load_config`` (``nemo_rl/utils/config.py``, hydra stood in: only its
+    override parser imports it) on every config of its ``examples/configs``: the same composed config, section by
+    section, so the same loss settings (before issue 32, 56 of them that inherit mapped to other loss settings)."""
+    from omegaconf import OmegaConf
+
+    for name in ("hydra", "hydra._internal", "hydra.core", "hydra.core.override_parser"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    impl, parser = types.ModuleType("impl"), types.ModuleType("parser")
+    impl.ConfigLoaderImpl = parser.OverridesParser = object  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "hydra._internal.config_loader_impl", impl)
+    monkeypatch.setitem(sys.modules, "hydra.core.override_parser.overrides_parser", parser)
+    loader = _load("nemo_rl_utils_config", Path(str(SRC)) / "nemo_rl" / "utils" / "config.py")
+    monkeypatch.delitem(sys.modules, "nemo_rl_utils_config")
+    paths = sorted((Path(str(SRC)) / "examples" / "configs").rglob("*.yaml"))
+    assert len(paths) > 200
+    for path in paths:
+        theirs = loader.load_config(path)
+        expected = OmegaConf.to_container(theirs, resolve=False)
+        assert isinstance(expected, dict)
+        if "loss_fn" in theirs:
+            expected["loss_fn"] = OmegaConf.to_container(theirs.loss_fn, resolve=True)
+        assert read_config(path) == expected, path

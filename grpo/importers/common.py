@@ -7,14 +7,16 @@ refused dump leaves nothing behind and a reader never sees half a run.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import shutil
+import stat
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from torch import Tensor
@@ -71,6 +73,76 @@ def grid(rows: Sequence[Tensor], fill: float = 0.0) -> Tensor:
     for i, row in enumerate(rows):
         out[i, : len(row)] = row
     return out
+
+
+# --- hostile dumps: each bound checked before what it bounds is read --------------------------------------
+MAX_LINE_BYTES = 256 * 2**20
+"""A dump's line (one sample) past this many bytes is refused before it is read whole (a NeMo RL line holds some 100
+bytes per token: this is a sample of about 2.5M tokens)."""
+MAX_FILE_BYTES = 16 * 2**30
+"""A dump file past this many bytes is refused before it is read: one file is one step, held in memory whole."""
+
+
+def regular_file(path: Path, max_bytes: int | None = None) -> tuple[BinaryIO, int]:
+    """``path`` opened for reading, and its size: a regular file, never through a link (a dump's file that is a
+    symbolic link, a FIFO or a directory is refused, naming it), at most ``max_bytes`` (default MAX_FILE_BYTES),
+    checked before anything is read."""
+    limit = MAX_FILE_BYTES if max_bytes is None else max_bytes
+    try:  # O_NONBLOCK: opening a FIFO returns at once instead of waiting for a writer
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):
+            raise GrpoInputError(path.name, "a regular file of the dump, not a link", got="a link") from exc
+        raise
+    f = os.fdopen(fd, "rb")
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+        f.close()
+        got = f"{st.st_size} bytes" if stat.S_ISREG(st.st_mode) else "not a regular file"
+        raise GrpoInputError(path.name, f"a regular file of at most {limit} bytes", got=got)
+    return f, st.st_size
+
+
+def bounded_lines(f: BinaryIO, name: str, max_line: int | None = None) -> Iterator[tuple[int, bytes]]:
+    """(line number from 1, bytes) of each line of ``f``, each read with a bounded readline: a line longer than
+    ``max_line`` bytes (default MAX_LINE_BYTES, its newline included) is refused at the bound, never read whole."""
+    limit = MAX_LINE_BYTES if max_line is None else max_line
+    n = 0
+    while line := f.readline(limit + 1):
+        n += 1
+        if len(line) > limit:
+            raise GrpoInputError(f"{name} line {n}", f"a line of at most {limit} bytes", got="a longer one (not read)")
+        yield n, line
+
+
+def position(index: Sequence[int]) -> str:
+    """``[0][17]``: an element's place as the dump indexes it."""
+    return "".join(f"[{i}]" for i in index)
+
+
+def finite(
+    values: Tensor, name: str, where: str, expected: str = "a finite log-prob", prefix: Sequence[int] = ()
+) -> None:
+    """Refuse NaN or ±inf in ``values`` (a dump's tensor or list), naming the first as the dump does:
+    ``train_data_step3.jsonl line 2: prev_logprobs[0][17]: expected a finite log-prob, got nan``. ``prefix``: the
+    indices in front of ``values``'s own (``[0]`` for a batch of one)."""
+    bad = ~torch.isfinite(values)
+    if bool(bad.any()):
+        index = [*prefix, *(int(i) for i in bad.nonzero()[0])]
+        value = float(values[tuple(index[len(prefix) :])])
+        raise GrpoInputError(f"{where}: {name}{position(index)}", expected, got=repr(value))
+
+
+def grid_bound(rows: int, width: int, nbytes: int, where: str) -> None:
+    """Refuse a (rows, width) grid larger than a dump of ``nbytes`` justifies: at most one cell per byte (a
+    per-token value costs at least two bytes in each of the dump's per-token lists, so a real dump asks a fraction
+    of that), so a 2 MB dump cannot ask for a 24 GB grid (a short line and a long one make rows x longest)."""
+    if rows * width > max(nbytes, 1):
+        raise GrpoInputError(
+            where,
+            f"rows x longest row at most its {nbytes} bytes (one cell per byte)",
+            got=f"{rows} rows x {width} tokens",
+        )
 
 
 def row_advantages(advantages: Tensor, mask: Tensor, where: str) -> Tensor:
