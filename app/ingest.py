@@ -24,7 +24,7 @@ import grpo
 from app.errors import BODY_EXPECTED, LimitError, Loc, error_item, invalid
 from app.settings import Settings
 from grpo.fields import ALIASES, BATCH_FIELDS, BatchField, fields_of, given_per_token, names_of, padded, present
-from grpo.io import canonical, parse_json, read_arrays
+from grpo.io import UnpackLimitError, canonical, load_file, parse_json, read_arrays
 
 # The per-token fields (grpo's batch-field table: their bounds, 0/1 or not, NaN allowed or not).
 PER_TOKEN: dict[str, BatchField] = {name: BATCH_FIELDS[name] for name in fields_of("token")}
@@ -148,6 +148,26 @@ def check_padded(
             output_loc or ["body", "per_token_logps"],
             f"{what} would take about {estimate // MB} MB to compute{of_it}; at most "
             f"{settings.max_request_bytes // MB} MB per request (a setting)",
+        )
+
+
+def load_upload(filename: str, data: bytes, settings: Settings) -> dict[str, Any]:
+    """An uploaded file's fields (``grpo.io.load_file``), priced before anything is unpacked: a file whose
+    read fields would unpack past ``max_unpacked_bytes`` is a 413 naming the entry that passed it."""
+    try:
+        return load_file(filename, data, settings.max_unpacked_bytes)
+    except UnpackLimitError as exc:
+        raise LimitError(["body", "file", exc.field], str(exc)) from exc
+
+
+def check_file_size(size: int, what: str, settings: Settings, loc: Loc | None = None) -> None:
+    """413 when a file to be written (an export of ``size`` bytes at most) is past ``max_unpacked_bytes``, the
+    budget its upload would be read under: an export never builds a file the upload would refuse."""
+    if size > settings.max_unpacked_bytes:
+        raise LimitError(
+            loc or ["body", "per_token_logps"],
+            f"{what} of up to {size // MB} MB (every field padded to the longest row, NPZ's display strings to the "
+            f"longest string); at most {settings.max_unpacked_bytes // MB} MB per file (a setting)",
         )
 
 

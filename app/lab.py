@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import APIRouter, FastAPI, Path
+from fastapi import APIRouter, FastAPI, Header, Path
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,6 +21,7 @@ import grpo
 from app import summaries
 from app.deps import LabDep, LanesDep, SettingsDep, StoreDep, StreamCapsDep, StreamClientDep
 from app.errors import config_error
+from app.lab_streams import first_event
 from app.lab_workers import LabManager, new_manager, tasks_json
 from app.schemas import ConfigRequest, ErrorResponse
 from app.store import RUN_NAME_PATTERN
@@ -111,12 +112,14 @@ async def tasks() -> JSONResponse:
     summary="Start a lab run (queued when the workers are busy)",
     responses={
         409: {"model": ErrorResponse, "description": "A run of that name exists"},
-        429: {"model": ErrorResponse, "description": "The queue is full (a setting)"},
+        429: {"model": ErrorResponse, "description": "The queue, or this client's share of it, is full (settings)"},
         507: {"model": ErrorResponse, "description": "The runs store is full (its budget, a setting)"},
     },
 )
-async def start_run(body: LabRunRequest, manager: LabDep, settings: SettingsDep) -> JSONResponse:
-    run = await manager.start_run(body.lab_config(settings.lab_max_steps), body.name)
+async def start_run(
+    body: LabRunRequest, manager: LabDep, settings: SettingsDep, client: StreamClientDep
+) -> JSONResponse:
+    run = await manager.start_run(body.lab_config(settings.lab_max_steps), body.name, owner=client)
     return JSONResponse(manager.summary(run), status_code=202)
 
 
@@ -143,14 +146,22 @@ async def cancel_run(run_id: RunId, manager: LabDep) -> JSONResponse:
 
 @router.get(
     "/api/v1/lab/runs/{run_id}/events",
-    summary="Server-Sent Events: queued, started, one step per optimiser step, then done, error or cancelled",
+    summary="Server-Sent Events: queued, started, one step per optimiser step, then done, error or cancelled; "
+    "each with its id, and a reconnect with Last-Event-ID gets only the later ones",
     response_class=StreamingResponse,
     responses={**NOT_FOUND, 429: {"model": ErrorResponse, "description": "Too many open streams (a setting)"}},
 )
 async def events(
-    run_id: RunId, manager: LabDep, caps: StreamCapsDep, client: StreamClientDep, settings: SettingsDep
+    run_id: RunId,
+    manager: LabDep,
+    caps: StreamCapsDep,
+    client: StreamClientDep,
+    settings: SettingsDep,
+    last_event_id: Annotated[str | None, Header(description="The last event's id a reconnecting reader has")] = None,
 ) -> StreamingResponse:
-    return caps.stream(manager, manager.get(run_id), client, settings.lab_stream_stall_seconds)
+    run = manager.get(run_id)
+    start = first_event(run, last_event_id, settings.lab_stream_history)
+    return caps.stream(manager, run, client, settings.lab_stream_stall_seconds, start)
 
 
 @router.get(

@@ -12,12 +12,16 @@ a number, the worker tags its events with it, and the job's terminal event (or i
 frees that worker whatever state its run is in: slots are tracked by worker, not by run status.
 
 A worker sends each step's metrics back over a pipe; a dispatcher thread hands them to the event
-loop, where every run keeps its events in order, encoded once, so a late subscriber replays them.
+loop, where every run keeps its events in order, encoded once and numbered (each event's ``id:`` is its
+index), so a late subscriber replays them and a reconnecting one resumes after the last it had.
 Cancelling sets the worker's shared cancel slot to the job's number, which the worker reads after
 every step (a queued run is dropped from the queue at once); the steps so far stay as a run.
 ``remove`` cancels in any state, waits for the worker up to a bound, then terminates it, and forgets
 the run. Stopping the server terminates the workers at once. On start, lab runs left ``queued`` or
 ``running`` by a previous process are marked ``interrupted``.
+
+Every run has an owner (the client that started it: a session, else an address; ``app.lab_streams``):
+one owner may have at most ``max_queue_per_client`` runs waiting, so one member cannot fill the queue.
 """
 
 from __future__ import annotations
@@ -175,20 +179,23 @@ class BudgetedWriter:
 
 
 # --- the server side --------------------------------------------------------------------------
-def sse(event: str, data: dict[str, Any]) -> bytes:
-    """One Server-Sent Event; NaN and infinities as null (the browser's JSON.parse takes nothing else)."""
+def sse(event: str, data: dict[str, Any], number: int) -> bytes:
+    """One Server-Sent Event, ``number`` its id (a browser's EventSource sends the last one back as
+    ``Last-Event-ID`` when it reconnects); NaN and infinities as null (JSON.parse takes nothing else)."""
     finite = {k: v if not isinstance(v, float) or math.isfinite(v) else None for k, v in data.items()}
-    return f"event: {event}\ndata: {json.dumps(finite)}\n\n".encode()
+    return f"id: {number}\nevent: {event}\ndata: {json.dumps(finite)}\n\n".encode()
 
 
 @dataclass
 class LabRun:
     """One run as the server sees it; ``events`` is its whole event history, in order, and ``chunks``
-    the same events as Server-Sent Events text (encoded once, whoever streams them)."""
+    the same events as Server-Sent Events text (encoded once, whoever streams them; ``chunks[i]``'s id is
+    ``i``). ``owner``: the client that started it ("" when none did: a run made in this process)."""
 
     id: str
     run_dir: Path
     fields: dict[str, Any]
+    owner: str = ""
     status: str = "queued"
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     chunks: list[bytes] = field(default_factory=list)
@@ -204,8 +211,8 @@ class LabRun:
         return self.status in TERMINAL
 
     def add(self, event: str, data: dict[str, Any]) -> None:
+        self.chunks.append(sse(event, data, len(self.events)))
         self.events.append((event, data))
-        self.chunks.append(sse(event, data))
         if event in TERMINAL:
             self.status = event
         elif event == "started":
@@ -245,6 +252,7 @@ def new_manager(settings: Settings, budget: Callable[[], int | None] | None = No
         settings.lab_nice,
         max_queue=settings.lab_max_queue,
         budget=budget,
+        max_queue_per_client=settings.lab_max_queue_per_client,
     )
 
 
@@ -311,6 +319,7 @@ class LabManager:
         nice: int,
         max_queue: int = 32,
         budget: Callable[[], int | None] | None = None,
+        max_queue_per_client: int | None = None,
     ) -> None:
         self.runs_dir = Path(runs_dir)
         self.max_concurrent = max_concurrent
@@ -318,12 +327,13 @@ class LabManager:
         self.torch_threads = torch_threads
         self.nice = nice
         self.max_queue = max_queue
+        self.max_queue_per_client = max_queue_per_client  # None: no share (one client may fill the queue)
         self.budget = budget  # the runs store's remaining bytes (None: no budget)
         self.runs: dict[str, LabRun] = {}
         self.pending: deque[str] = deque()
         self.workers: list[Worker] = []
         self.closing = False
-        self._reserved: set[str] = set()  # names whose run.json is being written
+        self._reserved: dict[str, str] = {}  # names whose run.json is being written -> their owners
         self._jobs = 0
         self._ctx = mp.get_context("spawn")
         self._events: Any = None
@@ -386,13 +396,14 @@ class LabManager:
                 _set_status(lab_run.run_dir, "interrupted")
 
     # --- runs ---------------------------------------------------------------------------
-    async def start_run(self, config: LabConfig, name: str | None) -> LabRun:
+    async def start_run(self, config: LabConfig, name: str | None, owner: str = "") -> LabRun:
         """Queue a run of ``config`` under ``name`` (default: one made of its task, the time and a random
-        tag); ``LabRefused`` when it cannot be taken or its directory cannot be written (saying why, never where)."""
+        tag) for ``owner``; ``LabRefused`` when it cannot be taken or its directory cannot be written
+        (saying why, never where)."""
         run_id = name or f"lab-{config.task}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
         fields = config.to_dict() | {"loss": config.loss.to_dict()}
         try:
-            return await self.submit(run_id, fields, {"name": run_id, "lab": lab_json(fields)})
+            return await self.submit(run_id, fields, {"name": run_id, "lab": lab_json(fields)}, owner)
         except OSError as exc:
             status, kind = (507, "insufficient_storage") if exc.errno in DISK_FULL else (503, "storage")
             raise LabRefused(status, kind, f"the run could not be written: {exc.strerror}") from exc
@@ -414,30 +425,42 @@ class LabManager:
             raise LabRefused(404, "not_found", f"no lab run {run_id!r} in this server process", ("path", "run_id"))
         return lab_run
 
-    async def submit(self, run_id: str, fields: dict[str, Any], info: dict[str, Any]) -> LabRun:
-        """Reserve ``run_id`` and a place in the queue (``LabRefused`` when either is taken), write its
-        run.json (status ``queued``: it lists at once), then queue it."""
-        lab_run = self._reserve(run_id, fields)
+    async def submit(self, run_id: str, fields: dict[str, Any], info: dict[str, Any], owner: str = "") -> LabRun:
+        """Reserve ``run_id`` and a place in the queue for ``owner`` (``LabRefused`` when either is taken),
+        write its run.json (status ``queued``: it lists at once), then queue it."""
+        lab_run = self._reserve(run_id, fields, owner)
         try:
             await self._create(lab_run, info)
         except BaseException:
-            self._reserved.discard(run_id)
+            self._reserved.pop(run_id, None)
             shutil.rmtree(lab_run.run_dir, ignore_errors=True)
             raise
-        self._reserved.discard(run_id)
+        self._reserved.pop(run_id, None)
         self.runs[run_id] = lab_run
         self.pending.append(run_id)
         self._report_queue()
         self._dispatch()
         return lab_run
 
-    def _reserve(self, run_id: str, fields: dict[str, Any]) -> LabRun:
+    def _reserve(self, run_id: str, fields: dict[str, Any], owner: str = "") -> LabRun:
         """The check and the claim in one synchronous section: no other request runs in between."""
         busy = sum(w.job is not None for w in self.workers)
         waiting = len(self.pending) + len(self._reserved)
         if waiting + 1 - max(0, self.max_concurrent - busy) > self.max_queue:
             msg = f"{waiting} lab runs are waiting (at most {self.max_queue}, a setting); retry later"
             raise LabRefused(429, "queue_full", msg)
+        share = self.max_queue_per_client
+        if share is not None and owner:
+            mine = sum(self.runs[r].owner == owner for r in self.pending) + sum(
+                o == owner for o in self._reserved.values()
+            )
+            free = max(0, self.max_concurrent - busy - (waiting - mine))  # the slots left after others' waiting runs
+            if mine + 1 - free > share:
+                msg = (
+                    f"you have {mine} lab runs waiting (at most {share} each: the setting lab_max_queue_per_client); "
+                    "retry when one has started"
+                )
+                raise LabRefused(429, "queue_share", msg)
         remaining = self.budget() if self.budget is not None else None
         if remaining is not None and remaining <= 0:
             msg = f"the runs store is full (its budget: settings {BUDGET_SETTINGS}); delete runs first"
@@ -451,8 +474,8 @@ class LabManager:
             os.mkdir(run_dir)  # the claim on the runs directory: fails if anyone has the name
         except FileExistsError:
             raise taken from None
-        self._reserved.add(run_id)
-        return LabRun(run_id, run_dir, fields)
+        self._reserved[run_id] = owner
+        return LabRun(run_id, run_dir, fields, owner)
 
     async def _create(self, lab_run: LabRun, info: dict[str, Any]) -> None:
         await asyncio.to_thread(_write_queued, lab_run.run_dir, lab_run.fields["loss"], info)

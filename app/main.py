@@ -17,9 +17,9 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from app import api, export, handlers, lab, pages, runs
-from app.auth import RequireToken, Sessions
+from app.auth import RequireToken, SameOriginWrites, Sessions, SignInRate
 from app.lanes import Lanes, Spooled
-from app.middleware import BodyLimit, HeadAsGet, SecurityHeaders, TrimWhenGrown
+from app.middleware import BodyLimit, HeadAsGet, KeepTransport, LocalHosts, SecurityHeaders, TrimWhenGrown
 from app.settings import Settings, get_settings
 from app.store import RunStore
 from grpo._allocator import keep_freed_memory
@@ -83,12 +83,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         spool_bytes=max(settings.large_request_bytes, Spooled.HEAD_BYTES),  # large bodies into a file as they come
     )
     if token:
-        app.add_middleware(RequireToken, token=token, sessions=app.state.sessions)
-    if settings.allowed_hosts != ["*"]:
+        signins = SignInRate(settings.signin_per_minute)
+        app.add_middleware(RequireToken, token=token, sessions=app.state.sessions, signins=signins)
+    else:  # no session to ride, but a cross-site form could still change runs: same-origin writes only
+        app.add_middleware(SameOriginWrites, cors_origins=settings.cors_origins)
+    if settings.allowed_hosts and settings.allowed_hosts != ["*"]:
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.allowed_hosts, www_redirect=False)
+    elif not settings.allowed_hosts and not token:  # DNS rebinding: only names no other site can take over
+        app.add_middleware(LocalHosts)
     app.add_middleware(SecurityHeaders)
     if settings.forwarded_allow_ips:  # X-Forwarded-Proto/-For only from these proxies (https -> Secure cookie)
         app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.forwarded_allow_ips)
+    stack = app.build_middleware_stack  # outside Starlette's error middleware too, where send is the server's own
+    app.build_middleware_stack = lambda: KeepTransport(stack())  # type: ignore[method-assign]
     return app
 
 

@@ -1,17 +1,19 @@
 """Pure ASGI middleware: a body-size limit that answers 413 before the app reads a byte (and 408
 for a body sent too slowly), HEAD answered as GET without a body, security headers on every
-response, whose redirects never name a host the client sent, and memory given back after any
-request that left the process larger."""
+response, whose redirects never name a host the client sent, memory given back after any
+request that left the process larger, the Host names served without a token (``LocalHosts``), and the
+connection's transport handed to the response that tunes it (``KeepTransport``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from ipaddress import ip_address
 from urllib.parse import urlsplit
 
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.errors import error_item, error_json
+from app.errors import Loc, error_item, error_json
 from app.lanes import SPOOLED_BODY, Spooled, trim_if_grown
 
 # The pages load only their own scripts and styles (plotly.js and Swagger UI are served locally);
@@ -57,6 +59,68 @@ def _local(location: bytes) -> bytes:
         return location
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     return path.encode("latin-1")
+
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+TRANSPORT = "grpo_lens.transport"  # the scope's key for the connection's asyncio transport (or None)
+
+
+class LocalHosts:
+    """An instance without a token, and without ``allowed_hosts``, serves only the Host names a page on
+    another site cannot take over by DNS rebinding: the loopback names, and the address the connection
+    came in on (the bound host: an IP address, which no attacker's DNS answers for); any other gets a
+    400 naming the setting, but for ``/healthz`` (a probe may name the host as it likes; it reads nothing).
+    Serving a LAN by name: set ``allowed_hosts`` (or a token)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] == "/healthz":
+            await self.app(scope, receive, send)
+            return
+        host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+        if _local_host(host, scope.get("server")):
+            await self.app(scope, receive, send)
+            return
+        msg = (
+            f"this server answers to its loopback names and its own address, not {host[:100]!r}: "
+            "set the allowed_hosts setting (GRPO_LENS_ALLOWED_HOSTS) to serve that name"
+        )
+        await _refuse(send, 400, msg, "invalid_host", ["header", "host"])
+
+
+def _local_host(host: str, server: tuple[str, int | None] | None) -> bool:
+    """Whether ``host`` (a Host header) names a loopback address or ``server``'s own (the scope's server)."""
+    if not host:  # HTTP/1.0 without Host: no browser sends that
+        return True
+    try:
+        name = urlsplit(f"http://{host}").hostname
+    except ValueError:
+        return False
+    if not name:
+        return False
+    if name in LOOPBACK_NAMES or (server is not None and name == str(server[0]).lower()):
+        return True
+    try:
+        return ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+class KeepTransport:
+    """Puts the connection's asyncio transport in the scope under ``TRANSPORT`` (uvicorn's; None under a
+    test transport or another server), for a response that tunes its own connection (an event stream
+    shrinks its buffers, so a reader that takes nothing is found stalled within a bounded amount of data).
+    Added outermost, where ``send`` is still the server's own."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope[TRANSPORT] = getattr(getattr(send, "__self__", None), "transport", None)
+        await self.app(scope, receive, send)
 
 
 class HeadAsGet:
@@ -211,9 +275,9 @@ async def _too_large(send: Send, size: int, limit: int) -> None:
     await _refuse(send, 413, f"request body of {size}+ bytes; at most {limit} bytes (a setting)", "too_large")
 
 
-async def _refuse(send: Send, status: int, msg: str, kind: str) -> None:
+async def _refuse(send: Send, status: int, msg: str, kind: str, loc: Loc | None = None) -> None:
     """An error answer, and the connection closed (the rest of the body is not read)."""
-    payload = error_json([error_item(["body"], msg, kind)])
+    payload = error_json([error_item(loc or ["body"], msg, kind)])
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(payload)).encode()),

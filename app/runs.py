@@ -17,12 +17,14 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from app import summaries
-from app.api import JSONBytes, as_response, multipart_body
+from app.api import JSONBytes, answer, as_response, multipart_body
 from app.deps import LabDep, LanesDep, SettingsDep, StoreDep
 from app.lanes import Lanes, release_memory
 from app.schemas import HEATMAP_ROWS, Count, ErrorResponse, HeatmapRows
-from app.store import LAB_REMOVE_SECONDS, valid_name
+from app.settings import Settings
+from app.store import LAB_REMOVE_SECONDS, RunStore, valid_name
 from app.work import Reply
+from grpo.answer import dumps
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorResponse, "description": "No such run or step"}}
@@ -157,8 +159,18 @@ async def replay_run(
     openapi_extra=UPLOAD_BODY,
     summary="Upload a zipped run (a form: file, the zip of run.json and steps/*.safetensors; name, optional)",
 )
-async def upload_run(request: Request, store: StoreDep, lanes: LanesDep) -> dict[str, Any]:
-    """Read as /api/v1/upload reads its form (``app.forms``), off the event loop."""
-    body = await request.body()
-    summary: dict[str, Any] = await lanes.call(store.add_upload, body, request.headers.get("content-type", ""))
-    return summary
+async def upload_run(request: Request, store: StoreDep, lanes: LanesDep, settings: SettingsDep) -> Response:
+    """Read as /api/v1/upload reads its form (``app.forms``); unpacked and checked in its lane by size, a large
+    zip in the large lane's threads, never the small requests' (zip members are copied, not parsed)."""
+    content_type = request.headers.get("content-type", "")
+    return await answer(request, lanes, settings, _unpacked, store, content_type, light=_a_zip)
+
+
+def _unpacked(body: bytes, store: RunStore, content_type: str, settings: Settings) -> Reply:
+    return Reply(201, dumps(store.add_upload(body, content_type)))
+
+
+def _a_zip(head: bytes) -> bool:
+    """A run zip is light work whatever its size (its members are copied, not parsed): the thread lane, never a
+    worker process, so the store's disk-budget claims stay in this process."""
+    return True

@@ -38,7 +38,9 @@ class Settings(BaseSettings):
         default_factory=list, description="Origins allowed by CORS (none by default)."
     )
     max_unpacked_bytes: int = Field(
-        256 * 1024 * 1024, ge=1024, description="Largest size a zipped upload (NPZ, .pt) may unpack to (422 beyond)."
+        256 * 1024 * 1024,
+        ge=1024,
+        description="Most bytes an upload's fields may unpack to (priced from its headers), or an export's file (413).",
     )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Device when a request does not name one; auto: a GPU when there is one, else the CPU."
@@ -75,7 +77,12 @@ class Settings(BaseSettings):
         description="How long a sign-in lasts: seconds, or a duration such as 12h, 30m, 7d (1 minute to 30 days).",
     )
     max_sessions: int = Field(
-        10_000, ge=1, description="Sign-ins one server process remembers at once; past it, the oldest is signed out."
+        10_000,
+        ge=1,
+        description="Sign-ins one server process remembers at once; past it, the least recently used is signed out.",
+    )
+    signin_per_minute: int = Field(
+        30, ge=1, description="Sign-in attempts one client address may make per minute (429 with Retry-After beyond)."
     )
 
     @field_validator("session_ttl", mode="before")
@@ -89,7 +96,11 @@ class Settings(BaseSettings):
         return value
 
     allowed_hosts: Annotated[list[str], NoDecode] = Field(
-        default_factory=lambda: ["*"], description="Host headers served (comma-separated; * for any)."
+        default_factory=list,
+        description=(
+            "Host headers served (comma-separated; * for any). Unset: any with a token; without one, the "
+            "loopback names and the server's own address (a page on another site cannot rebind those)."
+        ),
     )
     forwarded_allow_ips: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
@@ -118,6 +129,11 @@ class Settings(BaseSettings):
         2, ge=1, description="Lab runs training at once (one worker process each); the rest queue."
     )
     lab_max_queue: int = Field(32, ge=0, description="Lab runs waiting at most (429 beyond).")
+    lab_max_queue_per_client: int = Field(
+        8,
+        ge=1,
+        description="Lab runs one client (a session, else an address) may have waiting at once (429 beyond).",
+    )
     lab_max_steps: int = Field(1000, ge=1, description="Most optimiser steps one lab run may ask for (422 beyond).")
     lab_max_seconds: float = Field(300.0, gt=0, description="A lab run stops after this many seconds of training.")
     lab_torch_threads: int = Field(1, ge=1, description="torch threads per lab worker process.")
@@ -130,6 +146,11 @@ class Settings(BaseSettings):
     )
     lab_stream_stall_seconds: float = Field(
         30.0, gt=0, description="An event stream whose reader takes nothing for this long is closed."
+    )
+    lab_stream_history: int = Field(
+        1024,
+        ge=1,
+        description="Most past events a new event stream replays (a reconnect with Last-Event-ID: only later ones).",
     )
 
     @field_validator("allowed_hosts", "forwarded_allow_ips", "cors_origins", mode="before")

@@ -41,9 +41,10 @@ from typing import IO, Any, TypeVar
 
 from app.errors import ApiError, LimitError, error_item
 from app.forms import file_form
+from app.ingest import check_padded
 from app.settings import Settings
 from grpo.errors import GrpoInputError
-from grpo.runs import LOGGED_FILE, STEP_FILE, dir_mode, load_run, load_step
+from grpo.runs import LOGGED_FILE, MAX_HEADER_BYTES, STEP_FILE, dir_mode, load_run, load_step
 
 log = logging.getLogger("grpo_lens.store")
 
@@ -77,6 +78,21 @@ def valid_name(name: str) -> bool:
 
 def not_found(loc: list[str | int], msg: str) -> ApiError:
     return ApiError(404, [error_item(loc, msg, "not_found")])
+
+
+@contextlib.contextmanager
+def vanished_as_404(path: Path | str, loc: tuple[str, str] = ("path", "run")) -> Iterator[None]:
+    """Reading the run at ``path``: a file gone meanwhile (the run deleted, or replaced by one without it; also
+    as the library words it, a GrpoInputError from the missing file) is the 404 of a run that is not there (at
+    ``loc``), never a 500."""
+    try:
+        yield
+    except (FileNotFoundError, NotADirectoryError, GrpoInputError) as exc:
+        gone = (FileNotFoundError, NotADirectoryError)
+        if not isinstance(exc, gone) and not isinstance(exc.__cause__, gone):
+            raise
+        name = Path(path).name
+        raise not_found(list(loc), f"no run {name!r}: it was deleted or replaced while it was read") from exc
 
 
 def open_run(root: Path, name: str, param: str = "run") -> Path:
@@ -250,14 +266,16 @@ class RunStore:
         return summary
 
     def _members(self, archive: zipfile.ZipFile) -> list[zipfile.ZipInfo]:
-        """The zip's members, checked from its directory alone: names, duplicates, sizes."""
+        """The zip's members, checked from its directory alone: names, duplicates, sizes (one pass: a zip of
+        60,000 members named alike took a minute to count them name by name); then each step file's padded
+        size, priced from its header (``price_step``) before anything is unpacked."""
         members = archive.infolist()
-        names = [m.filename for m in members]
+        names: set[str] = set()
         for member in members:
             check_member(member)
-        duplicated = sorted({n for n in names if names.count(n) > 1}) if len(set(names)) < len(names) else []
-        if duplicated:
-            raise GrpoInputError("file", "a zip naming each member once", got=f"{duplicated[0]!r} more than once")
+            if member.filename in names:
+                raise GrpoInputError("file", "a zip naming each member once", got=f"{member.filename!r} more than once")
+            names.add(member.filename)
         if "run.json" not in names:
             raise GrpoInputError("file", "a zip holding run.json at its top")
         info_size = next(m.file_size for m in members if m.filename == "run.json")
@@ -267,7 +285,11 @@ class RunStore:
         total, limit = sum(m.file_size for m in members), self.settings.max_unpacked_bytes
         if total > limit:
             raise LimitError(["body", "file"], f"unpacks to {total} bytes; at most {limit} (a setting)")
-        return [m for m in members if not m.is_dir()]
+        files = [m for m in members if not m.is_dir()]
+        for member in files:
+            if member.filename.startswith("steps/"):
+                price_step(member.filename, _member_header(archive, member), self.settings)
+        return files
 
     def _unpack(self, archive: zipfile.ZipFile, members: list[zipfile.ZipInfo], target: Path) -> dict[str, Any]:
         staging = Path(tempfile.mkdtemp(dir=self.root, prefix=f".upload-{target.name}-"))
@@ -362,6 +384,45 @@ def check_member(member: zipfile.ZipInfo) -> None:
             "members run.json, logged[-rankR].jsonl and steps/NNNNNN-NNN.safetensors only, inside the run",
             got=repr(name)[:120],
         )
+
+
+def _member_header(archive: zipfile.ZipFile, member: zipfile.ZipInfo) -> dict[str, Any] | None:
+    """A step member's safetensors header (``grpo.runs.read_header``'s rules), read from the member's first
+    bytes alone; None when it is no header (unpacking it, ``load_step`` says what is wrong)."""
+    if member.file_size < 8:
+        return None
+    with _zip_call(archive.open, member) as src:
+        head = _zip_call(src.read, 8)
+        (size,) = struct.unpack("<Q", head) if len(head) == 8 else (None,)
+        if size is None or size > min(MAX_HEADER_BYTES, member.file_size - 8):
+            return None
+        text = _zip_call(src.read, size)
+    try:
+        header = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return header if isinstance(header, dict) else None
+
+
+def price_step(name: str, header: dict[str, Any] | None, settings: Settings) -> None:
+    """413 at ``["body", "file", name]`` when the step file's batch is past the padded-size or memory limits of
+    /api/v1/loss, priced from its header as the run's page prices it (its per_token_logps' (B, T), the fields
+    of that shape, the dtype of its config): a run is refused here rather than accepted and then answered 413."""
+    logp = header.get("per_token_logps") if header is not None else None
+    shape = logp.get("shape") if isinstance(logp, dict) else None
+    if header is None or not (isinstance(shape, list) and len(shape) == 2 and all(type(n) is int for n in shape)):
+        return  # not a step file: loading it says what is wrong
+    given = sum(isinstance(v, dict) and v.get("shape") == shape for v in header.values())
+    meta = header.get("__metadata__")
+    try:
+        config = json.loads(meta.get("config", "{}")) if isinstance(meta, dict) else {}
+    except (ValueError, RecursionError, TypeError):
+        config = {}
+    dtype = str(config.get("dtype") or "float32") if isinstance(config, dict) else "float32"
+    try:
+        check_padded(shape[0], shape[1], given, dtype, settings)
+    except LimitError as exc:
+        raise LimitError(["body", "file", name], f"{name}: {exc.msg}") from exc
 
 
 def copy_member(archive: zipfile.ZipFile, member: zipfile.ZipInfo, out: Path) -> None:

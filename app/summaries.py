@@ -60,6 +60,7 @@ from app.lanes import Lanes
 from app.runview import batch_advantages, replay, run_overview, step_batch
 from app.schemas import ConfigRequest
 from app.settings import Settings
+from app.store import vanished_as_404
 from app.work import Reply, loss_json
 from grpo.answer import dumps
 from grpo.batch import request_advantages
@@ -425,9 +426,10 @@ def listing(
 # --- a run's page -----------------------------------------------------------------------------------------------
 def lookup(path: Path) -> tuple[Scan, Kept | None]:
     """The run's files as they are, and its page, open, when the kept one was made from exactly these."""
-    read_info(path)
-    found = current_scan(path)
-    return found, _kept(path, found.files)
+    with vanished_as_404(path):
+        read_info(path)
+        found = current_scan(path)
+        return found, _kept(path, found.files)
 
 
 def check_costs(
@@ -474,6 +476,11 @@ def _check(ref: StepRef, rows: int, longest: int, fields: int, dtype: str, setti
 def summarise(path: str, found: Scan, settings: Settings) -> Any:
     """Compute a run's page and keep it (a lane's job: a path and a scan in, the page's JSON out)."""
     started, run_dir = time.time_ns(), Path(path)
+    with vanished_as_404(run_dir):  # deleted meanwhile: a 404, nothing kept
+        return _summarised(run_dir, started, found, settings)
+
+
+def _summarised(run_dir: Path, started: int, found: Scan, settings: Settings) -> Any:
     error: ApiError | None = None
     try:
         read_info(run_dir)
@@ -481,6 +488,8 @@ def summarise(path: str, found: Scan, settings: Settings) -> Any:
         check_costs(run.steps, settings)  # 413s are not kept: they follow the settings, not the files
         body = dumps(run_overview(run, DEFAULT_RTOL, DEFAULT_METRIC_ATOL))
     except GrpoInputError as exc:  # a bad step file or run.json: kept, it is what these files are
+        if isinstance(exc.__cause__, FileNotFoundError | NotADirectoryError):
+            raise  # not what these files are: they are gone
         error = as_api_error(exc, "run page")
         body = error_json(error.items)
     header: dict[str, Any] = {"listing_key": None, "listing": fresh_entry(run_dir), "page": None, "status": None}
@@ -517,8 +526,9 @@ async def page(lanes: Lanes, path: Path, settings: Settings) -> Reply | Kept:
 # --- steps and replays -----------------------------------------------------------------------------------------
 def opened(path: Path) -> Run:
     """A run to read from: its run.json within the listing's bounds (a 422 saying why not), then loaded."""
-    read_info(path)
-    return load_run(path)
+    with vanished_as_404(path):
+        read_info(path)
+        return load_run(path)
 
 
 @dataclass(frozen=True)
@@ -584,8 +594,9 @@ def step_json(
     """GET /api/v1/runs/{run}/steps/{step}: the step's batch (or one micro-batch) evaluated once. ``breakdown`` is
     /api/v1/loss's answer to ``request`` (the batch and the config it was evaluated under): the page draws it as
     it is, and a replay under another config is this endpoint again with ``?config=``."""
-    run = load_run(path)
-    fields, stored, info = step_batch(run, step, micro)
+    with vanished_as_404(path):
+        run = load_run(path)
+        fields, stored, info = step_batch(run, step, micro)
     resolved = _config(stored, given, ["query", "config"])
     request = {**fields, "config": {k: v for k, v in resolved.to_dict().items() if k != "device"}}
     lengths = row_lengths(fields)
@@ -601,7 +612,8 @@ def step_json(
 def replay_json(path: str, steps: list[int], given: dict[str, Any], nxt: int | None) -> Any:
     """POST /api/v1/runs/{run}/replay: ``steps`` of the run under ``given``, and the next page's ``after``."""
     try:
-        out = replay(load_run(path), given, steps)
+        with vanished_as_404(path):
+            out = replay(load_run(path), given, steps)
     except GrpoInputError as exc:  # a config field (the preset, a value out of range): named under body.config
         if exc.field not in grpo.FIELD_NAMES:
             raise
@@ -621,7 +633,8 @@ class Plan:
 def step_plan(run: Run, step: int, micro: int | None, settings: Settings, dtype: str | None = None) -> Plan:
     """A step's micro-batches (one, across ranks, with ``micro``) are joined into one batch: checked as one."""
     refs = [r for r in run.micro_batches(step) if micro is None or r.micro == micro]
-    total = check_costs(refs, settings, joined=True, dtype=dtype)
+    with vanished_as_404(run.path):
+        total = check_costs(refs, settings, joined=True, dtype=dtype)
     return Plan([step], None, lane_size(total, 1))
 
 
@@ -640,7 +653,8 @@ def replay_plan(run: Run, after: int, settings: Settings, dtype: str | None = No
             break
         steps.append(number)
         refs += these
-    total = check_costs(refs, settings, dtype=dtype)
+    with vanished_as_404(run.path):
+        total = check_costs(refs, settings, dtype=dtype)
     more = len(steps) < len(numbers)
     return Plan(steps, steps[-1] if more else None, lane_size(total, 2 * len(refs)))
 
@@ -651,12 +665,13 @@ def step_input(path: str, step: int, settings: Settings) -> dict[str, Any]:
     dashboard's /api/v1/loss request and its config, under the same limits as /api/v1/loss, checked
     from the file's size and header before its tensors are read (a lane's job)."""
     file = Path(path)
-    size = file.stat().st_size
-    if size > settings.max_upload_bytes:
-        msg = f"the step file {file.name} has {size} bytes; at most {settings.max_upload_bytes} (a setting)"
-        raise LimitError(["path", "step"], msg)
-    check_costs([StepRef(step, 0, None, file)], settings, dtype="float32")  # it becomes JSON, not a breakdown
-    return _step_request(file)
+    with vanished_as_404(file.parent.parent, ("path", "step")):
+        size = file.stat().st_size
+        if size > settings.max_upload_bytes:
+            msg = f"the step file {file.name} has {size} bytes; at most {settings.max_upload_bytes} (a setting)"
+            raise LimitError(["path", "step"], msg)
+        check_costs([StepRef(step, 0, None, file)], settings, dtype="float32")  # it becomes JSON, not a breakdown
+        return _step_request(file)
 
 
 def _step_request(path: Path) -> dict[str, Any]:

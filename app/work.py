@@ -25,7 +25,9 @@ from app.ingest import (
     NotFast,
     Prepared,
     check_cost,
+    check_file_size,
     json_file_fields,
+    load_upload,
     prepare,
     prepare_json,
     read_json,
@@ -35,7 +37,7 @@ from app.schemas import BatchRequest, CompareRequest, LossRequest, UploadForm
 from app.settings import Settings
 from grpo.answer import breakdown_to_json, dumps
 from grpo.export import FORMATS, export_batch, file_bytes
-from grpo.io import INPUT_DTYPES, UPLOAD_FORMATS, file_name, load_file, precision_notes
+from grpo.io import INPUT_DTYPES, UPLOAD_FORMATS, file_name, precision_notes
 from grpo.marks import parts_of
 from grpo.requests import batch_from_request
 
@@ -164,6 +166,7 @@ def export(body: bytes, fmt: str, settings: Settings) -> Reply:
     for strings in (False, True):
         size = file_bytes(fields if strings else {**fields, "tokens": None}, fmt, prepared.lengths)
         loc: Loc | None = ["body", "tokens"] if strings else None
+        check_file_size(size, f"a {fmt} file", settings, loc)
         check_cost(
             prepared.lengths, given, "float32", settings, output_bytes=2 * size, output=f"a {fmt} file", output_loc=loc
         )
@@ -202,7 +205,7 @@ def upload(body: bytes, content_type: str, settings: Settings) -> dict[str, Any]
             return _upload(fast, texts, settings)
         except NotFast:  # a value the vectorised checks refuse: the exact reader names it
             del fast
-    return _upload(load_file(filename, data, settings.max_unpacked_bytes), texts, settings)
+    return _upload(load_upload(filename, data, settings), texts, settings)
 
 
 def _upload(fields: dict[str, Any], texts: dict[str, Any], settings: Settings) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from grpo.errors import GrpoInputError
@@ -331,17 +332,51 @@ def reinforce_pp(
     return whiten_tokens(returns, mask) * mask
 
 
+SCAN_CHUNK = 32  # positions a chunk of the return's scan runs over one by one (the loop's length, not the row's)
+
+
 def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
     """G_t = r_t + γ·G_(next counted token) on each counted token, 0 elsewhere; a masked span (an observation)
-    carries the return across unchanged. verl's loop over the positions, vectorised over the rows. (B, T)."""
-    returns = torch.zeros_like(rewards)
-    running = torch.zeros_like(rewards[:, 0])
-    for t in reversed(range(rewards.shape[1])):
-        m = mask[:, t]
-        new = rewards[:, t] + gamma * running
-        returns[:, t] = new * m
-        running = new * m + running * (1 - m)
-    return returns
+    carries the return across unchanged. verl's loop over the positions as a chunked scan. (B, T); mask 0/1.
+
+    The running return obeys G_t = m_t·r_t + a_t·G_(t+1), a_t = γ on a counted token and 1 on a masked one
+    (verl's ``new·m + running·(1 - m)``, the same numbers for a 0/1 mask), so ``linear_scan`` runs it back and the
+    counted tokens keep theirs."""
+    a = torch.where(mask > 0, torch.as_tensor(gamma, dtype=rewards.dtype, device=rewards.device), 1.0)
+    return linear_scan(rewards * mask, a) * mask
+
+
+def linear_scan(b: Tensor, a: Tensor, chunk: int = SCAN_CHUNK) -> Tensor:
+    """y_t = b_t + a_t·y_(t+1) along the last dim, y past the end 0, for 0 <= a <= 1. (B, N) -> (B, N).
+
+    Chunks of ``chunk`` positions run back at once, each one position at a time (verl's arithmetic: a row no
+    longer than a chunk gets its numbers exactly), giving each chunk's return with nothing carried in and the
+    factor Π a (a power of γ no higher than the chunk's length: no γ^-k, nothing overflows) by which what comes
+    after reaches each position; the chunks' own recurrence (one value per chunk) is the same scan, one level
+    up, and its values carry back into every chunk. ⌈log_chunk N⌉ levels of ``chunk`` steps each: the work grows
+    with B·N, the Python steps with log N."""
+    rows, length = b.shape
+    if length <= chunk:
+        y = torch.empty_like(b)
+        running = torch.zeros_like(b[:, 0])
+        for t in reversed(range(length)):
+            running = b[:, t] + a[:, t] * running
+            y[:, t] = running
+        return y
+    n = -(-length // chunk)
+    pad = n * chunk - length
+    # (B, N) -> (chunk, B, n): the t-th position of every chunk is one contiguous slice
+    bs, as_ = (F.pad(x, (0, pad)).reshape(rows, n, chunk).permute(2, 0, 1).contiguous() for x in (b, a))
+    local, reach = torch.empty_like(bs), torch.empty_like(as_)
+    running, factor = torch.zeros_like(bs[0]), torch.ones_like(as_[0])
+    for t in reversed(range(chunk)):  # chunk steps, each over every chunk at once: (B, n)
+        running = bs[t] + as_[t] * running
+        factor = as_[t] * factor
+        local[t], reach[t] = running, factor  # y_t = local_t + reach_t·(the return at the next chunk's start)
+    starts = linear_scan(running, factor, chunk)  # (B, n): the return at each chunk's first position
+    after = F.pad(starts[:, 1:], (0, 1))  # (B, n): what the next chunk carries in
+    y = local + reach * after  # (chunk, B, n)
+    return y.permute(1, 2, 0).reshape(rows, n * chunk)[:, :length]
 
 
 OTB_EPSILON = 1e-8  # verl's default for compute_optimal_token_baseline_advantage (its trainer passes none)

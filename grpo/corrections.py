@@ -405,7 +405,9 @@ def rs_criteria(rollout_rs: str, threshold: str | float | None) -> list[Criterio
     out = []
     for name, spec in zip(names, specs, strict=True):
         expected = (
-            "'lower_upper' or an upper bound, both > 0, lower <= upper" if name.endswith("k1") else "a number > 0"
+            "'lower_upper' or an upper bound, both finite and > 0, lower <= upper"
+            if name.endswith("k1")
+            else "a finite number > 0"
         )
         try:
             if name.endswith("k1"):
@@ -417,7 +419,7 @@ def rs_criteria(rollout_rs: str, threshold: str | float | None) -> list[Criterio
                 lower, upper = None, float(spec)
         except (ValueError, ZeroDivisionError):
             raise GrpoInputError("rollout_rs_threshold", f"{name}: {expected}", got=repr(spec)) from None
-        if upper <= 0 or (lower is not None and not 0 < lower <= upper):
+        if not 0 < upper < math.inf or (lower is not None and not 0 < lower <= upper):  # nan: no order, refused
             raise GrpoInputError("rollout_rs_threshold", f"{name}: {expected}", got=repr(spec))
         out.append(Criterion(name, lower, upper))
     return out

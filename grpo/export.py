@@ -62,12 +62,12 @@ def padded_arrays(fields: dict[str, Any], lengths: list[int] | None = None) -> d
 def file_bytes(fields: dict[str, Any], fmt: str, lengths: list[int] | None = None) -> int:
     """At most the bytes of ``export_batch(fields, fmt, lengths)``'s file, from the batch's sizes alone.
 
-    Binary formats hold every (B, T) grid (the mask too) as float64, NPZ the display strings as a
-    (B, T) unicode array as wide as the longest (4 bytes a character); JSON and JSONL hold the rows
-    as text."""
+    Binary formats hold every (B, T) grid (the mask, advantages per token too) as float64, NPZ the display
+    strings as a (B, T) unicode array as wide as the longest (4 bytes a character); JSON and JSONL hold
+    the rows as text."""
     lengths = row_lengths(fields, lengths)
     rows, width, positions = len(lengths), max(lengths, default=0), sum(lengths)
-    grids = 1 + sum(fields.get(name) is not None for name in PER_TOKEN)
+    grids = 1 + len(_token_fields(fields))
     tokens = fields.get("tokens") or []
     if fmt in ("safetensors", "npz"):
         size = 8 * rows * (width * grids + len(PER_ROW)) + 4096
@@ -76,6 +76,14 @@ def file_bytes(fields: dict[str, Any], fmt: str, lengths: list[int] | None = Non
         return size
     text = sum(map(len, chain.from_iterable(tokens))) * CHAR_BYTES + positions * STRING_BYTES if tokens else 0
     return positions * grids * NUMBER_BYTES + text + rows * 128 + 4096
+
+
+def _token_fields(fields: dict[str, Any]) -> list[str]:
+    """The fields given per token: the per-token ones, and the per-row ones given per token (advantages)."""
+    per_token = [name for name in PER_TOKEN if fields.get(name) is not None]
+    return per_token + [
+        name for name in PER_ROW if fields.get(name) is not None and given_per_token(name, fields[name])
+    ]
 
 
 def to_safetensors(fields: dict[str, Any], lengths: list[int] | None = None) -> bytes:
@@ -88,20 +96,22 @@ def to_safetensors(fields: dict[str, Any], lengths: list[int] | None = None) -> 
 def to_npz(fields: dict[str, Any], lengths: list[int] | None = None) -> bytes:
     """Named arrays; display strings as a 2-D unicode array (read back without pickle)."""
     arrays = padded_arrays(fields, lengths)
-    if fields.get("tokens") is not None:
-        width = arrays["completion_mask"].shape[1]
-        arrays["tokens"] = np.asarray([list(r) + [""] * (width - len(r)) for r in fields["tokens"]], dtype=str)
+    if fields.get("tokens") is not None:  # filled row by row: no padded Python list of B x T strings
+        longest = max(map(len, chain.from_iterable(fields["tokens"])), default=1)
+        arrays["tokens"] = np.zeros(arrays["completion_mask"].shape, dtype=f"<U{max(longest, 1)}")
+        for i, row in enumerate(fields["tokens"]):
+            arrays["tokens"][i, : len(row)] = row
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)  # type: ignore[arg-type]
     return buffer.getvalue()
 
 
 def _rows(fields: dict[str, Any], lengths: list[int] | None) -> dict[str, list[Any]]:
-    """The per-token fields as ragged rows (NumPy slices, written by orjson without a Python float each);
-    the mask only where it masks a token (else it is the default, all 1)."""
+    """The fields given per token (advantages too, where per token) as ragged rows (NumPy slices, written by
+    orjson without a Python float each); the mask only where it masks a token (else it is the default, all 1)."""
     arrays = padded_arrays(fields, lengths)
     lengths = row_lengths(fields, lengths)
-    out = {name: ragged(arrays[name], lengths) for name in PER_TOKEN if name in arrays}
+    out = {name: ragged(arrays[name], lengths) for name in _token_fields(fields)}
     mask = arrays["completion_mask"]
     if not mask[present(lengths)].all():
         out["completion_mask"] = ragged(mask.astype(np.int8), lengths)
@@ -113,22 +123,25 @@ def _rows(fields: dict[str, Any], lengths: list[int] | None) -> dict[str, list[A
 def to_json(fields: dict[str, Any], lengths: list[int] | None = None) -> bytes:
     """One JSON object: the /api/v1/loss fields, rows ragged."""
     rows = _rows(fields, lengths)
-    rest = {name: fields[name] for name in (*PER_ROW, *fields_of("batch")) if fields.get(name) is not None}
+    rest = {n: fields[n] for n in (*PER_ROW, *fields_of("batch")) if fields.get(n) is not None and n not in rows}
     return orjson.dumps({**rows, **rest}, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def to_jsonl(fields: dict[str, Any], lengths: list[int] | None = None) -> bytes:
-    """One line per row (its per-token lists, its reward or advantage); group_size on a line of its own."""
+    """One line per row (its per-token lists, its reward or advantage: a list where given per token);
+    group_size on a line of its own."""
     lines = []
     batch = {name: fields[name] for name in fields_of("batch") if fields.get(name) is not None}
     if batch:
         lines.append(orjson.dumps(batch))
     rows = _rows(fields, lengths)
     for i in range(len(row_lengths(fields, lengths))):
-        line = {name: values[i] for name, values in rows.items()}
+        line = {PER_ROW.get(name, name): values[i] for name, values in rows.items()}
         for name, key in PER_ROW.items():
             value = fields.get(name)
-            if isinstance(value, list):
+            if name in rows:
+                continue
+            if isinstance(value, list) or (isinstance(value, np.ndarray) and value.ndim > 0):
                 line[key] = value[i]
             elif value is not None:
                 line[key] = value

@@ -138,10 +138,10 @@ def _socket(url: str) -> socket.socket:
 
 def test_a_client_that_sends_its_headers_too_slowly_is_dropped(slow_limits: str) -> None:
     with _socket(slow_limits) as sock:
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and never the blank line
         assert sock.recv(1024) == b""  # closed by the server (the socket's own timeout is 30 s)
     with _socket(slow_limits) as sock:  # after an answer on a kept-alive connection too
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         answer = b""
         while not answer.endswith(b"}"):  # the whole answer (its JSON body ends the stream of bytes)
             answer += sock.recv(65536)
@@ -153,7 +153,8 @@ def test_a_client_that_sends_its_headers_too_slowly_is_dropped(slow_limits: str)
 def test_a_client_that_sends_its_body_too_slowly_gets_408(slow_limits: str) -> None:
     with _socket(slow_limits) as sock:
         sock.sendall(
-            b"POST /api/v1/loss HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+            b"POST /api/v1/loss HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
         )
         answer = b""
         while chunk := sock.recv(4096):

@@ -557,7 +557,7 @@ def test_a_reader_that_takes_nothing_is_dropped(tmp_path: Path) -> None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             host, port = url.removeprefix("http://").split(":")
             sock.connect((host, int(port)))
-            sock.sendall(b"GET /api/v1/lab/runs/loud/events HTTP/1.1\r\nhost: lens\r\n\r\n")
+            sock.sendall(b"GET /api/v1/lab/runs/loud/events HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
             await until(lambda: streams_on(app, "loud") == 1)
             big = "x" * 65536
             for step in range(400):  # fill every buffer between the server and the reader that never reads

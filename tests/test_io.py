@@ -109,7 +109,7 @@ def test_safetensors() -> None:
         "group_size": torch.tensor(2),
     }
     request = load_file("b.safetensors", save(tensors))
-    assert request["group_size"] == 2 and request["advantages"] == [0.5, -0.5]
+    assert request["group_size"] == 2 and np.asarray(request["advantages"]).tolist() == [0.5, -0.5]
     assert isinstance(request["old_per_token_logps"], np.ndarray)
     assert request["old_per_token_logps"].dtype == np.float32  # as stored: a float32 computation needs no copy
     bd = grpo.evaluate(batch_from_request(request), grpo.LossConfig(dtype="float64"))

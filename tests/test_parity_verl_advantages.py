@@ -267,3 +267,65 @@ def test_optimal_token_baseline_matches_verl(group_size: int, seed: int) -> None
     without = grpo.Batch(per_token_logps=data["logp"], rewards=data["rewards"], group_size=group_size)
     with pytest.raises(grpo.GrpoInputError, match="sum_pi_squared"):
         grpo.evaluate(without, mapping.config)
+
+
+def scan_roundings(positions: int, chunk: int) -> int:
+    """The most roundings on any term's path through ``linear_scan`` over a row of ``positions``: per level, 2
+    per step of a chunk's run back (a multiply, an add), ``chunk`` for the reach Π a, 2 to carry the next chunk
+    in."""
+    levels = 1
+    while positions > chunk:
+        positions, levels = -(-positions // chunk), levels + 1
+    return levels * (3 * chunk + 2)
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.99, 0.5, 0.0])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_reinforce_plus_plus_chunked_scan_holds_to_verls_loop_on_long_rows(gamma: float, seed: int) -> None:
+    """Token-level rewards on rows longer than a chunk (three levels of the scan), observation spans across the
+    chunks' edges, an empty row: the returns and the whitened advantages against verl's own function.
+
+    Tolerance, derived: every return is a sum of terms γ^k·r_s; a sum computed with at most n roundings on any
+    term's path is within n·u·S of the exact one, S = Σ γ^k·|r_s| (verl's returns of |r|, in float64), u the
+    unit roundoff (and, where γ^k runs into the subnormals, at most half the least subnormal per rounding). The
+    scan's n is ``scan_roundings`` (float32 accumulation over each chunk, at each level); verl's
+    loop rounds twice per position, n = 2T. So ours is within n_scan·u·S of the exact sum (verl's function in
+    float64, itself within 2T·2^-53·S) and within (n_scan + 2T)·u·S of verl's float32; a row no longer than a
+    chunk is verl's exact arithmetic (tests/test_token_rewards.py holds it to atol 0)."""
+    from grpo.advantages import SCAN_CHUNK, discounted_returns
+
+    g = torch.Generator().manual_seed(seed)
+    B, T = 4, SCAN_CHUNK**2 + 37  # past two levels of chunks
+    mask = (torch.rand(B, T, generator=g) > 0.1).to(torch.float64)
+    mask[0, SCAN_CHUNK - 5 : 3 * SCAN_CHUNK + 9] = 0.0  # an observation across two chunks' edges
+    mask[3] = 0.0  # an empty row
+    # float32 values, so both dtypes start from the same numbers
+    rewards = (torch.randn(B, T, generator=g) * (torch.rand(B, T, generator=g) < 0.05)).double() * mask
+    config = AlgoConfig(adv_estimator="reinforce_plus_plus", gamma=gamma)
+    verl = core_algos.get_adv_estimator_fn("reinforce_plus_plus")
+    exact_adv, exact = verl(token_level_rewards=rewards.clone(), response_mask=mask, config=config)
+    _, S = verl(token_level_rewards=rewards.abs(), response_mask=mask, config=config)
+    _, verl32 = verl(token_level_rewards=rewards.float(), response_mask=mask.float(), config=config)
+    n_scan, n_verl = scan_roundings(T, SCAN_CHUNK), 2 * T
+    u32, u64 = 2.0**-24, 2.0**-53
+    eta32, eta64 = 2.0**-150, 2.0**-1075  # a rounding into the subnormals errs by up to half the least one
+
+    def within(got: torch.Tensor, want: torch.Tensor, roundings: float, eta: float) -> bool:
+        return bool(((got - want).abs() <= roundings * S + (n_scan + n_verl) * eta).all())
+
+    ours32 = discounted_returns(rewards.float(), mask.float(), gamma).double()
+    assert within(ours32, exact, n_scan * u32 + n_verl * u64, eta32)
+    assert within(ours32, verl32.double(), (n_scan + n_verl) * u32, eta32)
+    ours64 = discounted_returns(rewards, mask, gamma)
+    assert within(ours64, exact, (n_scan + n_verl) * u64, eta64)
+
+    # whitened: (x - μ)/σ moves by at most (|Δx| + |Δμ| + |A|·|Δσ|)/σ, each Δ at most the returns' largest error
+    mapping = map_verl({}, {"adv_estimator": "reinforce_plus_plus", "gamma": gamma})
+    logp = -torch.rand(B, T, generator=g, dtype=torch.float64)
+    lens_batch = grpo.Batch(per_token_logps=logp, completion_mask=mask, token_level_rewards=rewards)
+    bd = grpo.evaluate(lens_batch, grpo.LossConfig.resolve({"dtype": "float64"}, base=mapping.config))
+    counted = mask.bool()
+    sigma = exact[counted].std()
+    error = (n_scan + n_verl) * u64 * S.max()
+    atol = float(3 * error * (1 + exact_adv.abs().max()) / sigma) if sigma > 0 else 0.0
+    torch.testing.assert_close(bd.tokens.advantage, exact_adv * mask, rtol=0, atol=atol)
