@@ -25,12 +25,12 @@ ROOT = Path(__file__).resolve().parent.parent
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("ranks")
+def launch(root: Path, *ranks: str) -> Path:
+    """A two-process TRL run under torchrun, captured into ``root / "run"`` (``ranks``: the processes captured,
+    as capture_ranks.py takes them; none: every one)."""
     save_model(root / "model")  # once, before the processes start: both load the same weights
     script = ROOT / "tests" / "capture_ranks.py"
-    args = [str(root / "out"), str(root / "run"), str(root / "model"), "dapo"]
+    args = [str(root / "out"), str(root / "run"), str(root / "model"), "dapo", *ranks]
     done = subprocess.run(
         [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(script), *args],
         cwd=ROOT,
@@ -40,6 +40,11 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return root / "run"
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return launch(tmp_path_factory.mktemp("ranks"))
 
 
 def test_each_rank_writes_its_own_files_and_the_first_its_log(two_ranks: Path) -> None:
@@ -111,18 +116,7 @@ def test_a_logged_loss_changed_by_half_differs(two_ranks: Path, tmp_path: Path) 
 
 @pytest.fixture(scope="module")
 def rank_zero_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("rank0")
-    save_model(root / "model")
-    args = [str(root / "out"), str(root / "run"), str(root / "model"), "dapo", "0"]
-    done = subprocess.run(
-        [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(ROOT / "tests" / "capture_ranks.py"), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return root / "run"
+    return launch(tmp_path_factory.mktemp("rank0"), "0")
 
 
 def test_a_capture_of_rank_zero_alone_passes_with_what_it_could_not_compare(rank_zero_only: Path) -> None:
