@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
 import grpo
+from grpo.errors import shown
 
 log = logging.getLogger("grpo_lens")
 CONFIG_FIELDS = set(grpo.FIELD_NAMES)
@@ -24,8 +25,9 @@ Loc = list[str | int]
 
 
 def error_item(loc: Loc, msg: str, kind: str) -> dict[str, Any]:
-    """One entry of the API's error list: where, what was expected and given, and its kind."""
-    return {"loc": loc, "msg": msg, "type": kind}
+    """One entry of the API's error list: where, what was expected and given, and its kind (a key of the
+    request's own, such as an unknown config field, named in ``loc`` as ``grpo.errors.shown`` cuts it)."""
+    return {"loc": [shown(part) if isinstance(part, str) else part for part in loc], "msg": msg, "type": kind}
 
 
 def refused(status: int, loc: Loc, msg: str, kind: str) -> ApiError:

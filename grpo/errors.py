@@ -2,6 +2,17 @@
 
 from __future__ import annotations
 
+SHOWN_CHARACTERS = 200
+"""The most characters of a given value (or an unknown field's name) an error message repeats: a request's 1 MB
+string is named, not echoed back whole."""
+
+
+def shown(text: str) -> str:
+    """``text`` as an error message repeats it: whole up to ``SHOWN_CHARACTERS``, else cut, with its length."""
+    if len(text) <= SHOWN_CHARACTERS:
+        return text
+    return f"{text[:SHOWN_CHARACTERS]}... ({len(text)} characters)"
+
 
 class GrpoInputError(ValueError):
     """Bad input to the grpo library.
@@ -15,10 +26,10 @@ class GrpoInputError(ValueError):
         self.row = row
         self.expected = expected
         self.got = got
-        where = field if row is None else f"{field}[{row}]"
+        where = shown(field) if row is None else f"{shown(field)}[{row}]"
         message = f"{where}: expected {expected}"
         if got is not None:
-            message += f", got {got}"
+            message += f", got {shown(got)}"
         super().__init__(message)
 
     def __reduce__(self) -> tuple[object, ...]:

@@ -6,6 +6,7 @@ words the message must hold.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -452,3 +453,17 @@ def test_unknown_experiment_is_a_404_that_lists_the_valid_ones(api: TestClient) 
     detail = error_detail(api.get("/api/v1/experiments/nope"), 404)
     assert detail[0]["loc"] == ["path", "name"]
     assert all(name in detail[0]["msg"] for name in EXPERIMENTS)
+
+
+# Issue 33 (item 11): a config value or an unknown field's name was echoed whole in the error (a 1 MB string
+# gave a 1 MB answer, for aggregation, kl_estimator, rollout_correction and an unknown key). Now at most
+# grpo.errors.SHOWN_CHARACTERS of it, with its length.
+@pytest.mark.parametrize("field", ["aggregation", "kl_estimator", "rollout_correction", "preset", "unknown"])
+def test_a_huge_config_value_is_named_not_echoed(field: str) -> None:
+    huge = "x" * 1_000_000
+    config = {huge: 1} if field == "unknown" else {field: huge}
+    response = client().post("/api/v1/loss", json={**ARTICLE, "config": config})
+    detail = error_detail(response, 422)
+    assert len(response.content) < 4000, len(response.content)
+    # the value (or its repr, with its quotes) cut, its length said; an unknown preset is named without it
+    assert re.search(r"\.\.\. \(100000\d characters\)", str(detail)) or field == "preset", detail
