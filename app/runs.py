@@ -90,7 +90,7 @@ def kept_response(kept: summaries.Kept, lanes: Lanes, if_none_match: str | None)
     "/{run}/steps/{step}",
     responses=NOT_FOUND,
     response_class=JSONBytes,
-    summary="A step's breakdown (the whole step, or one micro-batch with ?micro=; config overrides as ?config=)",
+    summary="A step's breakdown (the whole step, a micro-batch with ?micro=, a rank's with ?rank=; config as ?config=)",
 )
 async def step_detail(
     run: str,
@@ -99,6 +99,7 @@ async def step_detail(
     lanes: LanesDep,
     settings: SettingsDep,
     micro: Annotated[int | None, Query(ge=0, le=999)] = None,
+    rank: Annotated[int | None, Query(ge=0, le=65535, description="One rank's micro-batches (default: all)")] = None,
     config: Annotated[str | None, Query(description="A JSON object of LossConfig fields (preset included)")] = None,
     token_rows: Annotated[list[Count] | None, Query(max_length=1000, description=TOKEN_ROWS)] = None,
     heatmap_rows: Annotated[HeatmapRows, Query(description=HEATMAP_ROWS)] = "shown",
@@ -106,7 +107,7 @@ async def step_detail(
     """One evaluation: ``breakdown`` is /api/v1/loss's answer for ``request`` (what the page draws, no second
     request); checked as /api/v1/loss is (padded size and memory from the files' headers: 413), in its lane."""
     shown = summaries.Shown(token_rows, heatmap_rows)
-    return as_response(await summaries.step(lanes, store.open(run), step, micro, config, settings, shown))
+    return as_response(await summaries.step(lanes, store.open(run), step, micro, config, settings, shown, rank))
 
 
 @router.delete("/{run}", responses=NOT_FOUND, status_code=204, summary="Delete a run (a running lab run is cancelled)")

@@ -97,6 +97,28 @@ def gather(facts: dict[int, StepFacts], ref: StepRef, bd: Breakdown, info: dict[
         step.row_weight += [float(w) for w in weights]
 
 
+def rank_sums(micro: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each rank's loss for its step: the sum over its micro-batches (the trainer's returned losses and GRPO
+    Lens's; None where one is missing), what the step's mean over the ranks averages."""
+    by_rank: dict[int | None, list[dict[str, Any]]] = defaultdict(list)
+    for m in micro:
+        by_rank[m["rank"]].append(m)
+
+    def total(parts: list[dict[str, Any]], key: str) -> float | None:
+        values = [m[key] for m in parts]
+        return None if any(v is None for v in values) else sum(values)
+
+    return [
+        {
+            "rank": rank,
+            "micro": [m["micro"] for m in parts],
+            "trainer_loss": total(parts, "trainer_loss"),
+            "lens_loss": total(parts, "lens_loss"),
+        }
+        for rank, parts in sorted(by_rank.items(), key=lambda kv: -1 if kv[0] is None else kv[0])
+    ]
+
+
 def rollout_story(step: int, rollouts: list[Any], first_steps: dict[int, int]) -> dict[str, Any]:
     """The rollout a step trained on and its pass over it, from the recorded metadata; "unknown" otherwise."""
     known = [r for r in rollouts if isinstance(r, dict)]
@@ -258,6 +280,7 @@ def run_overview(run: Run, rtol: float = DEFAULT_RTOL, metric_atol: float = DEFA
                 "micro_batches": s.micro_batches,
                 "ranks": s.ranks,
                 "micro": f.micro,
+                "rank_losses": rank_sums(f.micro),
                 "trainer_loss": s.trainer_loss,
                 "lens_loss": s.lens_loss,
                 "max_rel_error": max(errors) if errors else None,
@@ -307,14 +330,17 @@ def batch_advantages(batch: Batch, config: LossConfig) -> Tensor:
     return evaluate(batch, config).advantages
 
 
-def step_batch(run: Run, step: int, micro: int | None = None) -> tuple[dict[str, Any], LossConfig, dict[str, Any]]:
+def step_batch(
+    run: Run, step: int, micro: int | None = None, rank: int | None = None
+) -> tuple[dict[str, Any], LossConfig, dict[str, Any]]:
     """A step's request-shaped fields (ragged rows, as /api/v1/loss takes them), config and info.
 
-    With ``micro``, that micro-batch under its own config: the trainer's exact number. Without, the
-    step's micro-batches joined into one batch under the run's config without the trainer's
+    With ``micro``, that micro-batch under its own config: the trainer's exact number (over several ranks,
+    each rank's file of that index joined, unless ``rank`` picks one). Without, the step's micro-batches
+    (of ``rank`` alone, when given) joined into one batch under the run's config without the trainer's
     per-micro-batch scaling (the step's batch seen as one).
     """
-    refs = run.micro_batches(step)
+    refs = [r for r in run.micro_batches(step) if rank is None or r.rank == rank]
     if micro is not None:
         refs = [r for r in refs if r.micro == micro]
     if not refs:
@@ -340,7 +366,9 @@ def step_batch(run: Run, step: int, micro: int | None = None) -> tuple[dict[str,
     info = {
         "step": step,
         "micro": micro,
+        "rank": rank,
         "micro_batches": [r.micro for r in refs],
+        "ranks": sorted({r.rank for r in refs if r.rank is not None}),
         "trainer": [i["meta"] for _, _, i in loaded],
         "row_rewards": per_row["row_rewards"] or None,
         "row_groups": per_row["row_groups"] or None,

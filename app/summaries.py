@@ -548,19 +548,23 @@ async def step(
     config: str | None,
     settings: Settings,
     shown: Shown = Shown(),
+    rank: int | None = None,
 ) -> Reply:
     """GET /api/v1/runs/{run}/steps/{step}: ``config`` (``?config=``, JSON text of a preset and overrides)
-    checked as /api/v1/loss checks its config, the step (or its micro-batch) found (a 404 naming which
-    is missing), its cost checked from the files' headers (413), then evaluated in its lane."""
+    checked as /api/v1/loss checks its config, the step (or its micro-batch, or its rank's) found (a 404
+    naming which is missing), its cost checked from the files' headers (413), then evaluated in its lane."""
     given = overrides(None if not config else read_json(config, ["query", "config"]), ["query", "config"])
     run = await lanes.call(opened, path)
-    if number not in run.step_numbers() or (
-        micro is not None and micro not in [r.micro for r in run.micro_batches(number)]
-    ):
+    refs = run.micro_batches(number)
+    if rank is not None and refs and rank not in {r.rank for r in refs}:
+        ranks = ", ".join(str(r) for r in sorted({r.rank for r in refs if r.rank is not None})) or "none named"
+        msg = f"run {run.name!r} has no rank {rank} at step {number} (its ranks: {ranks})"
+        raise ApiError(404, [error_item(["query", "rank"], msg, "not_found")])
+    if not refs or (micro is not None and micro not in [r.micro for r in refs]):
         where = f"step {number}" + ("" if micro is None else f" micro-batch {micro}")
         raise ApiError(404, [error_item(["path", "step"], f"run {run.name!r} has no {where}", "not_found")])
-    plan = await lanes.call(step_plan, run, number, micro, settings, (given or {}).get("dtype"))
-    return await lanes.run(plan.size, step_json, str(path), number, micro, given, settings, shown)
+    plan = await lanes.call(step_plan, run, number, micro, settings, (given or {}).get("dtype"), rank)
+    return await lanes.run(plan.size, step_json, str(path), number, micro, given, settings, shown, rank)
 
 
 async def replay_page(lanes: Lanes, path: Path, body: dict[str, Any], after: int, settings: Settings) -> Reply:
@@ -589,14 +593,20 @@ def _config(stored: grpo.LossConfig, given: dict[str, Any] | None, loc: list[str
 
 
 def step_json(
-    path: str, step: int, micro: int | None, given: dict[str, Any] | None, settings: Settings, shown: Shown = Shown()
+    path: str,
+    step: int,
+    micro: int | None,
+    given: dict[str, Any] | None,
+    settings: Settings,
+    shown: Shown = Shown(),
+    rank: int | None = None,
 ) -> Any:
     """GET /api/v1/runs/{run}/steps/{step}: the step's batch (or one micro-batch) evaluated once. ``breakdown`` is
     /api/v1/loss's answer to ``request`` (the batch and the config it was evaluated under): the page draws it as
     it is, and a replay under another config is this endpoint again with ``?config=``."""
     with vanished_as_404(path):
         run = load_run(path)
-        fields, stored, info = step_batch(run, step, micro)
+        fields, stored, info = step_batch(run, step, micro, rank)
     resolved = _config(stored, given, ["query", "config"])
     request = {**fields, "config": {k: v for k, v in resolved.to_dict().items() if k != "device"}}
     lengths = row_lengths(fields)
@@ -630,9 +640,14 @@ class Plan:
     size: int
 
 
-def step_plan(run: Run, step: int, micro: int | None, settings: Settings, dtype: str | None = None) -> Plan:
-    """A step's micro-batches (one, across ranks, with ``micro``) are joined into one batch: checked as one."""
-    refs = [r for r in run.micro_batches(step) if micro is None or r.micro == micro]
+def step_plan(
+    run: Run, step: int, micro: int | None, settings: Settings, dtype: str | None = None, rank: int | None = None
+) -> Plan:
+    """A step's micro-batches (one, across ranks, with ``micro``; one rank's, with ``rank``) are joined into one
+    batch: checked as one."""
+    refs = [
+        r for r in run.micro_batches(step) if (micro is None or r.micro == micro) and (rank is None or r.rank == rank)
+    ]
     with vanished_as_404(run.path):
         total = check_costs(refs, settings, joined=True, dtype=dtype)
     return Plan([step], None, lane_size(total, 1))

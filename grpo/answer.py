@@ -13,7 +13,7 @@ import orjson
 import torch
 from torch import Tensor
 
-from grpo.corrections import CORRECTION_CODES, KEPT
+from grpo.corrections import CORRECTION_CODES, KEPT, MASKED, REJECTED, SEQUENCE_MASKED
 from grpo.curves import objective_curves
 from grpo.explain import TokenWhy, explain_parts, number, token_why
 from grpo.fields import ragged
@@ -123,6 +123,9 @@ def breakdown_to_json(
     # per position, a sixth of the answer's bytes on a small batch
     token_data["why"] = ragged(why.codes.to(torch.int8).cpu().numpy(), lengths, rows)
     config = bd.config.to_dict()
+    mismatch = mismatch_view(bd)
+    if mismatch is not None:  # the rows table shows what the correction did to each row, as the Mismatch view counts
+        row_data |= correction_rows(bd, mismatch)
     # the off-policy mismatch and what the correction did, per token: with the sampler's log-probs, or when a
     # correction acted without them (TRL's off-policy mask falls back to the old log-probs)
     if bd.sampled or bool((bd.tokens.correction > KEPT).any()):
@@ -184,8 +187,29 @@ def breakdown_to_json(
         "warning_parts": [parts_of(w) for w in bd.marked_warnings],
         # the mismatch view (grpo.mismatch): the sampler against the trainer and what the correction did; null
         # without the sampler's log-probs when no correction acted
-        "mismatch": mismatch_view(bd),
+        "mismatch": mismatch,
     }
+
+
+CORRECTION_ROW_FIELDS = ("rollout_is_ratio", "rollout_weight", "rollout_dropped", "rollout_rejected")
+"""The rows table's columns on the rollout correction (with a mismatch block): the sampler ratio exp(Σ old −
+sampler) (sequence_ratio is current/old, the policy's), the sequence-level weight applied (0 for a dropped row),
+and per row the tokens whose policy term a correction dropped and those rollout_rs rejected."""
+
+
+def correction_rows(bd: Breakdown, mismatch: dict[str, Any]) -> dict[str, Any]:
+    """Per row, from the same codes as the Mismatch view's counts (their sums are its counts)."""
+    code = bd.tokens.correction
+    out: dict[str, Any] = {}
+    rows = mismatch["rows"]
+    if "is_ratio" in rows:
+        out["rollout_is_ratio"] = rows["is_ratio"]
+    if "is_weight" in rows:
+        out["rollout_weight"] = rows["is_weight"]
+    dropped = (code == MASKED) | (code == SEQUENCE_MASKED)
+    out["rollout_dropped"] = dropped.sum(-1).to(torch.int32).cpu().numpy()
+    out["rollout_rejected"] = (code == REJECTED).sum(-1).to(torch.int32).cpu().numpy()
+    return out
 
 
 def advantage_spread(bd: Breakdown) -> dict[str, Any]:

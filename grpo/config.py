@@ -204,7 +204,7 @@ class LossConfig:
     rollout_rs_threshold: str | None = _f(
         None,
         "Thresholds of rollout_rs: one for all or one per criterion, comma-separated; k1 takes 'lower_upper' "
-        "ratio bounds (or an upper, its inverse the lower), the others an upper bound.",
+        "bounds on -log r = sampler - old (or an upper, its inverse the lower), the others an upper bound.",
         "policy",
     )
     rollout_bypass: bool = _f(

@@ -35,6 +35,23 @@ def unit_objective(ratio: Tensor, sign: Tensor, config: LossConfig) -> tuple[Ten
     return value.masked_fill(picked, float("nan")), region.masked_fill(picked, TRUST)
 
 
+def _per_row(config: LossConfig) -> bool:
+    """Whether the objective's term is one per row (ObjectiveTerms.weight set: verl's geo_mean), so a token's own
+    ratio does not give the term the objective uses: the curve is a one-token row's, the points their row's."""
+    one = torch.ones(1, 1, dtype=torch.float64)
+    return OBJECTIVES.get(config.objective)(one, one, one, config).weight is not None
+
+
+def _row_terms(bd: Breakdown) -> Tensor:
+    """(B, T) float64: each token's row term per unit advantage, surrogate / |Ā| (Ā the row's mean A over its
+    counted tokens, as geo_mean takes it); 0 where Ā is 0."""
+    mask = bd.tokens.mask.double()
+    a = bd.tokens.advantage.detach().double()
+    mean_a = (a * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # (B, T) -> (B, 1)
+    size = mean_a.abs()
+    return bd.tokens.surrogate.detach().double() / size.where(size > 0, 1.0)
+
+
 def _filled(x: Tensor, y: Tensor) -> Tensor:
     """``y`` on the grid ``x`` with its NaNs (tokens a rule picked) on the line through their neighbours."""
     gap = torch.isnan(y)
@@ -97,7 +114,7 @@ def objective_curves(bd: Breakdown, points: int = 241, max_points: int = 500) ->
     signs = torch.sign(bd.tokens.advantage.detach().double())[rows, positions].cpu()  # each token's own A
     x, curves = _grid_curves(bd.config, OBJECTIVES.get(bd.config.objective), low, high, points)
     value = torch.zeros(0, dtype=torch.float64)
-    if counted:
+    if counted:  # each token's term per unit A on its curve; a per-row objective's (GMPO) row term below
         value, _ = unit_objective(ratios, signs, bd.config)
         for name, sign in (("positive", 1.0), ("negative", -1.0)):  # a token the unit draw picked: on its curve
             gap = torch.isnan(value) & (signs == sign)
@@ -109,6 +126,8 @@ def objective_curves(bd: Breakdown, points: int = 241, max_points: int = 500) ->
             size = bd.tokens.advantage.detach().double().abs()[rows, positions].cpu()  # each token's own A
             own = bd.tokens.surrogate[rows, positions].detach().double().cpu() / size.where(size > 0, 1.0)
             value = torch.where(picked, own, value)
+        if _per_row(bd.config):  # GMPO: one term per row, Ā_i · exp(mean_t clip(log r_t)): that term per unit Ā
+            value = _row_terms(bd)[rows, positions].cpu()
     return {
         "x": list(x),
         **{name: {"y": list(y), "flat": [dict(span) for span in flat]} for name, (y, flat) in curves.items()},
@@ -121,4 +140,5 @@ def objective_curves(bd: Breakdown, points: int = 241, max_points: int = 500) ->
             "position": positions.tolist(),
         },
         "truncated": int(mask.sum()) > max_points,
+        "per_row": _per_row(bd.config),  # the points are their row's term (GMPO), not on the one-token curve
     }

@@ -17,13 +17,15 @@ import torch
 from torch import Tensor
 
 from grpo.config import LossConfig
+from grpo.corrections import KEPT, MASKED, REJECTED, SEQUENCE_MASKED, TRUNCATED
 from grpo.loss import Breakdown, entropy_threshold
+from grpo.marks import END, SEP, START, percent
 from grpo.marks import mark as mark
 from grpo.marks import number as number
 from grpo.marks import parts_of as parts_of
-from grpo.marks import percent
 from grpo.marks import plain as plain
 from grpo.objectives import OBJECTIVES, REGIONS
+from grpo.trainer_config import TRL_DEFAULTS
 
 NEAR_ZERO = 0.01  # a loss below this share of the total size of its per-token terms is "small next to them"
 
@@ -50,6 +52,29 @@ TOOL_OUTPUT_TEXT = (
     "a tool's output inside the completion (tool_mask 0): not the model's tokens, so it does not count: no loss, "
     "no gradient, and it is left out of every divisor, as TRL's completion_mask · tool_mask"
 )
+# What a rollout correction did to a token, when it took the token's policy term away (grpo.corrections' codes):
+# the objective's own reading ("gets a policy gradient") would be false beside a gradient of 0.
+IS_DROPPED = "is_dropped"
+IS_DROPPED_TEXT = (
+    "dropped by the rollout correction ({correction}): its importance weight exp(old − sampler) passed a bound "
+    "(C_min {low}, C_max {high}; at sequence level the row's), so its weight is 0: its policy term is "
+    "dropped{gradient}; its KL term still counts"
+)
+CORRECTION_GRADIENT = {  # whether the dropped tokens' gradient is 0 on this batch (GSPO: a row's shared ratio)
+    True: " and it gets no policy gradient",
+    False: ", yet it still gets policy gradient through its row's sequence ratio, which its log-ratio enters",
+}
+OFF_POLICY_DROPPED = "off_policy_dropped"
+OFF_POLICY_DROPPED_TEXT = (
+    "dropped by the off-policy sequence mask (off_policy_mask_threshold {threshold}): its row has A < 0 and a mean "
+    "sampler − current log-prob above the threshold, so its policy term is 0{gradient}; its KL term still counts"
+)
+RS_REJECTED = "rs_rejected"
+RS_REJECTED_TEXT = (
+    "rejected by verl's rollout_rs ({rs}, thresholds {threshold}): the token (or its row) failed a criterion, so "
+    "it leaves the batch: no policy term, no KL, left out of the aggregation's counts, no gradient"
+)
+CORRECTION_WHYS = (IS_DROPPED, OFF_POLICY_DROPPED, RS_REJECTED)
 REGION_TEXTS = {  # objectives without a why rule of their own: their regions, read as they are
     "masked": "does not count (prompt, padding or masked out)",
     "trust": "no bound acts on this objective's term: the token keeps its policy gradient",
@@ -70,6 +95,9 @@ LABELS = {  # how the summary and the heatmaps' legend name a group of tokens by
     ZERO_ADVANTAGE: "with A = 0",
     ENTROPY_MASKED: "masked by the entropy mask",
     TOOL_OUTPUT: "tool output (tool_mask 0)",
+    IS_DROPPED: "dropped by the rollout correction (weight 0)",
+    OFF_POLICY_DROPPED: "dropped by the off-policy sequence mask",
+    RS_REJECTED: "rejected by rollout_rs (out of the batch)",
 }
 WHY_LABELS = LABELS  # the name it had
 
@@ -94,9 +122,10 @@ class TokenWhy:
     heatmaps mark them apart."""
 
     def counts(self) -> dict[str, int]:
-        """Tokens per code (masked excluded), every code listed: the counted ones, and a tool's output."""
+        """Tokens per code (masked excluded), every code listed: the counted ones, and a tool's output (the tokens
+        rollout_rs rejected left the batch: not here, they are the mismatch block's counts["rejected"])."""
         found = torch.bincount(self.codes.flatten(), minlength=len(self.names)).tolist()
-        return {name: int(n) for name, n in zip(self.names, found, strict=True) if name != "masked"}
+        return {name: int(n) for name, n in zip(self.names, found, strict=True) if name not in ("masked", RS_REJECTED)}
 
     @property
     def marked(self) -> tuple[str, ...]:
@@ -105,7 +134,8 @@ class TokenWhy:
         return tuple(
             name
             for name in self.names
-            if (name in self.no_gradient and name != ZERO_ADVANTAGE) or name in self.masks or name == self.selected
+            if ((name in self.no_gradient and name != ZERO_ADVANTAGE) or name in self.masks or name == self.selected)
+            and name not in CORRECTION_WHYS  # the heatmaps mark these as the correction's (tokens.correction)
         )
 
     def code_names(self) -> list[list[str]]:
@@ -151,6 +181,7 @@ def token_why(bd: Breakdown) -> TokenWhy:
         names = (*names, TOOL_OUTPUT)
         codes = codes.masked_fill(t.tool_output, names.index(TOOL_OUTPUT))
         texts[TOOL_OUTPUT] = TOOL_OUTPUT_TEXT
+    names, codes, corrected = _correction_whys(bd, names, codes, texts)
     weight = t.weight[zero]
     note = "not shown: no token has A = 0" if not weight.numel() else f"{number(float(weight.max()))} per token here"
     texts[ZERO_ADVANTAGE] = ZERO_ADVANTAGE_TEXT.format(weight_note=note)
@@ -158,10 +189,46 @@ def token_why(bd: Breakdown) -> TokenWhy:
     template = ENTROPY_MASKED_TEXT.replace("{gradient}", gradient)
     threshold = entropy_threshold_of(bd)
     texts[ENTROPY_MASKED] = fill(template, {"quantile": config.top_entropy_quantile, "threshold": threshold})
-    silenced = {ZERO_ADVANTAGE} | ({ENTROPY_MASKED} if config.importance_sampling_level == "token" else set())
+    silenced = {ZERO_ADVANTAGE, *corrected} | (
+        {ENTROPY_MASKED} if config.importance_sampling_level == "token" else set()
+    )
     labels = {name: labels.get(name, name) for name in names}
     masks = tuple(name for name in (ENTROPY_MASKED, TOOL_OUTPUT) if name in names)
     return TokenWhy(names, codes, texts, no_gradient | silenced, labels, selected, masks)
+
+
+def _correction_whys(
+    bd: Breakdown, names: tuple[str, ...], codes: Tensor, texts: dict[str, str]
+) -> tuple[tuple[str, ...], Tensor, set[str]]:
+    """The tokens whose policy term a rollout correction took away get its reading, over the objective's: a weight
+    of 0 (IS mask), the off-policy sequence mask, or rollout_rs's rejection. Named only where a token has one; the
+    codes whose tokens get no policy gradient come third (under GSPO a dropped token's log-ratio still enters its
+    row's ratio, which the row's kept tokens carry)."""
+    config, t = bd.config, bd.tokens
+    given = (
+        (IS_DROPPED, t.mask & (t.correction == MASKED), IS_DROPPED_TEXT),
+        (OFF_POLICY_DROPPED, t.mask & (t.correction == SEQUENCE_MASKED), OFF_POLICY_DROPPED_TEXT),
+        (RS_REJECTED, t.correction == REJECTED, RS_REJECTED_TEXT),
+    )
+    values = {
+        "correction": config.rollout_correction,
+        "low": "off" if config.rollout_is_min is None else number(config.rollout_is_min),
+        "high": "off" if config.rollout_is_max is None else number(config.rollout_is_max),
+        "threshold": "off" if config.off_policy_mask_threshold is None else number(config.off_policy_mask_threshold),
+        "rs": config.rollout_rs or "off",
+    }
+    silenced = set()
+    for name, where, text in given:
+        if not bool(where.any()):
+            continue
+        names = (*names, name)
+        codes = codes.masked_fill(where, names.index(name))
+        none = name == RS_REJECTED or not bool(t.grad_policy[where].any())
+        if none:
+            silenced.add(name)
+        values_here = {**values, "threshold": config.rollout_rs_threshold or "off"} if name == RS_REJECTED else values
+        texts[name] = text.format_map({**values_here, "gradient": CORRECTION_GRADIENT[none]})
+    return names, codes, silenced
 
 
 def entropy_threshold_of(bd: Breakdown) -> float | None:
@@ -289,18 +356,22 @@ def _clip_sentence(bd: Breakdown, why: TokenWhy) -> str | None:
     n = sum(counts.values())
     flat = torch.zeros_like(why.codes, dtype=torch.bool)
     for name in clipped:
-        flat |= why.codes == why.names.index(name)
-    ratios = bd.tokens.ratio[flat]
-    lo, hi = float(ratios.min()), float(ratios.max())
-    span = (
-        f"ratio {mark('lens/why/flat_ratio_min', lo)}"
-        if lo == hi
-        else (f"ratios {mark('lens/why/flat_ratio_min', lo)} to {mark('lens/why/flat_ratio_max', hi)}")
-    )
+        if name not in CORRECTION_WHYS:  # a bound of the objective's; a correction's weight 0 is not one
+            flat |= why.codes == why.names.index(name)
+    span = ""
+    if bool(flat.any()):
+        ratios = bd.tokens.ratio[flat]
+        lo, hi = float(ratios.min()), float(ratios.max())
+        span = (
+            f"ratio {mark('lens/why/flat_ratio_min', lo)}"
+            if lo == hi
+            else (f"ratios {mark('lens/why/flat_ratio_min', lo)} to {mark('lens/why/flat_ratio_max', hi)}")
+        )
+        span = f" ({span} on the bounded ones)"
     parts = ", ".join(f"{mark(f'why/{k}', v, 12)} {why.labels[k]}" for k, v in silent.items())
     total = sum(silent.values())
     n_silent, n_all = mark("why/no_gradient", total, 12), mark("lens/num_tokens", n, 12)
-    text = f"{n_silent} of {n_all} tokens get no policy gradient: {parts} ({span} on the bounded ones)."
+    text = f"{n_silent} of {n_all} tokens get no policy gradient: {parts}{span}."
     held = [k for k in clipped if k in ("dual_clip", "delta")]
     if held:
         text += (
@@ -373,6 +444,80 @@ def _tool_sentence(bd: Breakdown, why: TokenWhy) -> str | None:
     )
 
 
+def _rows_named(rows: list[int]) -> str:
+    """ "row 3", "rows 0, 1 and 2": each index marked as the rows table tags it."""
+    names = [mark(f"rows/index/{i}", i, 12) for i in rows]
+    joined = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return f"{'row' if len(rows) == 1 else 'rows'} {joined}"
+
+
+def _correction_sentence(bd: Breakdown) -> str | None:
+    """What the rollout correction did, counted as the Mismatch view counts it (``mismatch/counts/<code>``): the
+    rows it dropped whole, the tokens it dropped, truncated or rejected, and the loss without it."""
+    code, counted = bd.tokens.correction, bd.tokens.mask
+    if not bool((code > KEPT).any()) or bd.rollout_logps is None:
+        return None
+
+    def n(name: str, value: int) -> str:
+        return mark(f"mismatch/counts/{name}", value, 12)
+
+    said = []
+    dropped = counted & ((code == MASKED) | (code == SEQUENCE_MASKED))
+    whole = (counted.any(-1) & (dropped | ~counted).all(-1)).nonzero().flatten().tolist()
+    if int((code == MASKED).sum()):
+        rows = f", the whole of {_rows_named(whole)}" if whole else ""
+        said.append(
+            f"{bd.config.rollout_correction} dropped the policy term of {n('masked', int((code == MASKED).sum()))} "
+            f"token(s) (weight 0{rows})"
+        )
+    if int((code == SEQUENCE_MASKED).sum()):
+        said.append(
+            f"the off-policy sequence mask dropped the policy term of "
+            f"{n('sequence_masked', int((code == SEQUENCE_MASKED).sum()))} token(s)"
+        )
+    if int((code == TRUNCATED).sum()):
+        said.append(
+            f"{bd.config.rollout_correction} truncated the weight of "
+            f"{n('truncated', int((code == TRUNCATED).sum()))} token(s)"
+        )
+    rejected = code == REJECTED
+    if int(rejected.sum()):
+        hit = rejected.any(-1).nonzero().flatten().tolist()
+        said.append(
+            f"rollout_rs rejected {n('rejected', int(rejected.sum()))} token(s) in {_rows_named(hit)}, which left the "
+            "batch (policy term, KL and the aggregation's counts)"
+        )
+    if not said:
+        return None
+    text = "; ".join(said)
+    kept = int(((code == KEPT) & counted).sum())
+    return (
+        f"The rollout correction acted: {text}. {n('kept', kept)} token(s) kept their weight as it is; the loss "
+        f"without the correction would be {mark('loss_without_correction', float(bd.loss_without_correction))} "
+        "(the Mismatch view shows each)."
+    )
+
+
+TRL_CORRECTION = (
+    "This preset ({preset}) applies no rollout correction: TRL v1.16 weighs the sampler's log-probs only when use_vllm "
+    "is set (then by default vllm_importance_sampling_correction = True, mode sequence_mask, clip_max C_max = {cap}). "
+    "To mirror a vLLM run, set rollout_correction = sequence_mask and rollout_is_max = {cap}, and give the sampler's "
+    "log-probs (sampling_per_token_logps)."
+)
+TRL_VLLM_CLIP_MAX = float(TRL_DEFAULTS["vllm_importance_sampling_clip_max"])  # TRL 1.16's default, 3
+
+
+def _trl_correction_sentence(bd: Breakdown) -> str | None:
+    """A TRL preset mirrors TRL without vLLM: no correction. Said on the page, with how to turn TRL's default on."""
+    config = bd.config
+    if not (config.preset or "").startswith("trl") or config.rollout_correction != "none":
+        return None
+    text = TRL_CORRECTION.format(preset=config.preset, cap=mark("lens/trl/vllm_clip_max", TRL_VLLM_CLIP_MAX))
+    if config.objective == "vespo":  # TRL's VESPO takes the weight inside its own φ (docs/variants.md)
+        text += " Under loss_type vespo TRL takes that weight inside its own φ instead, which is not reproduced here."
+    return text
+
+
 def _held_note(bd: Breakdown, code: str) -> str:
     if code == "dual_clip":
         lower = bd.metrics.get("actor/pg_clipfrac_lower", 0.0)
@@ -383,7 +528,7 @@ def _held_note(bd: Breakdown, code: str) -> str:
 
 def _unbounded_sentence(bd: Breakdown, why: TokenWhy) -> str | None:
     """A < 0 tokens above 1 + ε_high with no cap set: the story the trust-region label would hide."""
-    if "unbounded" not in why.names:
+    if "unbounded" not in why.names or "delta" not in why.names:  # its advice (dual_clip, delta) is the clip's own
         return None
     free = why.codes == why.names.index("unbounded")
     k = int(free.sum())
@@ -446,11 +591,17 @@ def _length_sentence(bd: Breakdown) -> str | None:
         return f"{head}: every token counts the same, so this aggregation has no per-token length bias."
     if w_short > w_long:
         return (
-            f"{head}, {mark('lens/why/weight_ratio', w_short / w_long)}× less: right answers (A > 0) are pushed up "
-            "hardest when short and wrong ones (A < 0) pushed down least when long, so this aggregation favours "
-            "short right answers and lets wrong answers grow long."
+            f"{head}, {_ratio_mark('lens/why/weight_ratio', w_short / w_long)}× less: right answers (A > 0) are "
+            "pushed up hardest when short and wrong ones (A < 0) pushed down least when long, so this aggregation "
+            "favours short right answers and lets wrong answers grow long."
         )
     return f"{head}: a token of a long row counts more, so long rows dominate the update."
+
+
+def _ratio_mark(quantity: str, x: float) -> str:
+    """A ratio of two weights marked with 4 significant digits and no more: 1/0.1 computed in floats is
+    9.9999999..., which ``number`` would spell out to tell it from 10; a "× less" reads 10."""
+    return f"{START}{quantity}{SEP}{float(x)!r}{SEP}{number(float(f'{x:.4g}'))}{END}"
 
 
 def _per_token_advantage_sentence(bd: Breakdown) -> str | None:
@@ -510,7 +661,8 @@ def explain_items(bd: Breakdown) -> list[tuple[str, str]]:
     """The sentences of ``explain``, each with a key saying what it is about, so a reader (the page's
     compare view) finds one by its key, never by its wording: "sign", "on_policy", "tool_mask", "entropy_mask",
     "selected" (the tokens the objective's own rule picked: Clip-Cov, KL-Cov), "clip", "unbounded",
-    "gspo", "negative_kl", "clamp", "zero_std", "per_token_advantages", "kl_off", "kl_dominates", "length"."""
+    "gspo", "negative_kl", "correction" (what the rollout correction did), "trl_correction" (a TRL preset without
+    TRL's vLLM correction), "clamp", "zero_std", "per_token_advantages", "kl_off", "kl_dominates", "length"."""
     return [(key, plain(text)) for key, text in _marked_items(bd)]
 
 
@@ -541,6 +693,8 @@ def _marked_items(bd: Breakdown, why: TokenWhy | None = None) -> list[tuple[str,
         ("unbounded", _unbounded_sentence(bd, why)),
         ("gspo", _gspo_sentence(bd)),
         ("negative_kl", _negative_kl_sentence(bd)),
+        ("correction", _correction_sentence(bd)),
+        ("trl_correction", _trl_correction_sentence(bd)),
     )
     out += [(key, s) for key, s in candidates if s]
     out += [("clamp", s) for s in _clamp_sentences(bd)]

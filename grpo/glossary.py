@@ -63,6 +63,11 @@ SETTINGS: dict[str, tuple[str, Callable[[LossConfig], str]]] = {
     "high": ("1 + ε_high", lambda c: f"1 + ε_high = {mark('config/1+epsilon_high', 1 + c.epsilon_high)}"),
     "low": ("1 - ε_low", lambda c: f"1 - ε_low = {mark('config/1-epsilon_low', 1 - c.epsilon_low)}"),
     "eps_high": ("ε_high", lambda c: f"ε_high = {mark('config/epsilon_high', c.epsilon_high)}"),
+    "eps_low": ("ε_low", lambda c: f"ε_low = {mark('config/epsilon_low', c.epsilon_low)}"),
+    "kl_bias": (
+        "kl_bias_correction",
+        lambda c: f"kl_bias_correction (TRL use_bias_correction_kl) {'on' if c.kl_bias_correction else 'off'} here",
+    ),
     "c": ("c (dual_clip)", _optional("dual_clip", "c")),
     "delta": ("delta", _optional("delta", "delta")),
     "beta": ("beta", lambda c: f"beta = {mark('config/beta', c.beta)}"),
@@ -80,6 +85,38 @@ def _t(keys: tuple[str, ...], names: tuple[str, str, str], template: str, health
     return Term(keys, *names, meaning, healthy, template)
 
 
+# Meanings that differ under an objective: its registry entry says which metrics it reports, and verl's
+# geo_mean computes actor/pg_clipfrac(_lower) on the log-ratio (core_algos.compute_policy_loss_geo_mean).
+OBJECTIVE_TERMS: dict[str, tuple[Term, ...]] = {
+    "geo_mean": (
+        _t(
+            ("actor/pg_clipfrac",),
+            ("—", "actor/pg_clipfrac (geo_mean)", "—"),
+            "GMPO (verl geo_mean): share of ALL counted tokens that have A > 0 and a log-ratio outside "
+            "[−ε_low, ε_high] ({eps_low}, {eps_high}), on either side (verl: Σ [log r ≠ clamp(log r)] · [A > 0] / N). "
+            "Those above ε_high enter the row's geometric mean at ε_high and get no policy gradient; those below "
+            "−ε_low moved against their advantage and enter as they are (the pessimistic side keeps them), yet "
+            "are counted too.",
+            "About 0 on-policy; a sustained 10-20% or more means updates are too large.",
+        ),
+        _t(
+            ("actor/pg_clipfrac_lower",),
+            ("—", "actor/pg_clipfrac_lower (geo_mean)", "—"),
+            "GMPO (verl geo_mean): the same count for A < 0: share of ALL counted tokens that have A < 0 and a "
+            "log-ratio outside [−ε_low, ε_high] ({eps_low}, {eps_high}), on either side. Not a dual-clip fraction "
+            "(geo_mean has none): those below −ε_low are clipped (no policy gradient); those above ε_high are kept "
+            "as they are and nothing bounds them.",
+            "About 0 on-policy; tokens above ε_high with A < 0 pull their row's loss up without bound.",
+        ),
+    ),
+}
+
+
+def _terms(config: LossConfig) -> tuple[Term, ...]:
+    """GLOSSARY, then the config's objective's own meanings (they replace those of the same keys)."""
+    return GLOSSARY + OBJECTIVE_TERMS.get(config.objective, ())
+
+
 def metric_meanings(config: LossConfig) -> dict[str, str]:
     """Each metric key's meaning under ``config`` (the metrics table shows these, one per key)."""
     return dict(_meanings(config))
@@ -93,12 +130,12 @@ def metric_meaning_parts(config: LossConfig) -> dict[str, list[str | dict[str, A
 # A config's texts are the same for every batch: rendered once per config (an answer is built per request).
 @lru_cache(maxsize=64)
 def _meanings(config: LossConfig) -> tuple[tuple[str, str], ...]:
-    return tuple((key, term.render(config)) for term in GLOSSARY for key in term.keys)
+    return tuple((key, term.render(config)) for term in _terms(config) for key in term.keys)
 
 
 @lru_cache(maxsize=64)
 def _meaning_parts(config: LossConfig) -> tuple[tuple[str, list[str | dict[str, Any]]], ...]:
-    return tuple((key, parts_of(term.marked(config))) for term in GLOSSARY for key in term.keys)
+    return tuple((key, parts_of(term.marked(config))) for term in _terms(config) for key in term.keys)
 
 
 GLOSSARY: tuple[Term, ...] = (
@@ -139,8 +176,8 @@ GLOSSARY: tuple[Term, ...] = (
     _t(
         ("actor/pg_clipfrac_lower",),
         ("— (delta plays this role)", "actor/pg_clipfrac_lower", "—"),
-        "Fraction of tokens with A < 0 whose ratio passed the dual-clip bound {c}, verl's clip_ratio_c: "
-        "the dual-clip fraction, not a low-side clip fraction.",
+        "Fraction of counted tokens with A < 0 whose ratio passed the dual-clip bound {c}, verl's clip_ratio_c: "
+        "the dual-clip fraction, not a low-side clip fraction; with the dual clip off it counts nothing.",
         "About 0. Non-zero means some bad tokens became far more likely than when sampled.",
     ),
     _t(
@@ -179,8 +216,9 @@ GLOSSARY: tuple[Term, ...] = (
         ("kl",),
         ("kl", "actor/kl_loss", "kl"),
         "Mean per-token estimate of KL(π_θ ‖ π_ref) over the counted tokens, a plain token mean whatever the "
-        "aggregation: kl = Σ kl_t / N (k3 unless chosen otherwise; TRL multiplies it by the ratio when "
-        "use_bias_correction_kl is on). verl's actor/kl_loss is the same estimate aggregated like the loss "
+        "aggregation: kl = Σ kl_t / N (k3 unless chosen otherwise; TRL multiplies each kl_t by the token's ratio "
+        "when use_bias_correction_kl is on, TRL's default; {kl_bias}, so TRL's and verl's kl differ for the same "
+        "batch as soon as a ratio is not 1). verl's actor/kl_loss is the same estimate aggregated like the loss "
         "(e.g. a mean of per-row means), so the two differ when rows differ in length; the KL part of the loss "
         "is {beta} × actor/kl_loss.",
         "Starts at 0 and grows slowly. Sudden spikes mean the policy is leaving the reference; a few tokens "
@@ -314,7 +352,10 @@ GLOSSARY: tuple[Term, ...] = (
         "exp); kl = mean(log π_sampler − log π_old); k3_kl = mean(ρ − log ρ − 1) with ρ = π_old / π_sampler; "
         "log_ppl_diff = per row mean log π_sampler − mean log π_old (mean, mean of |·|, max, min); ppl_ratio = "
         "mean over rows of exp(log_ppl_diff); chi2_token = mean(ρ²) − 1; chi2_seq = mean over rows of "
-        "(Π_t ρ_t)² − 1 (logs clamped at verl's SAFETY_BOUND, so ρ stays within e^±SAFETY_BOUND).",
+        "(Π_t ρ_t)² − 1 (logs clamped at verl's SAFETY_BOUND, so ρ stays within e^±SAFETY_BOUND). chi2_token and "
+        "chi2_seq are sample estimates over the drawn tokens, not the divergence itself (which is never negative): "
+        "they fall below 0 when the trainer gives the sampled tokens less probability than the sampler did (ρ < 1 "
+        "on most of them, mean(ρ²) < 1), as verl logs them.",
         "kl and k3_kl near 0 and ppl_ratio near 1 when the engines agree; chi2_seq grows with length and "
         "explodes first: sequence-level IS weights then need a tight threshold or a mask.",
     ),

@@ -18,7 +18,7 @@ from torch import Tensor
 from grpo.advantages import ADVANTAGES, AdvantageInputs, group_std_mean, takes_inputs, unbiased_std
 from grpo.aggregation import AGGREGATIONS
 from grpo.batch import Batch
-from grpo.config import REGISTRIES, LossConfig
+from grpo.config import PRESETS, REGISTRIES, LossConfig
 from grpo.corrections import (
     CORRECTION_CODES,
     KEPT,
@@ -1013,6 +1013,17 @@ def _clamp_counts(touched: Touched, tokens: TokenBreakdown, mask: Tensor, config
     return counts
 
 
+def _presets_with_beta() -> str:
+    """Which presets put the KL in the loss, read from the presets table: "the presets that set beta: article
+    (beta = 0.01), verl-grpo (beta = 0.001); every other preset has beta 0"."""
+    default = LossConfig().beta
+    with_beta = {name: p.settings.get("beta", default) for name, p in PRESETS.items()}
+    named = [f"{name} (beta = {mark(f'lens/presets/{name}/beta', b)})" for name, b in with_beta.items() if b]
+    if not named:
+        return "every preset has beta 0"
+    return f"the presets that set beta: {', '.join(named)}; every other preset has beta 0"
+
+
 def _warnings(
     batch: Batch, config: LossConfig, inp: _Inputs, rows: RowBreakdown, loss: Tensor, metrics_ratio_max: float
 ) -> tuple[str, ...]:
@@ -1025,7 +1036,7 @@ def _warnings(
     elif config.beta == 0:
         out.append(
             f"ref_per_token_logps given but beta = {mark('config/beta', config.beta)}: the KL is reported but left "
-            "out of the loss (TRL's and verl's presets default to beta 0; set beta to include it)."
+            f"out of the loss (set beta to include it; {_presets_with_beta()})."
         )
     sampler = batch.sampling_per_token_logps
     if sampler is None and (config.rollout_correction != "none" or config.rollout_rs is not None):

@@ -151,9 +151,13 @@ def mismatch_view(bd: Breakdown) -> dict[str, Any] | None:
     _not_scored_sentence(s, gap)
     _loss_sentence(s, bd, level, criteria)
     entry = CORRECTIONS.entry(config.rollout_correction)
+    counts = _counts(bd)
     return {
         "correction": config.rollout_correction,
-        "correction_label": entry.label,
+        # every correction in force, as the scatter's title names them (the IS weight's label alone said "no
+        # correction" while rollout_rs rejected tokens); the IS weight's own label is is_label
+        "correction_label": _in_force(config, entry.label, criteria, counts),
+        "is_label": entry.label,
         "level": level,
         "sampled": gap.sampler is not None,
         "x_label": "current log-prob (bypass: the sampler's stand in for old)"
@@ -164,7 +168,7 @@ def mismatch_view(bd: Breakdown) -> dict[str, Any] | None:
         "scatter": _scatter(bd, gap, config, level, criteria),
         "rows": {k: v.cpu().numpy() if isinstance(v, Tensor) else v for k, v in rows.items()},
         "row_charts": _row_charts(config, level, criteria, rows, s.base),
-        "counts": _counts(bd),
+        "counts": counts,
         "stats": s.stats,
         "sentence_keys": [key for key, _ in s.items],
         "sentences": [plain(text) for _, text in s.items],
@@ -232,6 +236,21 @@ def _row_codes(codes: Tensor) -> Tensor:
     return out
 
 
+def _in_force(config: LossConfig, label: str, criteria: list[Criterion], counts: dict[str, int]) -> str:
+    """Every correction in force with what it did: "sequence IS, masked (26 tokens acted on) · rollout_rs
+    token_k1: 19 tokens rejected"; "no IS weight" first when rollout_correction is none but rollout_rs or the
+    off-policy mask is on."""
+    acted = counts["masked"] + counts["truncated"]
+    parts = [label + (f" ({acted} tokens acted on)" if acted else "")] if config.rollout_correction != "none" else []
+    if criteria:
+        parts.append(f"rollout_rs {config.rollout_rs}: {counts['rejected']} tokens rejected")
+    if config.off_policy_mask_threshold is not None:
+        parts.append(f"off-policy mask: {counts['sequence_masked']} tokens dropped")
+    if config.rollout_correction == "none" and parts:
+        parts.insert(0, "no IS weight (rollout_correction none)")
+    return " · ".join(parts) or label
+
+
 def _counts(bd: Breakdown) -> dict[str, int]:
     found = torch.bincount(bd.tokens.correction.flatten().long(), minlength=len(CORRECTION_CODES)).tolist()
     return {name: int(n) for name, n in zip(CORRECTION_CODES, found, strict=True) if name != "not_counted"}
@@ -268,7 +287,15 @@ def _thresholds(config: LossConfig, level: str | None, criteria: list[Criterion]
 
 
 def _rs_threshold(c: Criterion, side: str, value: float) -> dict[str, Any]:
-    bounds = f"rollout_rs {c.name}" + (" (a ratio bound on -log r)" if c.lower is not None else "")
+    if c.lower is None:
+        bounds = f"rollout_rs {c.name}: an upper bound on the statistic"
+    else:  # verl's k1 statistic is -log r = sampler - old: its bounds are on exp(-log r) = 1/r, not on r
+        low = side == "lower"
+        bounds = (  # no number here: the page prints the value, tagged, before it
+            f"rollout_rs {c.name}: a bound on −log r = sampler − old, kept {'at least' if low else 'at most'} "
+            f"log {side}, i.e. exp(sampler − old) {'≥' if low else '≤'} {side}: the ratio r = exp(old − sampler) "
+            f"{'≤' if low else '≥'} 1/{side}, not r {'≥' if low else '≤'} {side}"
+        )
     return {"name": f"{c.name} {side}", "value": value, "quantity": f"mismatch/rs/{c.name}/{side}", "bounds": bounds}
 
 
@@ -308,6 +335,12 @@ def _token_lines(config: LossConfig, level: str | None, criteria: list[Criterion
         else:  # k3: r - 1 - log r <= upper
             low, high = _k3_roots(c.upper)
             offsets = [-low, -high]
+        if c.lower is not None:  # the bounds are on -log r = sampler - old, each line says which
+            lines += [
+                {"offset": d, "label": f"rollout_rs {c.name}: −log r = sampler − old = log {side} ({number(v)})"}
+                for d, side, v in zip(offsets, ("lower", "upper"), (c.lower, c.upper), strict=True)
+            ]
+            continue
         lines += [{"offset": d, "label": f"rollout_rs {c.name} bound"} for d in offsets]
     return lines
 
@@ -386,7 +419,12 @@ def _row_charts(
                 "field": f"rs/{c.name}",
                 "title": f"Per row: rollout_rs {c.name}, rejected outside its bounds",
                 "y_label": c.name,
-                "lines": [{"value": b, "label": f"{c.name} bound ({number(b)})"} for b in bounds],
+                "lines": [
+                    {"value": b, "label": f"{c.name} bound ({number(b)})"}
+                    if c.lower is None
+                    else {"value": b, "label": f"{c.name}: −log r bound, log {side} = {number(b)}"}
+                    for b, side in zip(bounds, ("upper",) if c.lower is None else ("lower", "upper"), strict=True)
+                ],
             }
         )
     if "off_policy_gap" in rows and config.off_policy_mask_threshold is not None:

@@ -478,9 +478,17 @@ def given_inputs(ratio: Tensor, logp: Tensor, inputs: ObjectiveInputs | None) ->
     return inputs_of(ratio, logp) if inputs is None else inputs
 
 
+def geo_mean_why_codes(ratio: Tensor, advantages: Tensor, region: Tensor, config: ObjectiveSettings) -> Tensor:
+    """GEO_MEAN_WHY's codes: the regions, and ``unbounded`` (4) for a trust-region token with A < 0 whose log-ratio
+    is above ε_high: the pessimistic side keeps it as it is, so the row's geometric mean grows with its ratio."""
+    code = region.long().clamp(max=3)
+    free = (code == TRUST) & (advantages < 0) & (ratio.log() > config.epsilon_high)
+    return torch.where(free, torch.full_like(code, 4), code)
+
+
 GEO_MEAN_WHY = Why(
-    names=("masked", "trust", "clip_low", "clip_high"),
-    codes=lambda ratio, advantages, region, config: region.long().clamp(max=3),
+    names=("masked", "trust", "clip_low", "clip_high", "unbounded"),
+    codes=geo_mean_why_codes,
     texts={
         "masked": "does not count (prompt, padding or masked out)",
         "trust": "its log-ratio enters the row's geometric mean as it is (inside [−ε_low, ε_high] = [-{low}, {high}], "
@@ -489,6 +497,8 @@ GEO_MEAN_WHY = Why(
         "-{low}, flat: no policy gradient",
         "clip_high": "clipped high: A > 0 and log-ratio above ε_high = {high}: it enters the row's geometric mean as "
         "{high}, flat: no policy gradient",
+        "unbounded": "unbounded: A < 0 and log-ratio above ε_high = {high}; the pessimistic side keeps it as it is, "
+        "no clip bound acts, and the row's geometric-mean ratio, its loss and its gradient grow with this ratio",
     },
     values=lambda config: {"low": config.epsilon_low, "high": config.epsilon_high},
     no_gradient=frozenset({"clip_low", "clip_high"}),
@@ -544,9 +554,17 @@ def cov_why_values(config: ObjectiveSettings) -> dict[str, float | None]:
     }
 
 
+def clip_cov_why_codes(ratio: Tensor, advantages: Tensor, region: Tensor, config: ObjectiveSettings) -> Tensor:
+    """CLIP_COV_WHY's codes: the regions, and ``unbounded`` (5) for a trust-region token with A < 0 above
+    1 + ε_high (no dual clip here: the pessimistic min keeps A·ratio)."""
+    code = region.long()
+    free = (code == TRUST) & (advantages < 0) & (ratio > 1 + config.epsilon_high)
+    return torch.where(free, torch.full_like(code, 5), code)
+
+
 CLIP_COV_WHY = Why(
-    names=("masked", "trust", "clip_low", "clip_high", "cov_clipped"),
-    codes=lambda ratio, advantages, region, config: region.long(),
+    names=("masked", "trust", "clip_low", "clip_high", "cov_clipped", "unbounded"),
+    codes=clip_cov_why_codes,
     texts={
         "masked": "does not count (prompt, padding or masked out)",
         "trust": "unclipped: the surrogate is A·ratio (ratio inside [{low}, {high}] or moved against its "
@@ -557,6 +575,8 @@ CLIP_COV_WHY = Why(
         "lies in (clip_cov_lb, clip_cov_ub) = ({lb}, {ub}) and the random draw of max(1, int(clip_cov_ratio · N)) "
         "tokens (clip_cov_ratio = {share}, N the counted tokens) picked it: its term is multiplied by 0, so it "
         "adds nothing to the loss and gets no policy gradient",
+        "unbounded": "unbounded: A < 0 and ratio above 1 + ε_high = {high}; the pessimistic min keeps A·ratio, "
+        "Clip-Cov has no dual clip, and the token's loss and gradient grow with its ratio",
     },
     values=cov_why_values,
     no_gradient=frozenset({"clip_low", "clip_high", "cov_clipped"}),

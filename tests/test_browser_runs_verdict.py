@@ -75,7 +75,7 @@ def test_a_nemo_rl_import_is_unchecked_with_its_reason_never_a_match(browser: An
         assert any("not in the dump" in r and "(2 micro-batches)" in r for r in shown["reasons"]), shown["reasons"]
         assert shown["label"].endswith(" · not checked") and "not in the dump" in shown["title"], shown["label"]
         assert shown["traces"]["not checked"] == [1, 2]  # both steps marked on the loss chart
-        assert page.page.input_value("#preset") == "article"  # a config of no preset, against the page's
+        assert page.page.input_value("#preset") == ""  # "none: the run's own config" (no preset), never "article"
         shoot_section(page, "runs", "runs-verdict-unchecked.png")
         page.check_clean()
     finally:

@@ -61,6 +61,10 @@ def _lookup(answer: dict[str, Any], quantity: str) -> float | None:
         )
     if quantity == "lens/num_tokens":
         return float(answer["metrics"]["lens/num_tokens"])
+    if head == "mismatch" and rest.startswith("counts/"):  # the summary's correction counts: the Mismatch view's
+        return float(answer["mismatch"]["counts"][rest.removeprefix("counts/")])
+    if head == "loss_without_correction":
+        return float(answer["loss_without_correction"])
     assert head == "lens", quantity  # a quantity of the sentence's own (a ratio's range, a share)
     return None
 

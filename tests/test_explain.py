@@ -17,6 +17,7 @@ from reference import HAND, close, evaluate64
 import grpo
 import grpo.explain
 from grpo.__main__ import main
+from grpo.corrections import KEPT, MASKED, REJECTED, SEQUENCE_MASKED, TRUNCATED
 from grpo.examples import ARTICLE_EXAMPLE, SCENARIOS
 from grpo.explain import explain, explain_items, summary_table, token_why
 from grpo.loss import Breakdown
@@ -191,15 +192,40 @@ def _flat(bd: Breakdown, m: re.Match[str]) -> None:
     parts = {code_of[label]: int(n) for n, label in (part.split(" ", 1) for part in m[3].split(", "))}
     assert parts == {k: n for k, n in why.counts().items() if k in why.no_gradient and n}
     bounded = silent & (why.codes != why.names.index("zero_advantage"))
-    for name in why.masks:  # a token mask acts before any bound: its tokens read as masked, whatever the region
+    # a token mask acts before any bound: its tokens read as masked, whatever the region; a rollout correction
+    # that dropped a token (weight 0) reads as the correction's, not as a bound of the objective
+    for name in (*why.masks, *(n for n in grpo.explain.CORRECTION_WHYS if n in why.names)):
         bounded &= why.codes != why.names.index(name)
     unmasked = bd.tokens.policy_kept.bool()
-    flat = _counted(bd) & (bd.tokens.region > 1) & unmasked  # regions after "masked", "trust": the same tokens
+    dropped = (bd.tokens.correction == MASKED) | (bd.tokens.correction == SEQUENCE_MASKED)
+    flat = _counted(bd) & (bd.tokens.region > 1) & unmasked & ~dropped  # regions after "masked", "trust"
     assert torch.equal(bounded, flat)
-    _num(m[4], float(bd.tokens.ratio[flat].min()))
-    _num(m[5] or m[4], float(bd.tokens.ratio[flat].max()))
+    assert (m[4] is None) == (not bool(flat.any()))
+    if m[4] is not None:
+        _num(m[4], float(bd.tokens.ratio[flat].min()))
+        _num(m[5] or m[4], float(bd.tokens.ratio[flat].max()))
     if m[6]:  # dual clip or delta held some: the clip metrics count the clipped ones only
         _num(re.search(rf"count only the clipped ones \({N}\)", m[6])[1], bd.metrics["clip_ratio/region_mean"])  # type: ignore[index]
+
+
+def _correction(bd: Breakdown, m: re.Match[str]) -> None:
+    """What the rollout correction did, counted from the breakdown's codes (issue 35)."""
+    code, counted = bd.tokens.correction, _counted(bd)
+    said = {
+        "dropped the policy term of": int((counted & (code == MASKED)).sum()),
+        "the off-policy sequence mask dropped the policy term of": int((code == SEQUENCE_MASKED).sum()),
+        "truncated the weight of": int((code == TRUNCATED).sum()),
+        "rollout_rs rejected": int((code == REJECTED).sum()),
+    }
+    for words, n in said.items():
+        found = re.search(rf"{words} (\d+) token", m[1])
+        assert (int(found[1]) if found else 0) == n, (words, m[1])
+    assert int(m[2]) == int((counted & (code == KEPT)).sum())
+    _num(m[3], float(bd.loss_without_correction))
+
+
+def _trl_correction(bd: Breakdown, m: re.Match[str]) -> None:
+    assert bd.config.preset == m[1] and bd.config.rollout_correction == "none"
 
 
 def _unbounded(bd: Breakdown, m: re.Match[str]) -> None:
@@ -281,8 +307,10 @@ def _selected(bd: Breakdown, m: re.Match[str]) -> None:
     else:  # KL-Cov: the penalty on exactly the picked tokens, and k of them
         share, coef = bd.config.kl_cov_ratio, bd.config.ppo_kl_coef
         assert bd.tokens.selected is not None and int(bd.tokens.selected.sum()) == max(1, int(share * n))
-        # a picked token the entropy mask silenced reads entropy_masked: the mask acts on the whole term
-        assert torch.equal(picked, bd.tokens.selected.bool() & bd.tokens.policy_kept.bool())
+        # a picked token the entropy mask silenced reads entropy_masked: the mask acts on the whole term; one the
+        # rollout correction dropped (weight 0) reads as the correction's
+        dropped = (bd.tokens.correction == MASKED) | (bd.tokens.correction == SEQUENCE_MASKED)
+        assert torch.equal(picked, bd.tokens.selected.bool() & bd.tokens.policy_kept.bool() & ~dropped)
         # the rollout correction's weight multiplies the whole policy term (1 without sampler log-probs)
         w = bd.tokens.is_weight
         penalised = (plain - coef * bd.tokens.log_ratio.abs()) * w
@@ -349,9 +377,16 @@ SENTENCES: list[tuple[str, Callable[[Breakdown, re.Match[str]], None]]] = [
         _on_policy,
     ),
     (
-        rf"(\d+) of (\d+) tokens get no policy gradient: (.*?) \(ratios? {N}(?: to {N})? on the bounded ones\)\.(.*)",
+        rf"(\d+) of (\d+) tokens get no policy gradient: (.*?)(?: \(ratios? {N}(?: to {N})? on the bounded ones\))?\."
+        r"(.*)",
         _flat,
     ),
+    (
+        r"The rollout correction acted: (.*)\. (\d+) token\(s\) kept their weight as it is; the loss without the "
+        rf"correction would be {N} \(the Mismatch view shows each\)\.",
+        _correction,
+    ),
+    (r"This preset \((trl-[a-z_]+)\) applies no rollout correction: TRL v1\.16 weighs .*", _trl_correction),
     (
         rf"(\d+) token\(s\) with A < 0 have a ratio above 1 \+ ε_high = {N} \(up to {N}\) and nothing bounds them: .*",
         _unbounded,
@@ -403,6 +438,8 @@ KEYS: dict[Callable[[Breakdown, re.Match[str]], None], str] = {
     _length: "length",
     _selected: "selected",
     _entropy_mask: "entropy_mask",
+    _correction: "correction",
+    _trl_correction: "trl_correction",
 }
 
 

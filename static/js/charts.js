@@ -1,7 +1,7 @@
 // Chart functions: the API's JSON in, Plotly {data, layout} out. No numbers are computed here.
 
 import { REGION_COLORS, fmt, plotlyText, whyColor } from "./format.js";
-import { HEATMAP_TITLES, HOVER, LABELS, POOLED, RUN } from "./labels.js";
+import { CLIP_VIEW, HEATMAP_TITLES, HOVER, LABELS, POOLED, RUN } from "./labels.js";
 
 const FONT = { family: "system-ui, sans-serif", size: 12 };
 const base = (title, extra = {}) => ({
@@ -561,7 +561,10 @@ export function clipCurves(data, options) {
         x: idx.map((i) => p.ratio[i]),
         y: idx.map((i) => p.y[i]),
         text: idx.map((i) => `row ${p.row[i]}, position ${p.position[i]}`),
-        hovertemplate: "%{text}<br>ratio %{x:.4g}<br>objective per unit A %{y:.4g}<extra>" + region + "</extra>",
+        hovertemplate:
+          `%{text}<br>ratio %{x:.4g}<br>${c.per_row ? CLIP_VIEW.rowTerm : CLIP_VIEW.tokenTerm} %{y:.4g}<extra>` +
+          region +
+          "</extra>",
         marker: { color: whyColor(region), size: 9, line: { color: "#fff", width: 1 } },
       });
       shown.add(region);
@@ -597,7 +600,8 @@ export function clipCurves(data, options) {
     `${cfg.objective} · ε_low ${fmt(cfg.epsilon_low)} · ε_high ${fmt(cfg.epsilon_high)}` +
     (cfg.dual_clip ? ` · dual clip ${fmt(cfg.dual_clip)}` : "") +
     (cfg.delta ? ` · delta ${fmt(cfg.delta)}` : "") +
-    (c.truncated ? ` · the first ${p.ratio.length} tokens shown` : "");
+    (c.truncated ? ` · the first ${p.ratio.length} tokens shown` : "") +
+    (c.per_row ? ` · ${CLIP_VIEW.rowPoints}` : "");
   const yTitle = options.registries.objective.find((o) => o.name === cfg.objective)?.axis || "objective"; // from the registry
   // Log-axis ticks written out (Plotly's own read "2 5 1 2 5 10" for 0.2 0.5 1 2 5 10).
   const ticks = LOG_TICKS.filter((v) => v >= c.x[0] && v <= c.x[c.x.length - 1]);

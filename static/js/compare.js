@@ -107,7 +107,7 @@ async function renderCompare(data) {
     el(
       "tbody",
       {},
-      ...COMPARE_ROWS.map(([label, get, quantity]) =>
+      ...COMPARE_ROWS.filter(([, get]) => data.results.some((r) => get(r) != null)).map(([label, get, quantity]) =>
         el(
           "tr",
           {},
@@ -115,8 +115,8 @@ async function renderCompare(data) {
           ...data.results.map((r) =>
             el("td", {
               class: "num",
-              text: fmt(get(r), 5),
-              ...(quantity ? tagged(quantity, get(r)) : {}),
+              text: get(r) == null ? "—" : fmt(get(r), 5),
+              ...(quantity && get(r) != null ? tagged(quantity, get(r)) : {}),
               "data-preset": r.config.preset,
             }),
           ),

@@ -1,9 +1,10 @@
 // The loss settings: one control per LossConfig field of /api/v1/options, grouped; the preset.
 
 import { $, clear, el } from "./dom.js";
-import { GROUP_TITLES, SUMMARY } from "./labels.js";
+import { CORRECTION_SETTINGS, GROUP_TITLES, RUN_RANKS, SUMMARY } from "./labels.js";
 import { state } from "./state.js";
 
+const PRESET_NONE = RUN_RANKS.ownConfig; // the preset menu's entry for a run's own config
 const inputs = new Map(); // field name (and "name:on", "name:touched", "name:label") -> element
 
 // `onChange(delay)` recomputes after `delay` ms (number fields wait for typing to pause).
@@ -82,17 +83,28 @@ function buildControl(field, onChange) {
   inputs.set(field.name, input);
   inputs.set(`${field.name}:touched`, touched);
   inputs.set(`${field.name}:label`, label);
-  return el("div", { class: "control" }, label, widget, desc, touched);
+  // a correction control names the verl and TRL settings it stands for, visibly (the tooltip alone hid them)
+  const maps = CORRECTION_SETTINGS[field.name]
+    ? el("div", { class: "maps-to muted", id: `${id}-maps`, text: CORRECTION_SETTINGS[field.name] })
+    : null;
+  return el("div", { class: "control" }, label, widget, desc, touched, ...(maps ? [maps] : []));
 }
 
 // Show the resolved config of a response: values, which differ from the preset, clamp counts.
 export function renderControls(data) {
   const { options } = state.ui;
   const config = data.config;
-  // a config of no preset (a run's own: an import's, a verl capture's) against the one the page holds for it
-  const name = config.preset ?? state.config.preset;
-  const preset = options.presets.find((p) => p.name === name)?.config || {};
-  $("#preset").value = name;
+  // a config of no preset (a run's own: an import's, a verl capture's) is named so, never as a preset it is not
+  const name = config.preset ?? state.config.preset ?? null;
+  const preset = name === null ? config : options.presets.find((p) => p.name === name)?.config || {};
+  const select = $("#preset");
+  let own = select.querySelector("option[value='']");
+  if (name === null && !own) {
+    own = el("option", { value: "", text: PRESET_NONE, disabled: true });
+    select.prepend(own);
+  }
+  if (own) own.hidden = name !== null;
+  select.value = name ?? "";
   for (const field of options.fields) {
     const input = inputs.get(field.name);
     if (!input) continue;

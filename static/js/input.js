@@ -401,7 +401,7 @@ export function renderScenarioNotes() {
   const { kind, name } = state.ui.origin;
   const title = s ? s.title : SCENARIO.yourBatch;
   const text = {
-    scenario: [title, s ? s.notes : ""],
+    scenario: [title, s && !ownSettings(s) ? SCENARIO.otherSettings(s.preset, settingsText()) : s ? s.notes : ""],
     edited: [title + SCENARIO.edited, SCENARIO.editedNote],
     json: [SCENARIO.json, SCENARIO.jsonNote],
     import: [SCENARIO.file(name), SCENARIO.importNote],
@@ -410,8 +410,44 @@ export function renderScenarioNotes() {
   }[kind];
   $("#scenario-title").textContent = text[0];
   $("#scenario-text").textContent = text[1];
-  $("#loaded").textContent = SCENARIO.loaded(kind, title, name);
+  $("#loaded").textContent = loadedText();
+  showScenarioMenu(kind);
 }
+
+// "Loaded: ..." for what state.ui.origin names.
+export function loadedText() {
+  const s = scenarios().get(state.scenario);
+  const { kind, name } = state.ui.origin;
+  return SCENARIO.loaded(kind, s ? s.title : SCENARIO.yourBatch, name);
+}
+
+// The scenario menu names the scenario only while one is loaded (edited or not); else an entry saying what is.
+function showScenarioMenu(kind) {
+  const select = $("#scenario");
+  const shown = ["scenario", "edited"].includes(kind) && scenarios().has(state.scenario);
+  let none = select.querySelector("option[value='']");
+  if (!shown && !none) {
+    none = el("option", { value: "", disabled: true });
+    select.prepend(none);
+  }
+  if (none) {
+    none.hidden = shown;
+    none.textContent = SCENARIO.none(kind);
+  }
+  select.value = shown ? state.scenario : "";
+}
+
+// Whether the page's settings are the scenario's own (its preset and overrides): its notes describe only those.
+function ownSettings(s) {
+  const own = { preset: s.preset, ...s.overrides };
+  const keys = new Set([...Object.keys(own), ...Object.keys(state.config)]);
+  return [...keys].every((k) => JSON.stringify(own[k] ?? null) === JSON.stringify(state.config[k] ?? null));
+}
+
+const settingsText = () =>
+  Object.entries(state.config)
+    .map(([k, v]) => (k === "preset" ? `preset ${v}` : `${k} = ${v}`))
+    .join(", ");
 
 function setupTabs() {
   const tabs = ["table", "json", "upload"];

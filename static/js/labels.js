@@ -17,9 +17,14 @@ export const LABELS = {
   advantage: "advantage",
   reward: "reward",
   length: "tokens",
-  sequence_ratio: "sequence ratio",
+  sequence_ratio: "policy ratio π/π_old (row)",
   clip_fraction: "clipped tokens",
   group: "group",
+  // the rollout correction's columns (grpo.answer.CORRECTION_ROW_FIELDS), counted as the Mismatch view counts
+  rollout_is_ratio: "sampler ratio exp(Σ old − sampler)",
+  rollout_weight: "IS weight (row)",
+  rollout_dropped: "dropped tokens",
+  rollout_rejected: "rejected (rollout_rs)",
   objective: "objective J = −loss",
   clippedCell: "clipped (flat: no policy gradient)",
   correctedCell: "dropped or rejected by the rollout correction",
@@ -30,6 +35,13 @@ export const LABELS = {
   gradAxis: "∂loss/∂logp, flipped: up = descent raises the log-prob",
   gradAxisShort: "∂loss/∂logp ↑ raises logp",
   compareWeightsTitle: "Weight of one token of each row, per preset (each panel its own scale)",
+};
+
+// The clip view's hover: what a point's height is (a per-row objective's points are their row's term).
+export const CLIP_VIEW = {
+  tokenTerm: "objective per unit A",
+  rowTerm: "its row's term per unit Ā (GMPO: Ā · exp(mean clipped log-ratio), one per row)",
+  rowPoints: "curve: a one-token row; points: each token's row term",
 };
 
 export const COMPARE = {
@@ -47,6 +59,24 @@ export const MISMATCH = {
     "No sampler log-probs in this batch: no token pairs to draw (the off-policy mask measured old against current).",
   thresholdsHead: "Thresholds in force: ",
   noThresholds: "No threshold in force: no rollout correction is chosen.",
+};
+
+// The correction controls, each with the trainers' settings it stands for (shown under its name, not only
+// in its tooltip): verl 0.9.1's algorithm.rollout_correction and TRL 1.16's GRPOConfig.
+export const CORRECTION_SETTINGS = {
+  rollout_correction:
+    "verl: rollout_correction.rollout_is = token | sequence (a float rollout_is_threshold: *_truncate; " +
+    "'lower_upper': *_mask) · TRL: vllm_importance_sampling_mode (default sequence_mask, applied only with use_vllm)",
+  rollout_is_min: "verl: the lower of rollout_is_threshold 'lower_upper' · TRL: vllm_importance_sampling_clip_min",
+  rollout_is_max: "verl: rollout_is_threshold (its upper) · TRL: vllm_importance_sampling_clip_max (default 3)",
+  rollout_is_log_ratio_clamp: "verl: its ±20 clamp of old − sampler before exp · TRL: none",
+  rollout_is_batch_normalize: "verl: rollout_correction.rollout_is_batch_normalize · TRL: none",
+  rollout_rs: "verl: rollout_correction.rollout_rs, e.g. token_k1 or token_k1,seq_mean_k3 · TRL: none",
+  rollout_rs_threshold:
+    "verl: rollout_correction.rollout_rs_threshold, one per criterion; k1 takes 'lower_upper' (0.5_5): bounds on " +
+    "−log r = sampler − old, i.e. exp(sampler − old) in [0.5, 5], not on r",
+  rollout_bypass: "verl: rollout_correction.bypass_mode · TRL: none",
+  off_policy_mask_threshold: "TRL: off_policy_mask_threshold (DeepSeek-V3.2's mask) · verl: none",
 };
 
 export const HEATMAP_TITLES = {
@@ -170,6 +200,13 @@ export const SCENARIO = {
   file: (name) => `From the file ${name}`,
   importNote: "Imported from an exported input file.",
   uploadNote: "Uploaded; the server evaluates the file on every change.",
+  // the scenario's notes describe it under its own settings: under others they are replaced by this
+  otherSettings: (preset, now) =>
+    `These are the scenario's numbers under other settings (${now}): its notes, which describe it under ${preset}, no longer apply; the summary says what the numbers show.`,
+  // "Loaded:" when the loaded batch's request failed: the views still show the one before it
+  notDrawn: (loaded) => `${loaded} (not drawn: its request failed; the views still show what was loaded before)`,
+  // the scenario menu while something else is loaded
+  none: (kind) => (kind === "step" ? "none: a run's step is loaded" : "none: your own batch is loaded"),
   loaded: (kind, title, name) =>
     ({
       scenario: `Loaded: ${title}`,
@@ -190,8 +227,22 @@ export const COMPARE_ROWS = [
   ["loss", (r) => r.loss, "loss"],
   [LABELS.policy_loss, (r) => r.policy_loss, "policy_loss"],
   ["KL part", (r) => r.kl_loss, "kl_loss"],
-  ["clip_ratio/region_mean", (r) => r.metrics["clip_ratio/region_mean"], "metrics/clip_ratio/region_mean"],
+  // each clip fraction under its trainer's name, in a preset's column only where its objective logs it
+  // (metrics_logged): "—" elsewhere, never a 0 it does not compute (verl-gmpo logs no clip_ratio/region_mean)
+  ...["clip_ratio/region_mean", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "cispo_clip_ratio"].map((name) => [
+    name,
+    (r) => (r.metrics_logged.includes(name) ? r.metrics[name] : null),
+    `metrics/${name}`,
+  ]),
   ["kl", (r) => r.metrics.kl, "metrics/kl"],
+  // what makes kl differ between presets for one batch: TRL's kl_t × ratio (use_bias_correction_kl), verl's clamp
+  ["kl_estimator", (r) => r.config.kl_estimator, null],
+  [
+    "kl_bias_correction (TRL use_bias_correction_kl: kl_t × ratio)",
+    (r) => (r.config.kl_bias_correction ? "on" : "off"),
+    null,
+  ],
+  ["kl_clamp", (r) => r.config.kl_clamp ?? null, "config/kl_clamp"],
   ["lens/grad_norm_logps", (r) => r.metrics["lens/grad_norm_logps"], "metrics/lens/grad_norm_logps"],
   ["aggregation", (r) => r.config.aggregation, null],
   ["objective", (r) => r.config.objective, null],
@@ -257,4 +308,39 @@ export const RUN = {
     unchecked: "not checked",
     error: "could not be read",
   },
+};
+
+// The Runs view's losses told per rank (app/runview.py `rank_losses`, grpo.check): a step's loss over several
+// ranks is the mean over the ranks of each rank's sum over its micro-batches, as the trainer logs it.
+const list = (xs) => xs.join(", ");
+export const RUN_RANKS = {
+  trainerLegend: (ranks) =>
+    ranks > 1
+      ? `trainer (returned: each rank's sum over its micro-batches, mean over the ${ranks} ranks)`
+      : "trainer (returned, summed over micro-batches)",
+  lensLegend: (ranks) =>
+    ranks > 1 ? "GRPO Lens (recomputed: the same mean over the ranks)" : "GRPO Lens (recomputed, summed the same way)",
+  loggedLegend: "the trainer's logged loss (its log, as it reports the step)",
+  allRanks: (ranks) => `all ${ranks} ranks (the step as the trainer logs it)`,
+  rank: (r) => `rank ${r}`,
+  microOption: (micro, ranks) => (ranks.length > 1 ? `${micro} (on ranks ${list(ranks)})` : String(micro)),
+  // the step's label: what the views show, then the trainer's and GRPO Lens's numbers for it
+  whole: (step, micros, ranks) =>
+    ranks.length > 1
+      ? `step ${step}, ranks ${list(ranks)}: the step's loss is the mean over the ${ranks.length} ranks of each rank's sum over its micro-batches ${list(micros)} (the views join every rank's micro-batches as one batch)`
+      : `step ${step} (micro-batches ${list(micros)} joined; its loss sums them)`,
+  oneRank: (step, rank, micros) =>
+    `step ${step}, rank ${rank}: its loss sums its micro-batches ${list(micros)} (the views join them as one batch)`,
+  microOfRank: (step, rank, micro) => `step ${step}, rank ${rank}, micro-batch ${micro}`,
+  microOfRanks: (step, micro, ranks) =>
+    `step ${step}, micro-batch ${micro} on ranks ${list(ranks)}: one file and one loss each (the views join them as one batch)`,
+  micro: (step, micro) => `step ${step}, micro-batch ${micro}`,
+  losses: (trainer, lens) => ` · trainer's loss ${trainer} · GRPO Lens ${lens}`,
+  perRank: (pairs) => pairs.map(([rank, value]) => `rank ${rank}: ${value}`).join(", "),
+  logged: (trainer, lens) => ` · the trainer's logged loss ${trainer} (GRPO Lens, as the trainer logs it: ${lens})`,
+  title: (run, step, micro, rank) =>
+    `Run ${run}, step ${step}` + (rank === "" ? "" : `, rank ${rank}`) + (micro === "" ? "" : `, micro-batch ${micro}`),
+  ownConfig: "none: the run's own config",
+  replayChoose: "choose a preset",
+  replayOwn: (name) => `${name} (the run's own)`,
 };

@@ -12,7 +12,7 @@ import { $, download, el, setStatus } from "./dom.js";
 import { fmt } from "./format.js";
 import * as input from "./input.js";
 import * as lab from "./lab.js";
-import { EXPERIMENTS, STALE, STATUS } from "./labels.js";
+import { EXPERIMENTS, RUN_RANKS, SCENARIO, STALE, STATUS } from "./labels.js";
 import * as mismatch from "./mismatch.js";
 import { currentSeq, drawOnScreen, hold, invalidate, isCurrent, whenQuiet } from "./redraw.js";
 import { buildGlossary, loadExperiments } from "./reference.js";
@@ -87,6 +87,7 @@ function showFailed(failed) {
   document.body.classList.toggle("stale", failed);
   $("#stale-note").hidden = !failed;
   $("#stale-note").textContent = failed ? STALE.note : "";
+  if (failed) $("#loaded").textContent = SCENARIO.notDrawn(input.loadedText()); // redrawn by the next answer
 }
 
 // The summary, controls and rows table, then the charts on screen (the rest when they are seen).
@@ -194,10 +195,14 @@ async function init() {
   // first needs it (a view scrolled to, or idle drawing): no long task follows the first view, so a
   // control moved or a reload right after it is not kept waiting.
   buildGlossary();
-  whenQuiet(() => {
-    setupRuns().catch((err) => {
+  let runsSetUp = null; // set up once
+  const runsReady = () =>
+    (runsSetUp ??= setupRuns().catch((err) => {
       $("#run-info").textContent = err.message;
-    });
+    }));
+  if (state.ui.linkedStep) runsReady(); // a link to a run's step: opened now, not once the page is quiet
+  whenQuiet(() => {
+    runsReady();
     lab.setup({ presets: () => state.ui.options.presets, openBatch }).catch((err) => {
       $("#lab-error").textContent = err.message;
     });
@@ -224,16 +229,25 @@ function sameJSON(a, b) {
 
 // The Runs view: its step slider loads a captured step into every view, with the breakdown the step
 // endpoint answered (drawn as it is); the page's settings then replay it there (`runStep`).
+// No scenario is loaded then (its menu says so).
 function loadStep(data, runStep, title = "", note = "") {
   const { config, ...fields } = data.request;
-  load({ input: fields, config, runStep, answer: data.breakdown }, { kind: "step", name: title, note });
+  load({ scenario: "", input: fields, config, runStep, answer: data.breakdown }, { kind: "step", name: title, note });
 }
 
+// The replay menu starts on no preset (runs.js names the run's own when it opens one); a link naming a run's
+// step (state.js `linkedStep`) opens it, under the link's settings.
 async function setupRuns() {
   const presets = $("#run-replay-preset");
+  presets.append(el("option", { value: "", text: RUN_RANKS.replayChoose }));
   for (const p of state.ui.options.presets) presets.append(el("option", { value: p.name, text: p.name, title: p.doc }));
-  presets.value = "trl-dr_grpo";
+  presets.value = "";
   await runs.setup({ loadStep });
+  const linked = state.ui.linkedStep;
+  if (!linked) return;
+  state.ui.linkedStep = null;
+  $("#runs").scrollIntoView();
+  await runs.openRun(linked.run, { ...linked, config: state.config });
 }
 
 // For tests and bench/page.py: the state, the latest response, whether a chart is current, and

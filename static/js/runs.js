@@ -11,7 +11,7 @@ import { getJSON, getLatest, postJSON } from "./api.js";
 import { lossChart, replayChart, runSeriesChart } from "./charts.js";
 import { $, clear, el, plot } from "./dom.js";
 import { fmt } from "./format.js";
-import { RUN } from "./labels.js";
+import { RUN, RUN_RANKS } from "./labels.js";
 
 let hooks = null; // { loadStep(data, runStep, title, note) }: puts a step's batch and breakdown into the page
 let current = null; // the open run's /api/v1/runs/{run} response
@@ -21,6 +21,7 @@ export function setup(h) {
   $("#run-select").addEventListener("change", (e) => openRun(e.target.value).catch(failed));
   $("#run-step").addEventListener("input", (e) => pickStep(Number(e.target.value)).catch(failed));
   $("#run-micro").addEventListener("change", () => showStep(Number($("#run-step").value)).catch(failed));
+  $("#run-rank").addEventListener("change", () => showStep(Number($("#run-step").value)).catch(failed));
   $("#run-replay").addEventListener("click", () => replay().catch(failed));
   return refresh();
 }
@@ -54,7 +55,8 @@ export async function refresh() {
   $("#runs").dataset.count = String(runs.length);
 }
 
-export async function openRun(name) {
+// `at`: a step to show first ({ step, micro, rank, config }: a link's), else the first step.
+export async function openRun(name, at = null) {
   if (!name) return;
   $("#run-select").value = name;
   $("#run-info").textContent = RUN.checking;
@@ -68,10 +70,11 @@ export async function openRun(name) {
   const slider = $("#run-step");
   slider.min = String(data.steps[0]?.step ?? 1);
   slider.max = String(data.steps.at(-1)?.step ?? 1);
-  slider.value = slider.min;
+  slider.value = at && data.steps.some((s) => s.step === at.step) ? String(at.step) : slider.min;
   slider.disabled = data.steps.length === 0;
+  fillReplay(data);
   const box = clear($("#run-charts"));
-  const draws = [plot("run-loss", lossChart(data))];
+  const draws = [plot("run-loss", rankedLossChart(data))];
   for (const chart of data.charts) {
     const node = el("div", { class: "run-chart", id: chart.id });
     box.append(node);
@@ -79,7 +82,37 @@ export async function openRun(name) {
   }
   await Promise.all(draws);
   $("#runs").dataset.open = name;
-  if (data.steps.length) await pickStep(Number(slider.value));
+  if (data.steps.length) await pickStep(Number(slider.value), at);
+}
+
+// The loss chart, its legend told for the run's ranks (one rank's sum; over several, the mean of each rank's sum),
+// with the trainer's logged loss beside it where it logged one.
+function rankedLossChart(data) {
+  const figure = lossChart(data);
+  const ranks = Math.max(1, ...data.steps.map((s) => s.ranks ?? 1));
+  figure.data[0].name = RUN_RANKS.trainerLegend(ranks);
+  figure.data[1].name = RUN_RANKS.lensLegend(ranks);
+  const logged = data.steps.filter((s) => s.logged_loss);
+  if (logged.length)
+    figure.data.push({
+      x: logged.map((s) => s.step),
+      y: logged.map((s) => s.logged_loss.trainer),
+      name: RUN_RANKS.loggedLegend,
+      mode: "markers",
+      marker: { symbol: "diamond-open", size: 12, color: "#059669", line: { width: 2 } },
+    });
+  return figure;
+}
+
+// The replay menu: no preset chosen on opening a run (the run's own named as such), never a stale choice.
+function fillReplay(data) {
+  const select = $("#run-replay-preset");
+  const own = data.info?.config?.preset ?? null;
+  for (const option of select.options) {
+    option.textContent =
+      option.value === own ? RUN_RANKS.replayOwn(option.value) : option.value || RUN_RANKS.replayChoose;
+  }
+  select.value = "";
 }
 
 // What was compared with the trainer's numbers and what was not: the run's verdict in a sentence (only
@@ -119,73 +152,123 @@ function showUnsupported(data) {
   list.hidden = entries.length === 0;
 }
 
-// The micro-batch picker offers what the step holds: all joined, or one micro-batch (with its ranks).
-function fillMicro(step) {
+// The micro-batch picker offers what the step holds: all joined, or one micro-batch (with its ranks); the rank
+// picker, over several ranks, all of them (the step as the trainer logs it) or one. `at`: a link's choice.
+function fillMicro(step, at = null) {
   const select = $("#run-micro");
-  const chosen = select.value;
+  const chosen = at ? at.micro : select.value;
   const ranks = new Map();
   for (const m of step.micro) {
     if (!ranks.has(m.micro)) ranks.set(m.micro, []);
     if (m.rank !== null) ranks.get(m.micro).push(m.rank);
   }
-  clear(select).append(el("option", { value: "", text: `all ${step.micro.length}, joined` }));
+  const micros = [...ranks.keys()];
+  clear(select).append(el("option", { value: "", text: `all ${micros.length}, joined` }));
   for (const [micro, rs] of ranks)
-    select.append(
-      el("option", { value: String(micro), text: rs.length ? `${micro} (ranks ${rs.join(", ")})` : String(micro) }),
-    );
+    select.append(el("option", { value: String(micro), text: RUN_RANKS.microOption(micro, rs) }));
   select.value = ranks.has(Number(chosen)) && chosen !== "" ? chosen : "";
+  const stepRanks = stepRanksOf(step);
+  const picker = $("#run-rank");
+  const pickedRank = at ? at.rank : picker.value;
+  clear(picker).append(el("option", { value: "", text: RUN_RANKS.allRanks(stepRanks.length) }));
+  for (const r of stepRanks) picker.append(el("option", { value: String(r), text: RUN_RANKS.rank(r) }));
+  picker.value = stepRanks.includes(Number(pickedRank)) && pickedRank !== "" ? String(pickedRank) : "";
+  $("#run-rank-label").hidden = stepRanks.length < 2;
 }
 
-async function pickStep(number) {
+// The ranks a step's files name (none: a one-process run).
+const stepRanksOf = (step) =>
+  [...new Set(step.micro.map((m) => m.rank).filter((r) => r !== null))].sort((a, b) => a - b);
+
+async function pickStep(number, at = null) {
   const step = current?.steps.find((s) => s.step === number);
   if (!step) return;
-  fillMicro(step);
-  await showStep(number);
+  fillMicro(step, at);
+  await showStep(number, at?.config ?? null);
 }
 
-// A run's step (`runStep`: { run, step, micro }, micro "" for the whole step) evaluated by the server, once:
+// A run's step (`runStep`: { run, step, micro, rank }, micro "" for the whole step, rank "" for every rank's)
+// evaluated by the server, once:
 // under `config` (a replay; none: the step's own), with the heatmaps of every row and, past the per-token
 // limit, the tokens of `row` (the page's other requests ask the same). Its `breakdown` is what the views
 // draw; `request`, its batch and config. On the page's one evaluating channel: a newer request supersedes it.
 export function fetchStep(runStep, config = null, row = -1) {
   const params = new URLSearchParams({ token_rows: String(Math.max(row, 0)), heatmap_rows: "all" });
   if (runStep.micro !== "") params.set("micro", runStep.micro);
+  if (runStep.rank !== undefined && runStep.rank !== "") params.set("rank", runStep.rank);
   if (config) params.set("config", JSON.stringify(config));
   return getLatest("loss", `/api/v1/runs/${encodeURIComponent(runStep.run)}/steps/${runStep.step}?${params}`);
 }
 
-async function showStep(number) {
+// `config`: the settings to show it under (a link's; none: the step's own).
+async function showStep(number, config = null) {
   const step = current?.steps.find((s) => s.step === number);
   if (!step) return;
   const micro = $("#run-micro").value;
-  const runStep = { run: current.name, step: number, micro };
-  const data = await fetchStep(runStep);
+  const rank = $("#run-rank-label").hidden ? "" : $("#run-rank").value;
+  const runStep = { run: current.name, step: number, micro, rank };
+  const data = await fetchStep(runStep, config);
   if (!data) return; // a newer step (or setting) superseded this one
   recovered();
-  // The losses from the run's page (what its chart draws), per micro-batch or summed over the step.
-  const parts = micro === "" ? null : step.micro.filter((m) => String(m.micro) === micro);
-  const trainer = parts ? parts.map((m) => fmt(m.trainer_loss)).join(" + ") : fmt(step.trainer_loss);
-  const lens = parts ? parts.map((m) => fmt(m.lens_loss)).join(" + ") : fmt(step.lens_loss);
-  const label =
-    `step ${number}` +
-    (micro === "" ? ` (micro-batches ${data.micro_batches.join(", ")} joined)` : `, micro-batch ${micro}`) +
-    ` · trainer's loss ${trainer} · GRPO Lens ${lens}` +
-    (step.verdict ? ` · ${RUN.step[step.verdict]}` : "");
+  const { text, lensLoss } = stepLosses(step, micro, rank);
+  const label = text + (step.verdict ? ` · ${RUN.step[step.verdict]}` : "");
   $("#run-step-label").textContent = label;
   $("#run-step-label").title = step.unchecked?.join("\n") ?? ""; // the reasons, listed under the verdict too
-  $("#run-step-label").dataset.lensLoss = String(parts ? parts.map((m) => m.lens_loss) : step.lens_loss);
+  $("#run-step-label").dataset.lensLoss = String(lensLoss);
   $("#run-step-story").textContent =
     step.rollout.text + (step.zero_std ? `. Zero-std groups: ${step.zero_std.text}.` : ".");
   $("#runs").dataset.step = String(number);
   $("#runs").dataset.micro = micro;
+  $("#runs").dataset.rank = rank;
   $("#runs").dataset.stepVerdict = step.verdict ?? "";
-  const title = `Run ${current.name}, step ${number}` + (micro === "" ? "" : `, micro-batch ${micro}`);
-  hooks.loadStep(data, runStep, title, label);
+  hooks.loadStep(data, runStep, RUN_RANKS.title(current.name, number, micro, rank), label);
+}
+
+// What the step's label says of its losses (the run's page: what its chart draws), told per rank: the whole
+// step (over several ranks the mean of each rank's sum, with the trainer's logged loss beside it), one rank's
+// sum, one micro-batch of one rank, or one micro-batch index on every rank (one loss per rank, never added).
+function stepLosses(step, micro, rank) {
+  const ranks = stepRanksOf(step);
+  const micros = [...new Set(step.micro.map((m) => m.micro))];
+  const files = step.micro.filter(
+    (m) => (micro === "" || String(m.micro) === micro) && (rank === "" || String(m.rank) === rank),
+  );
+  const loggedLoss = step.logged_loss
+    ? RUN_RANKS.logged(fmt(step.logged_loss.trainer), fmt(step.logged_loss.lens))
+    : "";
+  if (micro === "" && rank === "") {
+    const perRank = (key) =>
+      ranks.length > 1 ? ` (${RUN_RANKS.perRank(step.rank_losses.map((r) => [r.rank, fmt(r[key])]))})` : "";
+    const losses = RUN_RANKS.losses(
+      fmt(step.trainer_loss) + perRank("trainer_loss"),
+      fmt(step.lens_loss) + perRank("lens_loss"),
+    );
+    return { text: RUN_RANKS.whole(step.step, micros, ranks) + losses + loggedLoss, lensLoss: step.lens_loss };
+  }
+  if (micro === "") {
+    const own = step.rank_losses.find((r) => String(r.rank) === rank);
+    const text =
+      RUN_RANKS.oneRank(step.step, rank, own.micro) + RUN_RANKS.losses(fmt(own.trainer_loss), fmt(own.lens_loss));
+    return { text, lensLoss: own.lens_loss };
+  }
+  if (files.length === 1) {
+    const [m] = files;
+    const where = m.rank === null ? RUN_RANKS.micro(step.step, micro) : RUN_RANKS.microOfRank(step.step, m.rank, micro);
+    return { text: where + RUN_RANKS.losses(fmt(m.trainer_loss), fmt(m.lens_loss)), lensLoss: m.lens_loss };
+  }
+  const each = (key) => RUN_RANKS.perRank(files.map((m) => [m.rank, fmt(m[key])]));
+  const text =
+    RUN_RANKS.microOfRanks(
+      step.step,
+      micro,
+      files.map((m) => m.rank),
+    ) + RUN_RANKS.losses(each("trainer_loss"), each("lens_loss"));
+  return { text, lensLoss: files.map((m) => m.lens_loss) };
 }
 
 async function replay() {
-  if (!current) return;
   const preset = $("#run-replay-preset").value;
+  if (!current || !preset) return;
   const url = `/api/v1/runs/${encodeURIComponent(current.name)}/replay`;
   // A replay answers whole steps up to the server's micro-batch budget, and the next page's `after`.
   let data = await postJSON("replay", url, { config: { preset } });

@@ -13,7 +13,8 @@ export const state = {
     options: null, // /api/v1/options: fields, presets, scenarios, glossary
     last: null, // the latest /api/v1/loss response
     uploadFile: null, // a binary upload whose batch only the server holds
-    runStep: null, // a run's step the server holds ({ run, step, micro }): evaluated by its step endpoint
+    runStep: null, // a run's step the server holds ({ run, step, micro, rank }): evaluated by its step endpoint
+    linkedStep: null, // a run's step named by the URL (run, step, micro, rank): opened once the Runs view is set up
     drawCount: 0, // how many times the views were drawn (tests and the benchmark wait on it)
     rowSort: { key: null, dir: 1 }, // the rows table's sort column and direction
     origin: { kind: "scenario", name: "" }, // what is loaded: scenario, edited, json, import (name: file), upload (name: file), step (name: the run's step, note)
@@ -48,7 +49,14 @@ export function readURL(fields) {
   const params = new URLSearchParams(location.search);
   const byName = new Map(fields.map((f) => [f.name, f]));
   if (params.has("scenario")) state.scenario = params.get("scenario");
-  state.config = { preset: params.get("preset") || state.config.preset };
+  // a run's step: its batch stays on the server; the link names it (and the settings it is shown under)
+  const step = Number(params.get("step"));
+  if (params.get("run") && Number.isInteger(step) && step >= 0) {
+    const [micro, rank] = [params.get("micro") ?? "", params.get("rank") ?? ""];
+    state.ui.linkedStep = { run: params.get("run"), step, micro, rank };
+  }
+  // a run's own config has no preset: its link names none
+  state.config = { preset: params.get("preset") || (state.ui.linkedStep ? null : state.config.preset) };
   for (const [key, raw] of params) {
     const field = byName.get(key);
     if (field && key !== "preset") state.config[key] = parseValue(field, raw);
@@ -81,10 +89,20 @@ function tooLongForLink(input) {
 // large for a link (the link then carries the settings only).
 export function writeURL() {
   const params = new URLSearchParams();
-  params.set("scenario", state.scenario);
-  for (const [key, value] of Object.entries(state.config)) params.set(key, value === null ? "null" : String(value));
-  let fits = !state.input || !tooLongForLink(state.input);
-  if (fits && state.input) {
+  const { runStep } = state.ui;
+  if (runStep) {
+    // a run's step: named, never its batch (the server holds it)
+    params.set("run", runStep.run);
+    params.set("step", String(runStep.step));
+    if (runStep.micro !== "") params.set("micro", runStep.micro);
+    if (runStep.rank !== undefined && runStep.rank !== "") params.set("rank", runStep.rank);
+  } else params.set("scenario", state.scenario);
+  for (const [key, value] of Object.entries(state.config)) {
+    if (key === "preset" && value === null) continue; // a run's own config: no preset
+    params.set(key, value === null ? "null" : String(value));
+  }
+  let fits = Boolean(runStep) || !state.input || !tooLongForLink(state.input);
+  if (fits && state.input && !runStep) {
     const text = encode(state.input);
     fits = text.length <= URL_INPUT_LIMIT;
     if (fits) params.set("input", text);
@@ -132,7 +150,9 @@ export function load(batch, origin) {
   state.input = batch.input ?? null;
   state.ui.uploadFile = batch.file ?? null;
   state.ui.runStep = batch.runStep ?? null;
-  if (batch.config) state.config = { ...batch.config, preset: batch.config.preset || "article" };
+  // a run's own config (an import's, a verl capture's) has no preset, and keeps none
+  if (batch.config)
+    state.config = { ...batch.config, preset: batch.config.preset || (batch.runStep ? null : "article") };
   state.row = batch.row ?? -1;
   state.ui.origin = origin;
   for (const fn of loadListeners) fn(origin, batch.answer ?? null);
