@@ -64,6 +64,9 @@ def replying(where: str, fn: Any, *args: Any) -> Reply:
     except Exception as exc:
         error = as_api_error(exc, where)
         reply = Reply(error.status, error_json(error.items), error.headers)
+        # ``error`` may be ``exc`` itself, whose traceback holds this frame: a cycle that would keep every frame's
+        # arrays (an unpacked file refused after reading: hundreds of MB) until the garbage collector next runs
+        del error
     reply.seconds = time.perf_counter() - started
     return reply
 

@@ -5,9 +5,10 @@ Each figure of issue 8 beside its floor or its alone-case, in one run:
 1. latency: p50/p99 of POST /api/v1/loss (the article's example) against GET /healthz, interleaved on one
    keep-alive connection (target: /loss p50 <= 3x /healthz p50).
 2. JSON ingest: a 256 x 4096 batch (three log-prob fields, floats written as Python writes them) round trip
-   against the floor of ``orjson.loads`` plus the array conversion, in this process (target <= 2x).
+   against the floor of ``orjson.loads`` plus the array conversion, in this process, the two alternated
+   (issue 33: median <= 1.5x), with where the round trip's time went (the server's ``Server-Timing`` spans).
 3. safetensors upload: the same batch as a file to /api/v1/upload against its in-process floor
-   (safetensors load + ``evaluate``) (target <= 3x).
+   (safetensors load + ``evaluate``), alternated as in 2 (issue 33: median <= 2x).
 4. the largest accepted request (1024 x 4096, two log-prob fields, 4,194,304 positions as JSON): its time,
    ``/healthz`` p99 while it is handled (target <= 100 ms) against /healthz alone, the peak RSS of the
    server's processes above idle (target <= 1.5 GB) and the RSS 10 s after (target: within 400 MB of start).
@@ -29,6 +30,13 @@ x. hostile export bodies: the 1.2 MB body (one 200,000-token row + 2,000 one-tok
 m. memory back: for each kind of large request (a 1M-token JSON /loss, the same batch as an uploaded
    JSON file, its export as safetensors and as JSON), the RSS of the server's main process plus its
    lane workers idle, at peak, and 10 s after (target: within 400 MB of idle).
+w. the worst requests of issue 33, two clients looping each (from a process of their own): a 190 KB .npz whose
+   read field unpacks near the unpack limit beside a 64M-element array under an ignored name (413), REINFORCE++
+   (``reinforce-pp``) over ``token_level_rewards`` at the padded-position limit (2 rows x 2,097,152 tokens, a
+   32 MB safetensors upload), a run zip (12 steps x 4 micro-batches of 16 x 2048 tokens) uploaded and deleted,
+   and an NPZ export padded to the position limit, while 8 clients send small /loss requests: the core
+   count and load average, /healthz p99 (target <= 100 ms) and small /loss p99 (target <= 3x alone), and the
+   server's RSS 10 s after (target: within 400 MB of idle).
 9. run pages: 4 concurrent GETs of the page of a 40,000-member run (4,000 with --quick; uploaded as a zip,
    deleted after), first read (its summary computed once, in a worker process) and warm (kept): /healthz
    p99 (target <= 100 ms) and small /loss p99 (target <= 300 ms) meanwhile, beside the two alone.
@@ -42,7 +50,7 @@ of the machine), or uses --url (then RSS figures are left out). The clients run 
 same machine: their CPU time competes with the server's; on a shared machine, compare the ratios, not
 the absolute times.
 
-    .venv/bin/python bench/api.py [--url URL] [--quick] [--only 5] [--root ../other-checkout]
+    .venv/bin/python bench/api.py [--url URL] [--quick] [--only 5] [--worst 24] [--root ../other-checkout]
 """
 
 from __future__ import annotations
@@ -60,6 +68,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
@@ -268,22 +277,46 @@ def latency(base: str, requests: int) -> None:
 
 
 def against_floor(
-    base: str, floor: Callable[[], Any], post: Callable[[httpx.Client], httpx.Response], repeats: int
-) -> tuple[float, float, httpx.Response]:
-    """Medians of ``floor()`` in this process and of the round trip ``post(client)`` (answer parsed),
-    each after a warm-up call; and the last answer."""
-    floor()
-    floor_times, _ = timed(floor, repeats)
+    base: str, floor: Callable[[], Any], post: Callable[[httpx.Client, str], httpx.Response], path: str, repeats: int
+) -> tuple[list[float], list[float], httpx.Response, list[dict[str, float]], list[float]]:
+    """``floor()`` in this process, the round trip ``post(client, path)`` (answer parsed), and the same body
+    posted to a path no route serves (its transport alone: sent, read in and spooled by the server, a 404),
+    alternated (a busy moment of the machine falls on each alike) after a warm-up call of each: the seconds
+    of each, the last answer, and the server's spans of each round trip (``Server-Timing``)."""
+    floor_times: list[float] = []
+    times: list[float] = []
+    spans: list[dict[str, float]] = []
+    transport: list[float] = []
     with httpx.Client(base_url=base, timeout=300, headers=STATE["auth"]) as client:
-
-        def trip() -> httpx.Response:
-            response = post(client)
+        floor()
+        response = post(client, path)
+        post(client, "/bench-no-route")
+        for _ in range(repeats):
+            floor_times += timed(floor, 1)[0]
+            start = time.perf_counter()
+            response = post(client, path)
             response.json()
-            return response
+            times.append(time.perf_counter() - start)
+            spans.append(server_timing(response))
+            transport += timed(lambda: post(client, "/bench-no-route"), 1)[0]
+    return floor_times, times, response, spans, transport
 
-        trip()
-        times, response = timed(trip, repeats)
-    return statistics.median(floor_times), statistics.median(times), response
+
+def print_against_floor(floor_label: str, trip_label: str, found: tuple[Any, ...], target: float, size: int) -> None:
+    """``against_floor``'s figures: medians, the ratio of the medians, and where the round trip's time went."""
+    floor_times, times, response, spans, transport = found
+    f, t = statistics.median(floor_times), statistics.median(times)
+    print(f"   floor: {floor_label:25} median {ms(f)}   ({', '.join(f'{x * 1e3:.0f}' for x in floor_times)} ms)")
+    runs = ", ".join(f"{x * 1e3:.0f}" for x in times)
+    print(f"   {trip_label:32} median {ms(t)}   ({runs} ms), status {response.status_code}")
+    span = {name: statistics.median(s.get(name, 0.0) for s in spans) for name in ("receive", "work", "compute")}
+    print(
+        f"   where it went (medians): the body's transport {ms(statistics.median(transport)).strip()} ({size / MB:.0f} "
+        f"MB posted to no route: sent, read in, spooled), handing over {ms(span['work'] - span['compute']).strip()} "
+        f"(lane, spool read), compute {ms(span['compute']).strip()} (read, check, evaluate, answer), the rest of "
+        f"the round trip {ms(t - span['work'] - statistics.median(transport)).strip()}"
+    )
+    print(f"   ratio of the medians             {t / f:8.2f}x   (target <= {target:g}x), {len(times)} alternated runs")
 
 
 def json_ingest(base: str, repeats: int) -> None:
@@ -296,15 +329,12 @@ def json_ingest(base: str, repeats: int) -> None:
         for name in names:
             np.asarray(parsed[name], dtype=np.float64)
 
-    def post(client: httpx.Client) -> httpx.Response:
-        return client.post("/api/v1/loss", content=body, headers=JSON)
+    def post(client: httpx.Client, path: str) -> httpx.Response:
+        return client.post(path, content=body, headers=JSON)
 
-    f, t, response = against_floor(base, floor, post, repeats)
+    found = against_floor(base, floor, post, "/api/v1/loss", repeats)
     print(f"2. JSON ingest: 256 x 4096, three log-prob fields, {len(body) / MB:.0f} MB, floats as Python writes them")
-    print(f"   floor: orjson.loads + arrays     median {ms(f)}")
-    print(f"   POST /api/v1/loss round trip     median {ms(t)}   status {response.status_code}")
-    print(f"   the server's share (Server-Timing of the last): {response.headers.get('server-timing')}")
-    print(f"   ratio                            {t / f:8.2f}x   (target <= 2x)")
+    print_against_floor("orjson.loads + arrays", "POST /api/v1/loss round trip", found, 1.5, len(body))
 
 
 def safetensors_ingest(base: str, repeats: int) -> None:
@@ -324,15 +354,12 @@ def safetensors_ingest(base: str, repeats: int) -> None:
 
     form = {"config": json.dumps({"preset": "verl-grpo", "beta": 0.01})}
 
-    def post(client: httpx.Client) -> httpx.Response:
-        return client.post("/api/v1/upload", files={"file": ("b.safetensors", blob)}, data=form)
+    def post(client: httpx.Client, path: str) -> httpx.Response:
+        return client.post(path, files={"file": ("b.safetensors", blob)}, data=form)
 
-    f, t, response = against_floor(base, floor, post, repeats)
+    found = against_floor(base, floor, post, "/api/v1/upload", repeats)
     print(f"3. safetensors upload: 256 x 4096, three fields, {len(blob) / MB:.0f} MB")
-    print(f"   floor: load + evaluate           median {ms(f)}")
-    print(f"   POST /api/v1/upload round trip   median {ms(t)}   status {response.status_code}")
-    print(f"   the server's share (Server-Timing of the last): {response.headers.get('server-timing')}")
-    print(f"   ratio                            {t / f:8.2f}x   (target <= 3x)")
+    print_against_floor("load + evaluate", "POST /api/v1/upload round trip", found, 2.0, len(blob))
 
 
 def poll_health(base: str, stop: threading.Event, out: list[float]) -> None:
@@ -691,6 +718,183 @@ def memory_back(base: str) -> None:
             )
 
 
+# --- w: the worst requests of issue 33 beside small ones ----------------------------------------------
+NPZ_ROWS = 8000  # x 4,096 float16 zeros: 262 MB priced at 8 bytes a value, under the default 256 MiB unpack limit
+
+
+def worst_requests(quick: bool) -> list[tuple[str, str, str, bytes, dict[str, str]]]:
+    """The requests of issue 33 that cost the server most, each as (label, path, kind, body, form fields):
+    kind ``file`` posts ``body`` as a form's file (its name in the label's last word), ``json`` as JSON."""
+    import io
+
+    import torch
+    from safetensors.torch import save
+
+    zeros = io.BytesIO()  # a read field near the unpack limit beside a 64M-element array no field reads
+    np.savez_compressed(
+        zeros, per_token_logps=np.zeros((NPZ_ROWS, 4096), np.float16), ignored=np.zeros(64 * MB, np.float16)
+    )
+    T = 2 * MB  # 2 rows x T: the padded-position limit (4,194,304), in rows as long as they come
+    token_rewards = torch.zeros(2, T)
+    token_rewards[:, -1] = torch.tensor([1.0, 0.0])
+    long_rows = save({"per_token_logps": -torch.rand(2, T) - 0.1, "token_level_rewards": token_rewards})
+    estimator = {"config": json.dumps({"preset": "verl-grpo", "advantage": "reinforce-pp"})}
+    # a run as a trainer writes it: 12 steps x 4 micro-batches of 16 x 2048 tokens (--quick: 2 steps)
+    run = long_run_zip(8 if quick else 48, rows=16, tokens=2048)
+    # one row of 4,096 tokens and 1,023 of one token: 4,194,304 padded positions, a 100 MB NPZ
+    ragged = {name: [[-1.0] * 4096] + [[-1.0]] * 1023 for name in ("per_token_logps", "old_per_token_logps")} | {
+        "advantages": [1.0] * 1024
+    }
+    return [
+        (f"npz upload, {len(zeros.getvalue()) / 1024:.0f} KB compressed: worst.npz", "/api/v1/upload", "file",
+         zeros.getvalue(), {}),
+        (f"reinforce-pp, 2 x {T} tokens, {len(long_rows) / MB:.0f} MB: rpp.safetensors", "/api/v1/upload", "file",
+         long_rows, estimator),
+        (f"run zip, {len(run) / MB:.0f} MB: run.zip", "/api/v1/runs", "file", run, {}),
+        (f"NPZ export of 4,194,304 padded positions, {len(json.dumps(ragged)) / 1024:.0f} KB body: -",
+         "/api/v1/export/npz", "json", json.dumps(ragged).encode(), {}),
+    ]  # fmt: skip
+
+
+def heavy_loop(base: str, auth: dict[str, str], request: Any, client_id: int, stop: Any, out: Any) -> None:
+    """Send ``request`` (a ``worst_requests`` entry) again and again until ``stop``; (label, status, seconds)
+    of each into ``out``. A run zip is uploaded under a new name each time and deleted once answered."""
+    label, path, kind, body, form = request
+    filename = label.rsplit(" ", 1)[-1]
+    with httpx.Client(base_url=base, timeout=600, headers=auth) as client:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            name = f"bench-worst-{os.getpid()}-{client_id}-{i}"
+            start = time.perf_counter()
+            status: int | str
+            response: httpx.Response | None
+            try:
+                if kind == "json":
+                    response = client.post(path, content=body, headers=JSON)
+                else:
+                    data = form | ({"name": name} if path == "/api/v1/runs" else {})
+                    response = client.post(path, files={"file": (filename, body)}, data=data)
+                status = response.status_code
+            except httpx.HTTPError as exc:
+                status, response = type(exc).__name__, None
+            out.put((label, status, time.perf_counter() - start))
+            if path == "/api/v1/runs" and status == 201:
+                client.delete(f"/api/v1/runs/{name}")
+            if response is not None and status == 503:
+                stop.wait(float(response.headers.get("retry-after", "1")))
+
+
+def heavy_clients(base: str, auth: dict[str, str], requests: list[Any], clients: int, stop: Any, out: Any) -> None:
+    """``clients`` threads per request of ``requests`` looping it (``heavy_loop``), in a process of its own (as
+    from other members' machines: sending 30 MB bodies here would hold the small clients' GIL); then None."""
+    threads = [
+        threading.Thread(target=heavy_loop, args=(base, auth, request, k * clients + j, stop, out))
+        for k, request in enumerate(requests)
+        for j in range(clients)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out.put(None)
+
+
+async def small_and_health(base: str, clients: int, seconds: float) -> tuple[list[float], Clients]:
+    """/healthz every 50 ms from one client and ``clients`` clients posting a small batch to /api/v1/loss,
+    each 100 ms after its last answer, for ``seconds``."""
+    small = json.dumps(batch(8, 64, fields=3, seed=1, digits=4)).encode()
+    health: list[float] = []
+    seen = Clients([], [], [])
+    stop = time.perf_counter() + seconds
+    limits = httpx.Limits(max_connections=clients + 1, max_keepalive_connections=clients + 1)
+    async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits, headers=STATE["auth"]) as client:
+
+        async def healthz() -> None:
+            while time.perf_counter() < stop:
+                start = time.perf_counter()
+                with suppress(httpx.HTTPError):
+                    await client.get("/healthz")
+                health.append(time.perf_counter() - start)
+                await asyncio.sleep(0.05)
+
+        async def one() -> None:
+            while time.perf_counter() < stop:
+                await timed_post(client, small, seen.times, seen.errors, seen.spans)
+                await asyncio.sleep(0.1)
+
+        await asyncio.gather(healthz(), *(one() for _ in range(clients)))
+    return health, seen
+
+
+def worst_beside_small(
+    base: str, seconds: float, quick: bool, which: str = "", clients: int = 8, heavy: int = 2
+) -> None:
+    """Issue 33's figure: ``heavy`` clients looping each of the worst requests (``which``: the numbers of
+    those to send, 1-4, default all) while ``clients`` send small /loss requests; /healthz and small /loss
+    p99 against alone, and the server's RSS 10 s after."""
+    requests = [r for i, r in enumerate(worst_requests(quick), 1) if not which or str(i) in which]
+    asyncio.run(small_and_health(base, clients, 2))  # warm-up: connections, first calls
+    load_before = os.getloadavg()
+    alone_health, alone = asyncio.run(small_and_health(base, clients, seconds))
+    time.sleep(1)
+    idle = rss()
+    spawn = multiprocessing.get_context("spawn")
+    stop, out = spawn.Event(), spawn.Queue()
+    sender = spawn.Process(target=heavy_clients, args=(base, STATE["auth"], requests, heavy, stop, out))
+    sender.start()
+    first = out.get(timeout=600)  # the first heavy request answered: every client is sending by then
+    done = [first]
+    with Sampler() as sampler:
+        health, beside = asyncio.run(small_and_health(base, clients, seconds))
+        stop.set()
+        while (item := out.get(timeout=600)) is not None:
+            done.append(item)
+        sender.join()
+    time.sleep(10)
+    after = rss()
+    load_after = os.getloadavg()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    print(
+        f"w. the worst requests of issue 33, {heavy} clients looping each, beside {clients} small /loss clients, "
+        f"{seconds:.0f} s"
+    )
+    print(
+        f"   {cores} cores; load average (1, 5, 15 min) {', '.join(f'{v:.2f}' for v in load_before)} before, "
+        f"{', '.join(f'{v:.2f}' for v in load_after)} after"
+    )
+    for label, *_ in requests:
+        mine = [(status, took) for name, status, took in done if name == label]
+        statuses = dict(sorted(Counter(str(status) for status, _ in mine).items()))
+        took = [t for _, t in mine]
+        print(
+            f"   {label.rsplit(':', 1)[0]:58} answered {statuses}, p50 {ms(pct(took, 50))}, max "
+            f"{ms(max(took, default=float('nan')))}"
+        )
+    h_alone, h_beside = pct(alone_health, 99), pct(health, 99)
+    l_alone, l_beside = pct(alone.times, 99), pct(beside.times, 99)
+    errors = sorted(set(alone.errors + beside.errors))
+    print(f"   GET  /healthz                    p99 alone {ms(h_alone)}   beside {ms(h_beside)}   (target <= 100 ms)")
+    print(
+        f"   POST /api/v1/loss (small)        p99 alone {ms(l_alone)}   beside {ms(l_beside)}   "
+        f"{l_beside / l_alone:5.2f}x (target <= 3x); p50 {ms(pct(alone.times, 50)).strip()} -> "
+        f"{ms(pct(beside.times, 50)).strip()}; {len(beside.times)} requests, errors {len(alone.errors)} / "
+        f"{len(beside.errors)} {errors}"
+    )
+    print(
+        f"     of it on the server (p50)      receive {ms(beside.span('receive'))}   work {ms(beside.span('work'))}   "
+        f"compute {ms(beside.span('compute'))}"
+    )
+    met = [h_beside <= 0.1, l_beside <= 3 * l_alone]
+    if idle is not None and after is not None:
+        met.append(after - idle <= 400 * MB)
+        print(
+            f"   RSS (all processes): idle {mb(idle)}, peak {mb(sampler.peak)}, 10 s after {mb(after)} "
+            f"({(after - idle) / MB:+.0f} MB, target within 400 MB)"
+        )
+    print(f"   targets met: {sum(met)} of {len(met)}")
+
+
 async def load(base: str, clients: int, seconds: float) -> None:
     body = json.dumps(ARTICLE_EXAMPLE).encode()
     times: list[float] = []
@@ -843,9 +1047,9 @@ def event_streams(base: str, seconds: float) -> None:
         print(f"   {label:27s} p99 alone {ms(a)}   with the streams {ms(d)}   (target <= {ms(target).strip()})")
 
 
-def long_run_zip(members: int, micro_batches: int = 4) -> bytes:
-    """A zipped run of ``members`` step files (tiny micro-batches: 4 rows x 8 tokens), written by RunWriter
-    on tmpfs where there is one (it syncs every file)."""
+def long_run_zip(members: int, micro_batches: int = 4, rows: int = 4, tokens: int = 8) -> bytes:
+    """A zipped run of ``members`` step files (micro-batches of ``rows`` x ``tokens``, tiny by default), written
+    by RunWriter on tmpfs where there is one (it syncs every file)."""
     import io
     import tempfile
     import zipfile
@@ -860,13 +1064,13 @@ def long_run_zip(members: int, micro_batches: int = 4) -> bytes:
     with tempfile.TemporaryDirectory(dir=where) as tmp:
         writer = RunWriter(Path(tmp) / "run", "trl", config)
         for i in range(members):
-            old = -torch.rand(4, 8, generator=g) - 0.05
+            old = -torch.rand(rows, tokens, generator=g) - 0.05
             tensors = {
                 "per_token_logps": old + 0.01,
                 "old_per_token_logps": old,
                 "ref_per_token_logps": old - 0.05,
-                "completion_mask": torch.ones(4, 8),
-                "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5]),
+                "completion_mask": torch.ones(rows, tokens),
+                "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5]).repeat(rows // 4 + 1)[:rows],
             }
             writer.write_step(1 + i // micro_batches, i % micro_batches, tensors, {"loss": 0.0})
         writer.update(status="done")
@@ -983,14 +1187,15 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0, help="port of the server started here (default: a free one)")
     parser.add_argument("--cap-gb", type=float, default=8.0, help="RLIMIT_AS of the server started here (0: none)")
     parser.add_argument("--quick", action="store_true", help="fewer repeats and shorter phases")
-    parser.add_argument("--only", default="123456789xmc", help="which figures to print, e.g. 245")
+    parser.add_argument("--only", default="123456789xmwc", help="which figures to print, e.g. 245")
+    parser.add_argument("--worst", default="", help="figure w: which worst requests (1-4, e.g. 24; default all)")
     parser.add_argument("--http", default="app.server:HeaderTimeoutHttpTools", help="uvicorn's --http (started here)")
     parser.add_argument("--root", type=Path, default=ROOT, help="the checkout the server started here serves (A/B)")
     parser.add_argument("--token", default=os.environ.get("GRPO_LENS_AUTH_TOKEN"), help="bearer token, if set")
     args = parser.parse_args()
     if args.token:
         STATE["auth"] = {"authorization": f"Bearer {args.token}"}
-    repeats = 2 if args.quick else 3
+    repeats = 3 if args.quick else 9
     seconds = 8.0 if args.quick else 15.0
     with server(args.url, args.cap_gb, args.port, args.http, args.root) as base:
         health = httpx.get(f"{base}/healthz").json()
@@ -1010,6 +1215,7 @@ def main() -> None:
             "8": lambda: event_streams(base, seconds / 2),
             "x": lambda: export_hostile(base),
             "m": lambda: memory_back(base),
+            "w": lambda: worst_beside_small(base, seconds, args.quick, args.worst),
             "9": lambda: run_pages(base, 4000 if args.quick else 40_000, seconds),
             "c": lambda: run_pages(base, 4000 if args.quick else 40_000, seconds, streams=True),
         }
