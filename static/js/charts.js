@@ -1,7 +1,7 @@
 // Chart functions: the API's JSON in, Plotly {data, layout} out. No numbers are computed here.
 
 import { REGION_COLORS, fmt, plotlyText, whyColor } from "./format.js";
-import { CLIP_VIEW, HEATMAP_TITLES, HOVER, LABELS, POOLED, RUN } from "./labels.js";
+import { CLIP_VIEW, HEATMAP_TITLES, HOVER, LABELS, POOLED, RUN, RUN_RANKS } from "./labels.js";
 
 const FONT = { family: "system-ui, sans-serif", size: 12 };
 const base = (title, extra = {}) => ({
@@ -792,6 +792,8 @@ const stepsLayout = (title, steps, extra = {}) =>
 
 export function lossChart(data) {
   const x = data.steps.map((s) => s.step);
+  const ranks = Math.max(1, ...data.steps.map((s) => s.ranks ?? 1)); // the legends say how ranks are joined
+  const logged = data.steps.filter((s) => s.logged_loss); // the trainer's logged loss, where it was compared
   // each step marked by its verdict (app/runview.py); a matching step carries no marker
   const marked = (verdict, name, marker) => {
     const steps = data.steps.filter((s) => s.verdict === verdict);
@@ -803,14 +805,14 @@ export function lossChart(data) {
       {
         x,
         y: data.steps.map((s) => s.trainer_loss),
-        name: "trainer (returned, summed over micro-batches)",
+        name: RUN_RANKS.trainerLegend(ranks),
         mode: "lines+markers",
         line: { color: "#6b7280" },
       },
       {
         x,
         y: data.steps.map((s) => s.lens_loss),
-        name: "GRPO Lens (recomputed)",
+        name: RUN_RANKS.lensLegend(ranks),
         mode: "lines+markers",
         line: { color: "#2563eb", dash: "dot" },
       },
@@ -822,6 +824,17 @@ export function lossChart(data) {
         line: { width: 2 },
       }),
       marked("error", RUN.step.error, { color: "#111827", size: 13, symbol: "square-x-open" }),
+      ...(logged.length
+        ? [
+            {
+              x: logged.map((s) => s.step),
+              y: logged.map((s) => s.logged_loss.trainer),
+              name: RUN_RANKS.loggedLegend,
+              mode: "markers",
+              marker: { symbol: "diamond-open", size: 12, color: "#059669", line: { width: 2 } },
+            },
+          ]
+        : []),
     ],
     layout: stepsLayout("Loss per step: trainer vs recomputed", x, {
       yaxis: { title: { text: "loss", standoff: 10 }, automargin: true },

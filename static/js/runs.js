@@ -74,7 +74,7 @@ export async function openRun(name, at = null) {
   slider.disabled = data.steps.length === 0;
   fillReplay(data);
   const box = clear($("#run-charts"));
-  const draws = [plot("run-loss", rankedLossChart(data))];
+  const draws = [plot("run-loss", lossChart(data))];
   for (const chart of data.charts) {
     const node = el("div", { class: "run-chart", id: chart.id });
     box.append(node);
@@ -87,23 +87,6 @@ export async function openRun(name, at = null) {
 
 // The loss chart, its legend told for the run's ranks (one rank's sum; over several, the mean of each rank's sum),
 // with the trainer's logged loss beside it where it logged one.
-function rankedLossChart(data) {
-  const figure = lossChart(data);
-  const ranks = Math.max(1, ...data.steps.map((s) => s.ranks ?? 1));
-  figure.data[0].name = RUN_RANKS.trainerLegend(ranks);
-  figure.data[1].name = RUN_RANKS.lensLegend(ranks);
-  const logged = data.steps.filter((s) => s.logged_loss);
-  if (logged.length)
-    figure.data.push({
-      x: logged.map((s) => s.step),
-      y: logged.map((s) => s.logged_loss.trainer),
-      name: RUN_RANKS.loggedLegend,
-      mode: "markers",
-      marker: { symbol: "diamond-open", size: 12, color: "#059669", line: { width: 2 } },
-    });
-  return figure;
-}
-
 // The replay menu: no preset chosen on opening a run (the run's own named as such), never a stale choice.
 function fillReplay(data) {
   const select = $("#run-replay-preset");
