@@ -134,6 +134,8 @@ def breakdown_to_json(
         token_data["correction"] = ragged(bd.tokens.correction.to(torch.int8).cpu().numpy(), lengths, rows)
     if bd.per_token_advantages:  # each token's own advantage (a row's may vary)
         token_data["advantage"] = _rows_of(bd.tokens.advantage, lengths, rows)
+    if bd.entropies is not None:  # the batch's per-token entropies as given (the hover shows them)
+        token_data["entropies"] = _rows_of(bd.entropies, lengths, rows)
     if bd.config.importance_sampling_level == "sequence":  # the token's own ratio beside its row's (GSPO)
         token_data["token_ratio"] = _rows_of(bd.tokens.log_ratio.exp() * bd.tokens.mask, lengths, rows)
     return {

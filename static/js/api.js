@@ -7,7 +7,18 @@ export class ApiError extends Error {
     super(items.map((d) => `${(d.loc || []).join(" › ")}: ${d.msg}`).join("\n"));
     this.status = status;
     this.detail = items;
+    this.problems = items.map((d) => ({ ...where(d.loc), msg: String(d.msg) }));
   }
+}
+
+// Where a refused request's problem lies, from its `loc`: a setting (body › config › name), or a field of
+// the batch and, for a per-token one, its row and token (body › name › row › token); nulls where not said.
+export function where(loc) {
+  const path = (loc || []).filter((part) => part !== "body");
+  if (path[0] === "config") return { setting: path[1] ?? null, field: null, row: null, token: null };
+  const [field = null, row = null, token = null] = path;
+  const index = (v) => (Number.isInteger(v) ? v : null);
+  return { setting: null, field: typeof field === "string" ? field : null, row: index(row), token: index(token) };
 }
 
 const channels = new Map();

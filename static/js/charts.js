@@ -70,13 +70,16 @@ export function hoverData(data) {
         plotlyText(t.text ? t.text[k][j] : ""),
         ratio,
         HOVER.why(code, texts[code]),
+        // the token's line: its string when the batch gave strings (else the first line's position says it all)
+        t.text ? HOVER.token(plotlyText(t.text[k][j])) : "",
+        t.entropies ? HOVER.entropy(fmt(t.entropies[k][j])) : "", // the entropy the batch gave, when it gave them
       ];
     }),
   );
 }
 
 const HOVER_TEMPLATE =
-  "%{y}, position %{x}<br>token: <b>%{customdata[7]}</b> · %{customdata[8]}<br>" +
+  "%{y}, position %{x}<br>%{customdata[10]}%{customdata[8]}%{customdata[11]}<br>" +
   "%{customdata[9]}<br>" +
   "surrogate %{customdata[0]} · KL %{customdata[1]}<br>" +
   "weight %{customdata[2]} · loss share %{customdata[3]}<br>" +
@@ -147,18 +150,23 @@ function whyMarker(data, name) {
 // server instead (data.heatmap); a long row's per-token parts are one SVG path per trace; the clip
 // view's points are capped by the server (curves.truncated).
 
+// The background the cells that do not count (padding, masked out) leave bare: a dark grey, far from the
+// diverging scale's near-white at its centre (a ratio of 1), named under the x axis.
+const NOT_COUNTED = "#6b7280";
+
 // The heatmap layout shared by the full and the pooled grid.
 function heatmapLayout(title, rows, width, showlegend) {
   const height = Math.min(240, 28 + Math.max(rows, 2) * (rows <= 16 ? 24 : 4)) + 74;
   return base(title, {
     height,
     margin: { l: 110, r: 30, t: 30, b: 40 },
-    plot_bgcolor: "#e3e6eb",
+    plot_bgcolor: NOT_COUNTED, // the cells that do not count are gaps: this colour, unlike any on the scale
+    hoverlabel: { align: "left" },
     showlegend,
     legend: { orientation: "h", x: 1, xanchor: "right", y: 1.02, yanchor: "bottom" },
     // the cells' own span: a marks trace over them (clipped, dropped) would widen an autoranged axis
     xaxis: {
-      title: { text: "position" },
+      title: { text: LABELS.notCountedAxis },
       showgrid: false,
       zeroline: false,
       dtick: width <= 40 ? 1 : undefined,
@@ -330,7 +338,17 @@ export function gradientTokens(data, ks) {
         height: 340,
         legend: { orientation: "h", y: -0.35 },
         xaxis: tokenAxis(numeric),
-        yaxis: { autorange: "reversed", title: { text: LABELS.gradAxis }, zeroline: true, zerolinewidth: 2 },
+        // the short title fits the plot's height (the chart's title says the rest); automargin keeps it and the
+        // ticks inside the figure
+        yaxis: {
+          autorange: "reversed",
+          title: { text: LABELS.gradAxisShort },
+          automargin: true,
+          ticks: "outside",
+          exponentformat: "e",
+          zeroline: true,
+          zerolinewidth: 2,
+        },
       },
     ),
   };
@@ -695,7 +713,13 @@ export function compareGrads(results, names, text) {
   const n = results.length;
   const gap = 0.08;
   const height = (1 - gap * (n - 1)) / n;
-  const layout = base(LABELS.compareGradsTitle, { height: 140 + 130 * n, showlegend: false, annotations: [] });
+  // each panel tall enough for its axis title, the top one below the chart's title (its ticks were cut off)
+  const layout = base(LABELS.compareGradsTitle, {
+    height: 150 + 170 * n,
+    margin: { l: 60, r: 20, t: 60, b: 40 },
+    showlegend: false,
+    annotations: [],
+  });
   const data = results.map((r, k) => {
     const axis = k === 0 ? "" : String(k + 1);
     const top = 1 - k * (height + gap);
@@ -705,6 +729,7 @@ export function compareGrads(results, names, text) {
       anchor: "x",
       exponentformat: "e",
       autorange: "reversed",
+      automargin: true,
       zeroline: true,
       title: { text: LABELS.gradAxisShort, font: { size: 10 } },
     };

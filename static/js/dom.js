@@ -59,7 +59,15 @@ const nextTask = () => new Promise((resolve) => setTimeout(resolve, 0));
 export function plot(target, spec) {
   const draw = () => {
     const node = typeof target === "string" ? document.getElementById(target) : target;
-    const config = { responsive: true, displaylogo: false, toImageButtonOptions: { filename: `grpo-lens-${node.id}` } };
+    // no "Share chart…" (plotly.js offers to upload the figure to Chart Studio): nothing leaves this machine
+    const config = {
+      responsive: true,
+      displaylogo: false,
+      showSendToCloud: false,
+      showLink: false,
+      modeBarButtonsToRemove: ["sendChartToCloud"],
+      toImageButtonOptions: { filename: `grpo-lens-${node.id}` },
+    };
     return Plotly.react(node, spec.data, spec.layout, config);
   };
   return window.Plotly ? draw() : loadPlotly().then(nextTask).then(draw);

@@ -6,11 +6,15 @@ import { postForFile } from "./api.js";
 import { currentRequest, fromUpload, load, scenarios, state } from "./state.js";
 
 const TABLE_EDIT_LIMIT = 400; // tokens: past this, edit as JSON or upload a file
-const PER_TOKEN = Object.keys(CELL_LABELS);
-const ROW_FIELDS = [...PER_TOKEN, "completion_mask", "tokens", "entropies"];
-// Per-token fields the table shows only when the batch has them (a batch without the sampler's log-probs
-// has no rollout correction to weigh: an empty row of cells for it would only crowd the table).
-const SHOWN_WHEN_GIVEN = new Set(["sampling_per_token_logps"]);
+// The per-token fields of a batch, as /api/v1/options lists them (shape "token"): each is a row of cells.
+const tokenFields = () => state.ui.options.batch_fields.filter((f) => f.shape === "token");
+const rowFields = () => [...tokenFields().map((f) => f.name), "tokens"];
+// The log-prob fields the table always shows (an empty cell reads "= logp"); every other per-token field
+// (the sampler's log-probs, entropies, masks...) only when the batch has it, added from the "add a field" menu.
+const ALWAYS_SHOWN = new Set(["per_token_logps", "old_per_token_logps", "ref_per_token_logps"]);
+const cellLabel = (name) => CELL_LABELS[name] ?? name;
+// A new field's cells: a mask counts every token (1), a log-prob field starts at logp, any other at 0.
+const startValue = (field, logp) => (field.dtype === "mask" ? 1 : CELL_LABELS[field.name] ? logp : 0);
 
 // `recompute(delay)` schedules a recompute.
 let hooks = { recompute: () => {} };
@@ -161,7 +165,7 @@ export function renderInputTable() {
       { id: "in-group", min: 1, step: 1, placeholder: INPUT.groupSizeAll },
     ),
   );
-  host.append(meta);
+  host.append(meta, addFieldMenu(req));
   rows.forEach((row, i) => host.append(inputRow(req, row, i, target, prompt[i])));
   host.append(
     el(
@@ -216,15 +220,17 @@ function inputRow(req, row, i, target, promptLength) {
     });
     gridNode.append(text);
   }
-  for (const name of PER_TOKEN) {
-    if (SHOWN_WHEN_GIVEN.has(name) && !req[name]) continue;
-    gridNode.append(el("span", { class: "lab", text: CELL_LABELS[name] }));
+  for (const field of tokenFields()) {
+    const { name } = field;
+    if (!ALWAYS_SHOWN.has(name) && !req[name]) continue;
+    gridNode.append(el("span", { class: "lab", text: cellLabel(name), title: field.doc }));
+    const bounds = field.dtype === "mask" ? { min: 0, max: 1, step: 1 } : CELL_LABELS[name] ? { max: 0 } : {};
     for (let j = 0; j < n; j += 1) {
       const values = req[name];
       gridNode.append(
-        numberCell(values ? values[i][j] : "", (v) => setCell(name, i, j, v), {
-          max: 0,
-          "aria-label": `row ${i} ${CELL_LABELS[name]} ${j}`,
+        numberCell(values ? values[i][j] : "", (v) => setCell(field, i, j, v), {
+          ...bounds,
+          "aria-label": `row ${i} ${cellLabel(name)} ${j}`,
           placeholder: values ? "" : INPUT.sameAsLogp,
           class: j < promptLength ? "prompt" : "",
         }),
@@ -282,22 +288,48 @@ function inputRow(req, row, i, target, promptLength) {
   return el("div", { class: "input-row" }, header, gridNode);
 }
 
-function setCell(name, i, j, value) {
+function setCell(field, i, j, value) {
   const inp = editableInput();
+  const { name } = field;
   const created = !inp[name];
-  if (created) inp[name] = inp.per_token_logps.map((r) => r.slice());
-  inp[name][i][j] = value ?? inp.per_token_logps[i][j];
+  if (created) inp[name] = inp.per_token_logps.map((r) => r.map((logp) => startValue(field, logp)));
+  inp[name][i][j] = value ?? startValue(field, inp.per_token_logps[i][j]);
   if (created)
     inputChanged(); // the other cells of the new field now show values
   else valueChanged();
 }
 
+// The per-token fields the batch does not have yet (entropies, the sampler's log-probs, masks...): picking
+// one adds its row of cells to every row, filled with its start value, for editing here rather than as JSON.
+function addFieldMenu(req) {
+  const absent = tokenFields().filter((f) => !ALWAYS_SHOWN.has(f.name) && !req[f.name]);
+  if (!absent.length) return el("span");
+  const select = el(
+    "select",
+    { id: "in-add-field", "aria-label": INPUT.addField },
+    el("option", { value: "", text: INPUT.addField }),
+    ...absent.map((f) => el("option", { value: f.name, text: cellLabel(f.name), title: f.doc })),
+  );
+  select.addEventListener("change", () => {
+    const field = absent.find((f) => f.name === select.value);
+    if (!field) return;
+    const inp = editableInput();
+    inp[field.name] = inp.per_token_logps.map((r) => r.map((logp) => startValue(field, logp)));
+    inputChanged();
+  });
+  return el("div", { class: "add-field" }, select, el("span", { class: "muted", text: INPUT.addFieldNote }));
+}
+
 function resizeRow(i, delta) {
   const inp = editableInput();
-  for (const name of ROW_FIELDS) {
+  const masks = new Set(
+    tokenFields()
+      .filter((f) => f.dtype === "mask")
+      .map((f) => f.name),
+  );
+  for (const name of rowFields()) {
     if (!inp[name]) continue;
-    if (delta > 0)
-      inp[name][i].push(name === "tokens" ? "" : name === "completion_mask" ? 1 : (inp[name][i].at(-1) ?? -1));
+    if (delta > 0) inp[name][i].push(name === "tokens" ? "" : masks.has(name) ? 1 : (inp[name][i].at(-1) ?? -1));
     else inp[name][i].pop();
   }
   const perToken = inp.advantages && Array.isArray(inp.advantages[i]) ? inp.advantages[i] : null;
@@ -309,7 +341,7 @@ function resizeRow(i, delta) {
 
 function addRow(inp) {
   const last = inp.per_token_logps.length - 1;
-  for (const name of ROW_FIELDS) if (inp[name]) inp[name].push(inp[name][last].slice());
+  for (const name of rowFields()) if (inp[name]) inp[name].push(inp[name][last].slice());
   for (const name of ["rewards", "advantages"]) {
     if (inp[name]) inp[name].push(Array.isArray(inp[name][last]) ? inp[name][last].map(() => 0) : 0);
   }
@@ -319,7 +351,7 @@ function addRow(inp) {
 
 function removeRow(i) {
   const inp = editableInput();
-  for (const name of [...ROW_FIELDS, "rewards", "advantages"]) if (inp[name]) inp[name].splice(i, 1);
+  for (const name of [...rowFields(), "rewards", "advantages"]) if (inp[name]) inp[name].splice(i, 1);
   if (Array.isArray(inp.prompt_lengths)) inp.prompt_lengths.splice(i, 1);
   delete inp.group_size;
   state.row = -1;

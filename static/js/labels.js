@@ -32,7 +32,7 @@ export const LABELS = {
   rowCountedAxis: "row (counted tokens)",
   compareGradsTitle:
     "∂loss/∂logp per token, per preset (each panel its own scale; axes flipped: up = gradient descent raises the log-prob)",
-  gradAxis: "∂loss/∂logp, flipped: up = descent raises the log-prob",
+  notCountedAxis: "position · dark grey: not counted (padding, masked out)",
   gradAxisShort: "∂loss/∂logp ↑ raises logp",
   compareWeightsTitle: "Weight of one token of each row, per preset (each panel its own scale)",
 };
@@ -103,6 +103,8 @@ export const HOVER = {
   ratio: (ratio, tokenRatio) =>
     tokenRatio === null ? `ratio ${ratio}` : `sequence ratio ${ratio} (GSPO; this token's own ratio ${tokenRatio})`,
   why: (code, text) => `why: <b>${code}</b>, ${text}`,
+  token: (text) => `token: <b>${text}</b> · `,
+  entropy: (value) => ` · entropy ${value}`,
   grad: "∂loss/∂logp (negative: descent raises the log-prob)",
 };
 
@@ -144,6 +146,8 @@ export const INPUT = {
   token: "token",
   tokenPrompt: "prompt position (excluded)",
   sameAsLogp: "= logp",
+  addField: "+ per-token field…",
+  addFieldNote: "adds a row of cells (entropies, sampler log-probs, masks) to every row",
   reward: "reward ",
   advantage: "advantage ",
   addRow: "+ row",
@@ -220,6 +224,24 @@ export const SCENARIO = {
 
 export const STALE = {
   note: "The last request failed: everything below still shows the batch and settings from before it.",
+};
+
+// A refused request (a 4xx), told as sentences: each problem's place (a setting; a field of the input, its
+// row and token) and the server's message. `perToken`: the field is a per-token one the table can add.
+const sentence = (text) => (/[.!?]$/.test(text) ? text : `${text}.`);
+export const REFUSED = {
+  head: (status) => `The server refused the request (HTTP ${status}):`,
+  problem: ({ setting, field, row, token, msg }, perToken) => {
+    const name = setting ?? field;
+    const said = name && msg.startsWith(`${name}: `) ? msg.slice(name.length + 2) : msg; // the name once
+    const place = [row !== null ? `row ${row}` : "", token !== null ? `token ${token}` : ""].filter(Boolean);
+    if (setting) return sentence(`The setting ${setting} (under Loss settings): ${said}`);
+    if (!field) return sentence(said);
+    const hint = perToken
+      ? ` Enter it in the Input table (menu "${INPUT.addField}") or in the JSON tab.`
+      : " Edit it in the Input table or the JSON tab.";
+    return sentence(`The input's ${field}${place.length ? ` (${place.join(", ")})` : ""}: ${said}`) + hint;
+  },
 };
 
 // The compare table: [label, (result) -> value, the quantity a number shows (as the summary tags it)].

@@ -12,7 +12,7 @@ import { $, download, el, setStatus } from "./dom.js";
 import { fmt } from "./format.js";
 import * as input from "./input.js";
 import * as lab from "./lab.js";
-import { EXPERIMENTS, RUN_RANKS, SCENARIO, STALE, STATUS } from "./labels.js";
+import { EXPERIMENTS, REFUSED, RUN_RANKS, SCENARIO, STALE, STATUS } from "./labels.js";
 import * as mismatch from "./mismatch.js";
 import { currentSeq, drawOnScreen, hold, invalidate, isCurrent, whenQuiet } from "./redraw.js";
 import { buildGlossary, loadExperiments } from "./reference.js";
@@ -74,19 +74,28 @@ async function compute(pending = null) {
     $("#json-error").textContent = "";
     $("#upload-error").textContent = "";
   } catch (err) {
-    showFailed(true);
-    setStatus(STATUS.error(err instanceof ApiError ? err.message.split("\n")[0] : err.message), "error");
-    $("#json-error").textContent = err.message;
-    if (state.ui.uploadFile) $("#upload-error").textContent = err.message;
+    const said = refusal(err);
+    showFailed(true, said);
+    setStatus(STATUS.error(said[1] ?? said[0]), "error");
+    $("#json-error").textContent = said.join(" ");
+    if (state.ui.uploadFile) $("#upload-error").textContent = said.join(" ");
   }
 }
 
-// A failed request leaves the previous results on screen: say so, and grey them out.
-function showFailed(failed) {
+// An error as sentences: a refused request's head, then each problem where it is (field, row, setting).
+function refusal(err) {
+  if (!(err instanceof ApiError)) return [err.message];
+  const perToken = new Set(state.ui.options.batch_fields.filter((f) => f.shape === "token").map((f) => f.name));
+  return [REFUSED.head(err.status), ...err.problems.map((p) => REFUSED.problem(p, perToken.has(p.field)))];
+}
+
+// A failed request leaves the previous results on screen: say so, grey them out, and say why.
+function showFailed(failed, said = []) {
   state.ui.failed = failed;
   document.body.classList.toggle("stale", failed);
   $("#stale-note").hidden = !failed;
   $("#stale-note").textContent = failed ? STALE.note : "";
+  if (failed) $("#stale-note").append(...said.map((text) => el("p", { class: "refusal", text })));
   if (failed) $("#loaded").textContent = SCENARIO.notDrawn(input.loadedText()); // redrawn by the next answer
 }
 

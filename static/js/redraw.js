@@ -107,7 +107,8 @@ export async function publish(name, data) {
   s.seq += 1;
   s.data = data;
   s.pending = false;
-  const near = [...views.values()].filter((v) => v.source === name && v.visible);
+  const every = drawAllOf.delete(name); // drawAll asked for this source's answer in every view
+  const near = [...views.values()].filter((v) => v.source === name && (v.visible || every));
   const shown = near.filter(onScreen);
   // drawn right now (not greyed for the moment it takes); the others greyed until drawn
   for (const v of views.values()) if (v.source === name && !shown.includes(v)) mark(v);
@@ -116,6 +117,18 @@ export async function publish(name, data) {
   scheduleIdle();
   return s.seq;
 }
+
+// Every view, on screen or not, brought up to date: before printing (and for a full-page screenshot: dispatch
+// "beforeprint", or call it), since views off screen are drawn only when they scroll into view. A source
+// fetched on demand (compare) is fetched now, and all its views are drawn when its answer comes.
+const drawAllOf = new Set(); // sources whose next data is drawn in every view
+export function drawAll() {
+  document.body.classList.add("every-view"); // app.css: the views off screen are painted too (content-visibility)
+  for (const [name, s] of sources) if (s.stale || s.pending) drawAllOf.add(name);
+  return Promise.all([...views.values()].map(bringUpToDate));
+}
+addEventListener("beforeprint", () => drawAll());
+addEventListener("afterprint", () => document.body.classList.remove("every-view"));
 
 // The number of a source's latest data.
 export const currentSeq = (name) => source(name).seq;
