@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata as importlib_metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from torch import Tensor
@@ -561,23 +561,32 @@ class Run:
         }
 
 
-def read_regular(path: str | os.PathLike[str], max_bytes: int | None = None) -> bytes:
-    """The bytes of a regular file, never through a link: a step file or run.json that is a symbolic
-    link (to /etc/passwd, /proc/self/environ) or a FIFO is refused, not read. ``max_bytes``: refused
-    past that size, before reading."""
+def open_regular(path: str | os.PathLike[str], inside: str = "inside the run") -> tuple[BinaryIO, int]:
+    """``path`` opened for reading, never through a link, and its size: a file that is a symbolic link (to
+    /etc/passwd, /proc/self/environ), a FIFO or a directory is refused, naming it (``inside``: what it is a file
+    of), before anything is read."""
     path = Path(path)
     try:  # O_NONBLOCK: opening a FIFO returns at once instead of waiting for a writer
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENXIO):
-            raise GrpoInputError(path.name, "a regular file inside the run, not a link", got="a link") from exc
+            raise GrpoInputError(path.name, f"a regular file {inside}, not a link", got="a link") from exc
         raise
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise GrpoInputError(path.name, "a regular file inside the run", got="not a regular file")
-        if max_bytes is not None and st.st_size > max_bytes:
-            raise GrpoInputError(path.name, f"at most {max_bytes} bytes", got=f"{st.st_size} bytes")
+    f = os.fdopen(fd, "rb")
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        f.close()
+        raise GrpoInputError(path.name, f"a regular file {inside}", got="not a regular file")
+    return f, st.st_size
+
+
+def read_regular(path: str | os.PathLike[str], max_bytes: int | None = None) -> bytes:
+    """The bytes of a regular file of a run (``open_regular``); ``max_bytes``: refused past that size, before
+    reading."""
+    f, size = open_regular(path)
+    with f:
+        if max_bytes is not None and size > max_bytes:
+            raise GrpoInputError(Path(path).name, f"at most {max_bytes} bytes", got=f"{size} bytes")
         return f.read()
 
 

@@ -7,11 +7,9 @@ refused dump leaves nothing behind and a reader never sees half a run.
 
 from __future__ import annotations
 
-import errno
 import math
 import os
 import shutil
-import stat
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -25,7 +23,7 @@ from grpo.batch import Batch
 from grpo.config import LossConfig
 from grpo.errors import GrpoInputError
 from grpo.fields import BATCH_FIELDS
-from grpo.runs import RunWriter, dir_mode
+from grpo.runs import RunWriter, dir_mode, open_regular
 
 # run.json's lists of the dump's files (``imported.files``, ``skipped``) keep this many names: a run's
 # description stays small at any length (each step file's meta names its own dump file: ``imported_from``)
@@ -84,23 +82,15 @@ MAX_FILE_BYTES = 16 * 2**30
 
 
 def regular_file(path: Path, max_bytes: int | None = None) -> tuple[BinaryIO, int]:
-    """``path`` opened for reading, and its size: a regular file, never through a link (a dump's file that is a
-    symbolic link, a FIFO or a directory is refused, naming it), at most ``max_bytes`` (default MAX_FILE_BYTES),
-    checked before anything is read."""
+    """``path`` opened for reading, and its size: a regular file, never through a link (``grpo.runs.open_regular``:
+    a dump's file that is a symbolic link, a FIFO or a directory is refused, naming it), at most ``max_bytes``
+    (default MAX_FILE_BYTES), checked before anything is read."""
     limit = MAX_FILE_BYTES if max_bytes is None else max_bytes
-    try:  # O_NONBLOCK: opening a FIFO returns at once instead of waiting for a writer
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENXIO):
-            raise GrpoInputError(path.name, "a regular file of the dump, not a link", got="a link") from exc
-        raise
-    f = os.fdopen(fd, "rb")
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+    f, size = open_regular(path, "of the dump")
+    if size > limit:
         f.close()
-        got = f"{st.st_size} bytes" if stat.S_ISREG(st.st_mode) else "not a regular file"
-        raise GrpoInputError(path.name, f"a regular file of at most {limit} bytes", got=got)
-    return f, st.st_size
+        raise GrpoInputError(path.name, f"a regular file of at most {limit} bytes", got=f"{size} bytes")
+    return f, size
 
 
 def bounded_lines(f: BinaryIO, name: str, max_line: int | None = None) -> Iterator[tuple[int, bytes]]:
