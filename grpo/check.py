@@ -35,7 +35,7 @@ from grpo.config import LossConfig
 from grpo.corrections import SAMPLING_METRICS, SamplingSums, sampling_over_ranks
 from grpo.loss import Breakdown, evaluate
 from grpo.metrics import TOKEN_MEANS
-from grpo.runs import Run, StepRef, load_step
+from grpo.run_directory import Run, StepRef, load_step
 
 DEFAULT_RTOL = 1e-5
 DEFAULT_METRIC_ATOL = 1e-6
