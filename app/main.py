@@ -22,6 +22,7 @@ from app.lanes import Lanes, Spooled
 from app.middleware import BodyLimit, HeadAsGet, KeepTransport, LocalHosts, SecurityHeaders, TrimWhenGrown
 from app.settings import Settings, get_settings
 from app.store import RunStore
+from app.watch import Watcher
 from grpo._allocator import keep_freed_memory
 
 ROUTERS = [api.router, export.router, runs.router, lab.router, pages.router]  # a new router: one line here
@@ -41,13 +42,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.lanes.start()
         app.state.store.sweep()  # what a crash left half-written or half-deleted
         # The ~200,000 objects of the imports live as long as the process: out of the collector's sight,
-        # a full collection no longer walks them all (a pause of 100-200 ms holding the GIL, which every
-        # request waited on: the small requests' p99).
+        # a full collection does not walk them all (each walk is a pause of 100-200 ms holding the GIL, which
+        # every request would wait on: the small requests' p99).
         gc.collect()
         gc.freeze()
+        app.state.watcher.start()
         try:
             yield
         finally:
+            app.state.watcher.stop()
             app.state.lanes.stop()
 
     app = FastAPI(
@@ -64,6 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.sessions = Sessions(token, settings.session_ttl, settings.max_sessions) if token else None
     handlers.install(app)
     app.state.store = RunStore(settings)
+    app.state.watcher = Watcher(settings)  # running runs' new steps, pushed to their event streams
     for router in ROUTERS:
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=pages.ROOT / "static"), name="static")

@@ -54,7 +54,7 @@ NAMED_APART = (
 )
 
 
-def _g(value: float) -> str:
+def _four_digits(value: float) -> str:
     return f"{value:.4g}"
 
 
@@ -173,8 +173,8 @@ def zero_std_story(facts: StepFacts, aggregation: str) -> dict[str, Any] | None:
     out["text"] = (
         f"{len(zero)} of {len(by_group)} groups ({len(zero_rows)} of {len(facts.rewards)} rows) have equal rewards: "
         f"their advantages are 0 and they teach nothing, yet they still count in the divisor: their tokens hold "
-        f"{_g(100 * share)}% of the aggregation's weight ({aggregation}), so every other group's gradient is "
-        f"{_g(1.0 - share)}x what it would be with them left out"
+        f"{_four_digits(100 * share)}% of the aggregation's weight ({aggregation}), so every other group's gradient is "
+        f"{_four_digits(1.0 - share)}x what it would be with them left out"
     )
     return out
 

@@ -18,9 +18,6 @@ from grpo.config import MAX_INT, MAX_MAGNITUDE, FieldSpec
 from grpo.examples import ARTICLE_EXAMPLE
 from grpo.fields import BATCH_FIELDS, BatchField, names_of
 
-# A reward or an advantage is a JSON number: a strict float takes ints, never true/false (the schema says
-# "number"). Per-token rows stay lax like the vectorised reader, which reads true as 1 (tests/test_ingest.py).
-Finite = Annotated[float, Field(allow_inf_nan=False, strict=True)]
 Count = Annotated[int, Field(ge=0)]
 # Lists stop at their first bad entry (fail_fast): one error per field, not one per number, so a
 # million positive log-probs cost one error, not seconds and hundreds of MB of them.

@@ -4,7 +4,7 @@ All on the same ragged 256 x 4096 batch in this process; each pair is timed taki
 ``--repeats``), so machine load hits both alike: the figures are the ratios, never the milliseconds.
 
 - ``article``: grpo.evaluate against the bare article loss (target <= 1.0x).
-- ``families`` (issue 21): for each objective family, the breakdown against the trainer's own loss + backward
+- ``families``: for each objective family, the breakdown against the trainer's own loss + backward
   with the same settings: TRL 1.16's ``GRPOTrainer._compute_loss`` on a real trainer (a tiny model whose
   log-prob call returns the batch's log-probs as the variable, as tests/test_parity_offpolicy_trl.py does) for
   every loss_type, the entropy mask and the entropy bonus; verl 0.9.1's registered policy-loss function
@@ -12,7 +12,7 @@ All on the same ragged 256 x 4096 batch in this process; each pair is timed taki
   loss_mode, plus its actor's KL loss and entropy bonus added as ``losses.ppo_loss`` adds them. Each line also
   gives how far the two losses are apart (float32), so a timing never compares different computations
   (target: none above 1.5x).
-- ``offpolicy`` (issue 22): with the sampler's log-probs, the breakdown with TRL's ``sequence_mask`` and with
+- ``offpolicy``: with the sampler's log-probs, the breakdown with TRL's ``sequence_mask`` and with
   verl's ``rollout_is="sequence"``, threshold ``"1e-4_3.0"``, against verl's vanilla loss with that correction
   computed inside the timing (``rollout_corr_helper.compute_rollout_correction_and_rejection_mask``, as
   tests/test_parity_offpolicy_verl.py calls it) (target <= 1.0x).
@@ -339,7 +339,7 @@ def agreed(name: str, diff: float) -> bool:
 
 
 def bench_families(t: Tensors, repeats: int, only: str | None) -> bool:
-    print(f"-- families (issue 21): grpo.evaluate vs the trainer's own loss + backward, medians of {repeats}")
+    print(f"-- families: grpo.evaluate vs the trainer's own loss + backward, medians of {repeats}")
     print(f"{'family':38s} {'evaluate':>10s} {'trainer':>10s} {'ratio':>7s}   loss |diff|/|loss|")
     with tempfile.TemporaryDirectory() as tmp:
         chosen = families(t, Path(tmp), only)
@@ -401,7 +401,7 @@ def bench_offpolicy(t: Tensors, repeats: int) -> bool:
     reference = verl_corrected()
     masked = grpo.evaluate(batch, verl_config.config)
     print(
-        f"-- offpolicy (issue 22): with the sampler's log-probs (bf16-like noise 0.02 nats per token), against verl's "
+        f"-- offpolicy: with the sampler's log-probs (bf16-like noise 0.02 nats per token), against verl's "
         f"vanilla loss + backward with compute_rollout_correction_and_rejection_mask({rollout_correction}) inside "
         f"the timing; medians of {repeats}"
     )

@@ -1,5 +1,5 @@
 """Benchmark: the dashboard in headless Chromium, each figure beside its floor measured in the
-same page and run (issue 11).
+same page and run.
 
 - control -> visible redrawn: from a select's change event (aggregation, which recomputes at once)
   to the charts on screen redrawn, with the heatmaps in view. Floor: the API round trip for the
@@ -9,7 +9,7 @@ same page and run (issue 11).
   plus drawing the same view. Target <= 2x. Printed beside it, as a reference: the same navigation
   to a static page of this server (its 404 page: no script, no data) until its DOM is ready, the
   part of a navigation no page can avoid (leaving the old document, the round trip, parsing).
-- reload after a lab comparison -> both runs' charts drawn (issue 20): two lab runs of N steps started
+- reload after a lab comparison -> both runs' charts drawn: two lab runs of N steps started
   through the API, then the page opened on their link (#lab=a,b), from navigation start to the lab's
   reward-and-loss chart holding both runs' N steps. Beside it: a captured run with the same N steps (a
   ``trl`` run written by RunWriter), from navigation start to its Runs view drawn (the listing loaded

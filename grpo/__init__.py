@@ -31,7 +31,7 @@ from grpo.objectives import OBJECTIVES, REGIONS
 from grpo.plugins import PLUGINS_VARIABLE, load_plugins
 from grpo.registry import Registry
 from grpo.runs import RunWriter, list_runs, load_run, load_step
-from grpo.trainer_config import TrainerMapping, map_trl, map_verl  # registers the trainers' presets
+from grpo.trainer_config import TrainerMapping, map_trl, map_verl
 
 __all__ = [
     "ADVANTAGES",

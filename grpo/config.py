@@ -1,10 +1,14 @@
 """LossConfig: every knob of the loss as a named, documented field; presets are data.
 
-Each field is declared with ``_f(default, doc, group, **bounds)``: ``doc`` (one line, the UI's
+Each field is declared with ``_setting(default, doc, group, **bounds)``: ``doc`` (one line, the UI's
 tooltip), ``group`` (the control panel it belongs to) and its valid range (``ge``/``gt``/``le``
 bounds, or ``choices``: a registry or a tuple of names). ``FIELDS`` reads that metadata and the
 field's type once; it is the one table behind the dataclass checks, the API's request model
 (app/schemas.py) and ``/api/v1/options``.
+
+The presets (``PRESETS``, built whole by ``grpo.presets``) and trainers' configs (read by
+``grpo.trainer_fields``) arrive as plain settings; ``from_preset``, ``resolve``, ``from_trl`` and
+``from_verl`` turn them into a checked LossConfig, so neither of those modules imports this one.
 """
 
 from __future__ import annotations
@@ -23,8 +27,24 @@ from grpo.aggregation import AGGREGATIONS
 from grpo.corrections import CORRECTIONS, rs_criteria
 from grpo.errors import GrpoInputError
 from grpo.kl import KL_ESTIMATORS
-from grpo.objectives import OBJECTIVES
+from grpo.objectives import (
+    CLIP_COV_LB,
+    CLIP_COV_RATIO,
+    CLIP_COV_UB,
+    KL_COV_RATIO,
+    OBJECTIVES,
+    PPO_KL_COEF,
+    SAPO_TEMPERATURE_NEG,
+    SAPO_TEMPERATURE_POS,
+    VESPO_K_NEG,
+    VESPO_K_POS,
+    VESPO_LAMBDA_NEG,
+    VESPO_LAMBDA_POS,
+)
+from grpo.presets import PRESETS as PRESETS
+from grpo.presets import Preset as Preset
 from grpo.registry import Registry
+from grpo.trainer_fields import TrainerFields, checked, trl_fields, verl_fields
 
 # One registry per independent choice, under the LossConfig field that picks from it.
 REGISTRIES: dict[str, Registry[Any]] = {
@@ -38,7 +58,7 @@ MAX_INT = 2**31 - 1
 Choices = Registry[Any] | tuple[str, ...]
 
 
-def _f(default: Any, doc: str, group: str, *, choices: Choices | None = None, **bounds: float) -> Any:
+def _setting(default: Any, doc: str, group: str, *, choices: Choices | None = None, **bounds: float) -> Any:
     meta: dict[str, Any] = {"doc": doc, "group": group, **bounds}
     if choices is not None:
         meta["choices"] = choices
@@ -49,52 +69,52 @@ def _f(default: Any, doc: str, group: str, *, choices: Choices | None = None, **
 class LossConfig:
     """How to turn a batch into a GRPO-family loss. Defaults are the article's ``grpo_loss``."""
 
-    preset: str | None = _f(None, "The preset these settings started from (display only).", "preset")
+    preset: str | None = _setting(None, "The preset these settings started from (display only).", "preset")
 
     # --- policy objective --------------------------------------------------------------------
-    objective: str = _f(
+    objective: str = _setting(
         "clip", "Per-token policy objective (see the objective registry).", "policy", choices=OBJECTIVES
     )
-    epsilon_low: float = _f(
+    epsilon_low: float = _setting(
         0.2,
         "Lower clip: the ratio is clipped below at 1 - epsilon_low (geo_mean: the log-ratio at -epsilon_low; "
         "dppo: the divergence threshold of A < 0 tokens).",
         "policy",
         ge=0.0,
     )
-    epsilon_high: float = _f(
+    epsilon_high: float = _setting(
         0.2,
         "Upper clip: 1 + epsilon_high (DAPO clip-higher); for CISPO with absolute bounds, the cap itself; "
         "geo_mean: the log-ratio at epsilon_high; dppo: the divergence threshold of A > 0 tokens.",
         "policy",
         ge=0.0,
     )
-    dual_clip: float | None = _f(
+    dual_clip: float | None = _setting(
         None,
         "Dual-clip c (verl clip_ratio_c): for A < 0 the ratio is capped at c (dppo: every token's detached "
         "weight is truncated at c). None = off.",
         "policy",
         gt=1.0,
     )
-    delta: float | None = _f(
+    delta: float | None = _setting(
         None, "TRL's delta (INTELLECT-2): the unclipped ratio is capped at delta (> 1). None = off.", "policy", gt=1.0
     )
-    cispo_bounds: str = _f(
+    cispo_bounds: str = _setting(
         "absolute",
         "CISPO weight bounds: absolute = min(ratio, epsilon_high) (TRL); relative = "
         "clamp(ratio, 1 - epsilon_low, 1 + epsilon_high) (verl).",
         "policy",
         choices=("absolute", "relative"),
     )
-    sapo_temperature_pos: float = _f(1.0, "SAPO gate temperature for A > 0.", "policy", gt=0.0)
-    sapo_temperature_neg: float = _f(1.05, "SAPO gate temperature for A <= 0.", "policy", gt=0.0)
-    importance_sampling_level: str = _f(
+    sapo_temperature_pos: float = _setting(SAPO_TEMPERATURE_POS, "SAPO gate temperature for A > 0.", "policy", gt=0.0)
+    sapo_temperature_neg: float = _setting(SAPO_TEMPERATURE_NEG, "SAPO gate temperature for A <= 0.", "policy", gt=0.0)
+    importance_sampling_level: str = _setting(
         "token",
         "Ratio per token, or one per sequence: exp(mean log-ratio) (GSPO).",
         "policy",
         choices=("token", "sequence"),
     )
-    sequence_ratio_gradient: str = _f(
+    sequence_ratio_gradient: str = _setting(
         "mean",
         "At sequence level (GSPO), how the row's ratio s passes the gradient: mean = through the mean log-ratio "
         "(TRL: each token gets its row's weighted mean advantage); token = verl's sg(s)·pi/sg(pi) (each token its "
@@ -102,7 +122,7 @@ class LossConfig:
         "policy",
         choices=("mean", "token"),
     )
-    top_entropy_quantile: float = _f(
+    top_entropy_quantile: float = _setting(
         1.0,
         "TRL's high-entropy mask (the 80/20 paper): the policy term acts only on tokens whose entropy is at "
         "least the (1 - q) quantile of the counted tokens' entropies; the KL still counts. 1 = every token. "
@@ -111,109 +131,115 @@ class LossConfig:
         gt=0.0,
         le=1.0,
     )
-    vespo_k_pos: float = _f(2.0, "TRL vespo: the gamma weight's shape k for A >= 0.", "policy", ge=0.0)
-    vespo_lambda_pos: float = _f(
-        3.0, "TRL vespo: the gamma weight's rate lambda for A >= 0 (TRL clamps it to at least 1e-4).", "policy"
+    vespo_k_pos: float = _setting(VESPO_K_POS, "TRL vespo: the gamma weight's shape k for A >= 0.", "policy", ge=0.0)
+    vespo_lambda_pos: float = _setting(
+        VESPO_LAMBDA_POS,
+        "TRL vespo: the gamma weight's rate lambda for A >= 0 (TRL clamps it to at least 1e-4).",
+        "policy",
     )
-    vespo_k_neg: float = _f(3.0, "TRL vespo: the gamma weight's shape k for A < 0.", "policy", ge=0.0)
-    vespo_lambda_neg: float = _f(
-        2.0, "TRL vespo: the gamma weight's rate lambda for A < 0 (TRL clamps it to at least 1e-4).", "policy"
+    vespo_k_neg: float = _setting(VESPO_K_NEG, "TRL vespo: the gamma weight's shape k for A < 0.", "policy", ge=0.0)
+    vespo_lambda_neg: float = _setting(
+        VESPO_LAMBDA_NEG,
+        "TRL vespo: the gamma weight's rate lambda for A < 0 (TRL clamps it to at least 1e-4).",
+        "policy",
     )
-    clip_cov_ratio: float = _f(
-        0.0002,
+    clip_cov_ratio: float = _setting(
+        CLIP_COV_RATIO,
         "verl clip_cov: the share of counted tokens whose gradient is cut (at least one).",
         "policy",
         gt=0.0,
         le=1.0,
     )
-    clip_cov_lb: float = _f(1.0, "verl clip_cov: candidates have covariance above this.", "policy")
-    clip_cov_ub: float = _f(5.0, "verl clip_cov: candidates have covariance below this.", "policy")
-    clip_cov_seed: int = _f(
+    clip_cov_lb: float = _setting(CLIP_COV_LB, "verl clip_cov: candidates have covariance above this.", "policy")
+    clip_cov_ub: float = _setting(CLIP_COV_UB, "verl clip_cov: candidates have covariance below this.", "policy")
+    clip_cov_seed: int = _setting(
         0,
         "verl clip_cov draws its tokens with torch.randperm: the seed of that draw (verl's process RNG state).",
         "policy",
         ge=0,
     )
-    kl_cov_ratio: float = _f(
-        0.0002,
+    kl_cov_ratio: float = _setting(
+        KL_COV_RATIO,
         "verl kl_cov: the share of counted tokens (the highest covariance, at least one) that get the |log-ratio| "
         "penalty.",
         "policy",
         gt=0.0,
         le=1.0,
     )
-    ppo_kl_coef: float = _f(0.1, "verl kl_cov: the coefficient of the |log-ratio| penalty.", "policy", ge=0.0)
-    dro_beta: float | None = _f(
+    ppo_kl_coef: float = _setting(
+        PPO_KL_COEF, "verl kl_cov: the coefficient of the |log-ratio| penalty.", "policy", ge=0.0
+    )
+    dro_beta: float | None = _setting(
         None, "verl dro: the quadratic log-ratio penalty ½·dro_beta·(logp - old)²; required by dro.", "policy", gt=0.0
     )
-    log_ratio_clamp: float | None = _f(
+    log_ratio_clamp: float | None = _setting(
         None, "Clamp the token log-ratio to [-c, c] before exp (verl: 20). None = off.", "policy", gt=0.0
     )
-    seq_log_ratio_clamp: float | None = _f(
+    seq_log_ratio_clamp: float | None = _setting(
         None, "Upper clamp on the sequence log-ratio before exp (verl GSPO: 10). None = off.", "policy", gt=0.0
     )
 
     # --- rollout correction (off-policy: the sampler's log-probs, grpo.corrections) -----------------
-    rollout_correction: str = _f(
+    rollout_correction: str = _setting(
         "none",
         "How the sampler's log-probs (sampling_per_token_logps) reweight the policy term: TRL's "
         "vllm_importance_sampling_mode (token or sequence, truncate or mask). none = off.",
         "policy",
         choices=CORRECTIONS,
     )
-    rollout_is_min: float | None = _f(
+    rollout_is_min: float | None = _setting(
         None,
         "Lower bound C_min of the rollout IS weight: truncate clamps to it, mask zeroes below it "
         "(TRL vllm_importance_sampling_clip_min). None = no lower bound.",
         "policy",
         ge=0.0,
     )
-    rollout_is_max: float | None = _f(
+    rollout_is_max: float | None = _setting(
         3.0,
         "Upper bound C_max of the rollout IS weight: truncate clamps to it, mask zeroes above it "
         "(TRL vllm_importance_sampling_clip_max, default 3). None = no upper bound.",
         "policy",
         gt=0.0,
     )
-    rollout_is_log_ratio_clamp: float | None = _f(
+    rollout_is_log_ratio_clamp: float | None = _setting(
         None,
         "Clamp old - sampler (per token, or the row's sum at sequence level) to [-c, c] before exp "
         "(verl: 20, its SAFETY_BOUND). None = off (TRL).",
         "policy",
         gt=0.0,
     )
-    rollout_is_batch_normalize: bool = _f(
+    rollout_is_batch_normalize: bool = _setting(
         False,
         "Divide the rollout IS weights by their batch mean, over counted tokens (token level) or non-empty "
         "rows (sequence level), when it is above 1e-8 (verl rollout_is_batch_normalize).",
         "policy",
     )
-    rollout_is_normalizer: float | None = _f(
+    rollout_is_normalizer: float | None = _setting(
         None,
         "The batch mean verl divided the IS weights by, computed on the driver over the whole batch (a "
         "micro-batch cannot recompute it; set by a capture). None = this batch's own mean.",
         "policy",
         gt=0.0,
     )
-    rollout_rs: str | None = _f(
+    rollout_rs: str | None = _setting(
         None,
         "verl's rejection (rollout_rs): comma-chained criteria among token_k1..3, seq_sum_k1..3, seq_mean_k1..3, "
         "seq_max_k2..3 on old - sampler; a rejected token leaves the batch (policy, KL, counts). None = off.",
         "policy",
     )
-    rollout_rs_threshold: str | None = _f(
+    rollout_rs_threshold: str | None = _setting(
         None,
         "Thresholds of rollout_rs: one for all or one per criterion, comma-separated; k1 takes 'lower_upper' "
         "bounds on -log r = sampler - old (or an upper, its inverse the lower), the others an upper bound.",
         "policy",
     )
-    rollout_bypass: bool = _f(
+    rollout_bypass: bool = _setting(
         False,
         "verl's bypass mode: the sampler's log-probs stand in for the old policy, and the IS weights and the "
         "rejection compare the current policy with the sampler (ppo_clip: clip only; reinforce: gpg x weights).",
         "policy",
     )
-    off_policy_mask_threshold: float | None = _f(
+    off_policy_mask_threshold: float | None = _setting(
         None,
         "DeepSeek-V3.2's off-policy sequence mask (TRL): drop the policy term of rows with A < 0 whose mean "
         "sampler (else old) minus current log-prob is above this. None = off.",
@@ -221,21 +247,21 @@ class LossConfig:
     )
 
     # --- KL penalty --------------------------------------------------------------------------
-    beta: float = _f(0.01, "KL coefficient: loss += beta * KL (verl kl_loss_coef).", "kl", ge=0.0)
-    kl_estimator: str = _f("k3", "Per-token estimator of KL(pi || pi_ref).", "kl", choices=KL_ESTIMATORS)
-    kl_log_ratio_clamp: float | None = _f(
+    beta: float = _setting(0.01, "KL coefficient: loss += beta * KL (verl kl_loss_coef).", "kl", ge=0.0)
+    kl_estimator: str = _setting("k3", "Per-token estimator of KL(pi || pi_ref).", "kl", choices=KL_ESTIMATORS)
+    kl_log_ratio_clamp: float | None = _setting(
         None, "Clamp ref - logp to [-c, c] before the estimator (verl: 20). None = off.", "kl", gt=0.0
     )
-    kl_clamp: float | None = _f(
+    kl_clamp: float | None = _setting(
         None,
         "Clamp the per-token KL to [-c, c] (verl low_var_kl: 10; here for any estimator). None = off.",
         "kl",
         gt=0.0,
     )
-    kl_bias_correction: bool = _f(
+    kl_bias_correction: bool = _setting(
         False, "Multiply the KL by the differentiable ratio (TRL use_bias_correction_kl).", "kl"
     )
-    kl_gradient: str = _f(
+    kl_gradient: str = _setting(
         "estimator",
         "The KL term's gradient: the estimator's own, or k2's (logp - ref) under the estimator's value "
         "(verl's straight-through '+' types: k1+, k3+, abs+).",
@@ -244,7 +270,7 @@ class LossConfig:
     )
 
     # --- entropy bonus --------------------------------------------------------------------------
-    entropy_coef: float = _f(
+    entropy_coef: float = _setting(
         0.0,
         "Entropy bonus: loss -= entropy_coef · mean entropy (TRL entropy_coef, the coefficient the step applied "
         "when use_adaptive_entropy; verl entropy_coeff). Needs the batch's entropies; they carry no gradient "
@@ -252,7 +278,7 @@ class LossConfig:
         "policy",
         ge=0.0,
     )
-    entropy_weighting: str = _f(
+    entropy_weighting: str = _setting(
         "tokens",
         "How the entropies are averaged: tokens = TRL's mean over the counted tokens the policy term acts on "
         "(the entropy mask's), divided by entropy_accumulation_steps; aggregation = verl's agg_loss with the "
@@ -262,31 +288,31 @@ class LossConfig:
     )
 
     # --- aggregation -------------------------------------------------------------------------
-    aggregation: str = _f(
+    aggregation: str = _setting(
         "seq-mean-token-mean", "How per-token losses become one scalar.", "aggregation", choices=AGGREGATIONS
     )
-    max_completion_length: int | None = _f(
+    max_completion_length: int | None = _setting(
         None,
         "Dr. GRPO's constant divisor (seq-mean-token-sum-norm). None = the padded completion width.",
         "aggregation",
         ge=1,
     )
-    skip_empty_rows: bool = _f(
+    skip_empty_rows: bool = _setting(
         False, "Sequence means divide by rows with a token (verl) instead of all rows (TRL).", "aggregation"
     )
-    length_epsilon: float = _f(
+    length_epsilon: float = _setting(
         0.0, "Added to each row's length in seq-mean-token-mean (verl: 1e-8).", "aggregation", ge=0.0
     )
 
     # --- the trainer's scaling: a captured micro-batch's loss exactly as the trainer returned it ---
-    gradient_accumulation_steps: int = _f(
+    gradient_accumulation_steps: int = _setting(
         1,
         "The trainer divides each micro-batch's loss by this before backward (TRL grpo, bnpo, dr_grpo, sapo, "
         "luspo: its gradient_accumulation_steps). 1 = the loss of the batch itself.",
         "scaling",
         ge=1,
     )
-    entropy_accumulation_steps: int = _f(
+    entropy_accumulation_steps: int = _setting(
         1,
         "TRL divides the entropy bonus and the MoE router loss by its gradient_accumulation_steps for every loss "
         "type (dapo, cispo and vespo included, whose policy term takes it through token_normalizer). "
@@ -294,20 +320,20 @@ class LossConfig:
         "scaling",
         ge=1,
     )
-    aux_loss_coef: float = _f(
+    aux_loss_coef: float = _setting(
         0.0,
         "MoE load balancing: loss += aux_loss_coef · aux_loss / entropy_accumulation_steps (TRL's "
         "router_aux_loss_coef, or the model's own when that is None). 0 = off.",
         "scaling",
         ge=0.0,
     )
-    aux_loss: float | None = _f(
+    aux_loss: float | None = _setting(
         None,
         "The router's load-balancing loss the model returned for this micro-batch: captured, since it comes from "
         "the router's logits and cannot be recomputed from log-probs. Needed when aux_loss_coef > 0.",
         "scaling",
     )
-    token_normalizer: float | None = _f(
+    token_normalizer: float | None = _setting(
         None,
         "token-mean divides by this token count instead of the batch's own: TRL dapo/cispo "
         "num_items_in_batch / processes x GA / steps_per_generation; verl batch_num_tokens / dp_size. "
@@ -315,7 +341,7 @@ class LossConfig:
         "scaling",
         gt=0.0,
     )
-    sequence_normalizer: float | None = _f(
+    sequence_normalizer: float | None = _setting(
         None,
         "Sequence means divide by this row count instead of the batch's (verl: global_batch_size / dp_size). "
         "None = the batch's rows.",
@@ -324,13 +350,13 @@ class LossConfig:
     )
 
     # --- advantages ----------------------------------------------------------------------------
-    advantage: str = _f(
+    advantage: str = _setting(
         "group", "Advantage from rewards (see the advantage registry).", "advantage", choices=ADVANTAGES
     )
-    advantage_epsilon: float = _f(
+    advantage_epsilon: float = _setting(
         1e-5, "Added to the std: (R - mean) / (std + eps). Article 1e-5, TRL 1e-4, verl 1e-6.", "advantage", ge=0.0
     )
-    gamma: float = _f(
+    gamma: float = _setting(
         1.0,
         "The discount of a per-token return γ^k·R (verl algorithm.gamma; the reinforce-pp advantage reads it).",
         "advantage",
@@ -339,8 +365,8 @@ class LossConfig:
     )
 
     # --- runtime -------------------------------------------------------------------------------
-    dtype: str = _f("float32", "Compute dtype.", "runtime", choices=("float32", "float64"))
-    device: str = _f(
+    dtype: str = _setting("float32", "Compute dtype.", "runtime", choices=("float32", "float64"))
+    device: str = _setting(
         "auto", "Where to compute: auto (the input's device), cpu or cuda.", "runtime", choices=("auto", "cpu", "cuda")
     )
 
@@ -401,16 +427,17 @@ class LossConfig:
 
         Settings GRPO Lens does not reproduce warn, or raise with ``strict``; none is dropped silently.
         """
-        from grpo.trainer_config import from_trl
-
-        return from_trl(args, strict=strict)
+        return cls.from_trainer_fields(checked(trl_fields(args), strict, "TRL"))
 
     @classmethod
     def from_verl(cls, actor_config: Any, algorithm: Any = None, strict: bool = False) -> LossConfig:
         """From verl 0.9.1's actor config (dict, OmegaConf or ActorConfig); see ``grpo.trainer_config.map_verl``."""
-        from grpo.trainer_config import from_verl
+        return cls.from_trainer_fields(checked(verl_fields(actor_config, algorithm), strict, "verl"))
 
-        return from_verl(actor_config, algorithm, strict=strict)
+    @classmethod
+    def from_trainer_fields(cls, found: TrainerFields) -> LossConfig:
+        """A trainer config's settings (``grpo.trainer_fields``), labelled with its recipe's preset if there is one."""
+        return cls(**found.settings, preset=found.recipe if found.recipe in PRESETS else None)
 
     def replace(self, **changes: Any) -> LossConfig:
         return dataclasses.replace(self, **changes)
@@ -509,47 +536,22 @@ FIELDS: tuple[FieldSpec, ...] = tuple(_spec(f, _HINTS[f.name]) for f in dataclas
 FIELD_NAMES: tuple[str, ...] = tuple(spec.name for spec in FIELDS)
 
 
-@dataclass(frozen=True)
-class Preset:
-    """A named set of LossConfig choices, with what it reproduces and where that comes from."""
-
-    name: str
-    doc: str
-    source: str
-    settings: dict[str, Any]
-
-
-PRESETS: dict[str, Preset] = {}
+def _check_preset(preset: Preset) -> Preset:
+    """``preset`` when its settings are LossConfig fields with valid values, else GrpoInputError naming one."""
+    unknown = sorted(set(preset.settings) - set(FIELD_NAMES))
+    if unknown:
+        raise GrpoInputError(unknown[0], f"a LossConfig field: one of {', '.join(FIELD_NAMES)}")
+    LossConfig(**preset.settings)  # every value checked now, not when the preset is first used
+    return preset
 
 
 def register_preset(preset: Preset) -> Preset:
     """Add a named preset (a plugin's, say): its settings must be valid LossConfig fields."""
     if preset.name in PRESETS:
         raise KeyError(f"preset {preset.name!r} is already registered")
-    unknown = sorted(set(preset.settings) - set(FIELD_NAMES))
-    if unknown:
-        raise GrpoInputError(unknown[0], f"a LossConfig field: one of {', '.join(FIELD_NAMES)}")
-    LossConfig(**preset.settings)  # every value checked now, not when the preset is first used
-    PRESETS[preset.name] = preset
+    PRESETS[preset.name] = _check_preset(preset)
     return preset
 
 
-# The article's loss; the trainers' presets are their own configs of each recipe, mapped by
-# grpo.trainer_config like any run's config (never a second copy of the trainers' defaults).
-register_preset(
-    Preset(
-        "article",
-        "The article's grpo_loss: clip 0.2, beta 0.01, k3, per-sequence token mean, eps 1e-5.",
-        "shared/reference/grpo-loss-analysis.txt (grpo_loss.py)",
-        {
-            "objective": "clip",
-            "epsilon_low": 0.2,
-            "epsilon_high": 0.2,
-            "beta": 0.01,
-            "kl_estimator": "k3",
-            "aggregation": "seq-mean-token-mean",
-            "advantage": "group",
-            "advantage_epsilon": 1e-5,
-        },
-    )
-)
+for _built_in in PRESETS.values():
+    _check_preset(_built_in)

@@ -45,9 +45,10 @@ CORRECTION_CODES: tuple[str, ...] = (
 )
 NOT_COUNTED, KEPT, TRUNCATED, MASKED, NOT_SCORED, SEQUENCE_MASKED, REJECTED = range(len(CORRECTION_CODES))
 VERL_MEAN_EPSILON = 1e-8
-SAFETY_BOUND = 20.0
-"""verl's bound on the log-ratio of its rejection statistics (exp(±20))."""
 """verl's ``masked_mean`` divides by the mask's sum + 1e-8; its batch normalisation reproduces that."""
+SAFETY_BOUND = 20.0
+"""verl's ±20 bound on a log-ratio before exp (its SAFETY_BOUND): the rejection statistics and IS weights
+here, and, as trainer_fields maps them, its policy losses' log-ratio and low_var_kl's ref - logp."""
 CORRECTION_WHY: dict[str, str] = {
     "not_counted": "does not count (prompt, padding or masked out)",
     "kept": "the importance weight is applied as it is (inside its bounds), or no correction is chosen",

@@ -29,6 +29,20 @@ from grpo.registry import Reduction, Registry, Why
 REGIONS: tuple[str, ...] = ("masked", "trust", "clip_low", "clip_high", "dual_clip")
 MASKED, TRUST, CLIP_LOW, CLIP_HIGH, DUAL_CLIP = range(len(REGIONS))
 
+# The defaults of the variants' own settings: the trainers' defaults (TRL 1.16 GRPOConfig, verl 0.9.1
+# PolicyLossConfig and actor tau_pos / tau_neg agree), and LossConfig's.
+SAPO_TEMPERATURE_POS = 1.0
+SAPO_TEMPERATURE_NEG = 1.05
+VESPO_K_POS = 2.0
+VESPO_LAMBDA_POS = 3.0
+VESPO_K_NEG = 3.0
+VESPO_LAMBDA_NEG = 2.0
+CLIP_COV_RATIO = 0.0002
+CLIP_COV_LB = 1.0
+CLIP_COV_UB = 5.0
+KL_COV_RATIO = 0.0002
+PPO_KL_COEF = 0.1
+
 
 @dataclass(frozen=True)
 class ObjectiveTerms:
@@ -824,6 +838,7 @@ def dro(
 
 # --- TRL 1.16's vespo ------------------------------------------------------------------------------------------
 VESPO_LOG_W_MIN = math.log(1e-8)  # TRL's lower clamp of the sequence log-weight
+VESPO_LOG_CLAMP = 20.0  # TRL's bound on each token's log-ratio (±) and the sequence log-weight's upper clamp
 
 
 @OBJECTIVES.register(
@@ -841,8 +856,8 @@ def vespo(
     Paper: https://huggingface.co/papers/2602.10693
     """
     given = given_inputs(ratio, logp, inputs)
-    x = given.log_ratio.detach().clamp(-20.0, 20.0)
-    log_w = given.counted_log_ratio(x).sum(-1, keepdim=True).clamp(VESPO_LOG_W_MIN, 20.0)  # (B, T) -> (B, 1)
+    x = given.log_ratio.detach().clamp(-VESPO_LOG_CLAMP, VESPO_LOG_CLAMP)
+    log_w = given.counted_log_ratio(x).sum(-1, keepdim=True).clamp(VESPO_LOG_W_MIN, VESPO_LOG_CLAMP)  # (B, T) -> (B, 1)
     nonneg = advantages >= 0
     k = torch.where(nonneg, config.vespo_k_pos, config.vespo_k_neg)
     lam = torch.where(nonneg, config.vespo_lambda_pos, config.vespo_lambda_neg).clamp(min=1e-4)

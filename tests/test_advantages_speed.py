@@ -1,4 +1,4 @@
-"""Every advantage estimator costs what the group estimator costs on long rows (issue 33, item 2).
+"""Every advantage estimator costs what the group estimator costs on long rows (a costly estimator).
 
 The request path prices a batch by its padded tokens, so no estimator may hide a loop over the positions:
 verl's REINFORCE++ runs its discounted return back one position at a time (2 rows x 131,072 tokens took 2.9 s

@@ -1,4 +1,4 @@
-"""The /loss answer carries the rollout correction per token (issue 22 item 3): the sampler-vs-old log-ratio,
+"""The /loss answer carries the rollout correction per token (the off-policy correction): the sampler-vs-old log-ratio,
 the weight applied, what the correction did (codes into ``correction_names``), and the loss without it."""
 
 from __future__ import annotations

@@ -455,7 +455,7 @@ def test_unknown_experiment_is_a_404_that_lists_the_valid_ones(api: TestClient) 
     assert all(name in detail[0]["msg"] for name in EXPERIMENTS)
 
 
-# Issue 33 (item 11): a config value or an unknown field's name was echoed whole in the error (a 1 MB string
+# Echoed input: a config value or an unknown field's name was echoed whole in the error (a 1 MB string
 # gave a 1 MB answer, for aggregation, kl_estimator, rollout_correction and an unknown key). Now at most
 # grpo.errors.SHOWN_CHARACTERS of it, with its length.
 @pytest.mark.parametrize("field", ["aggregation", "kl_estimator", "rollout_correction", "preset", "unknown"])

@@ -1,4 +1,4 @@
-"""The charts' confusions (issue 35, Confusions), in real headless Chromium: a heatmap's hover names the position
+"""The charts' confusions (Confusions), in real headless Chromium: a heatmap's hover names the position
 when the batch gave no token strings (no empty "token:"); cells that do not count look unlike a neutral value (a
 ratio of 1) and the heatmap says which they are; no chart offers Plotly's "Share chart…" (nothing leaves this
 machine); every section is drawn on beforeprint (and when asked), so printouts and full-page screenshots are whole;

@@ -1,4 +1,4 @@
-"""The corrections told as they are, on the page (issue 35, Corrections), in real headless Chromium: the long-row
+"""The corrections told as they are, on the page (Corrections), in real headless Chromium: the long-row
 scenario under TRL's default (sequence_mask, C_max 3, which drops row 3) with verl's rollout_rs token_k1 on
 [0.965, 1.1] (19 tokens rejected). A dropped token's hover says it gets no policy gradient beside its gradient of 0;
 the scatter's title names rollout_rs and its count; the k1 thresholds say they bound −log r; the summary names the

@@ -1,4 +1,4 @@
-"""The page explains itself (issue 10): one browser test per finding that is about the page.
+"""The page explains itself: one browser test per finding that is about the page.
 
 The sentences themselves are checked numerically in tests/test_explain.py; here, that the page shows
 what the library says, with the views the findings asked for.
@@ -198,7 +198,7 @@ def test_9_upload_tab_lists_tensors_examples_and_exports(page: Page, tmp_path: P
 
 def test_11_upload_menu_formats_and_extensions_come_from_the_options(page: Page) -> None:
     """The upload's label, accepted extensions, example links and export buttons are /api/v1/options's
-    formats (issue 19: a new format is one entry in the library, not an edit of the page)."""
+    formats (a new format is one entry in the library, not an edit of the page)."""
     page.open()
     with urllib.request.urlopen(f"{page.server}/api/v1/options") as r:
         formats = json.load(r)["formats"]

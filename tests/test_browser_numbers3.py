@@ -1,4 +1,4 @@
-"""Disagreeing numbers, on the page (issue 35): under verl-gmpo the metrics table, Compare and the clip view
+"""Disagreeing numbers, on the page: under verl-gmpo the metrics table, Compare and the clip view
 tell one clip fraction per meaning with GMPO's log-ratio bounds; Compare says what makes kl differ; the beta
 warning names the presets that set beta; a ratio no clip holds reads "unbounded".
 

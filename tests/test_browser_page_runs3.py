@@ -1,4 +1,4 @@
-"""The Runs view told as it is (issue 35: ranks, stale labels, a link to a run's step) in real headless Chromium.
+"""The Runs view told as it is (ranks, stale labels, a link to a run's step) in real headless Chromium.
 
 A real two-rank TRL run (each rank's step files written by ``RunWriter(rank=0/1)``, their returned losses and the
 trainer's logged.jsonl as TRL writes them: the step's loss is the mean over the ranks of each rank's sum) and a

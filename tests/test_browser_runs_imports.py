@@ -1,4 +1,4 @@
-"""The Runs view says what an import does not reproduce (issue 32, item 5), in real headless Chromium: run.json's
+"""The Runs view says what an import does not reproduce, in real headless Chromium: run.json's
 ``imported.unsupported`` (setting -> why) listed under the verdict as "Not reproduced: setting — why", each setting
 once; an import that reproduces every setting it was given shows no such list."""
 

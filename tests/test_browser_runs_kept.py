@@ -1,6 +1,6 @@
 """A kept run page in real headless Chromium: the page's fetch of ``/api/v1/runs/{run}`` revalidates its
 cached copy with the ETag, the server answers 304 without a body, and the Runs view draws the run as it
-did from the full answer (issue 18: a kept page is streamed from its file with an ETag)."""
+did from the full answer (a kept page is streamed from its file with an ETag)."""
 
 from __future__ import annotations
 

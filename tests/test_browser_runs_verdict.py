@@ -1,4 +1,4 @@
-"""The Runs view's verdict (issue 31, item 2) in real headless Chromium: it says a run matches its trainer only
+"""The Runs view's verdict (the three-state verdict) in real headless Chromium: it says a run matches its trainer only
 when the check's verdict is "match". A real NeMo RL import (its dump holds no loss) is "unchecked", with the
 reason, and never called a match; a tampered run names the steps past tolerance; a step file that cannot be
 read is named with the error. Each step is marked by its verdict in the loss chart and in its label."""

@@ -1,4 +1,4 @@
-"""One story per number on the page (issue 20, items 1, 2, 3 and 5 in Chromium): each token's why in its
+"""One story per number on the page (in Chromium): each token's why in its
 hover, counts that agree, descriptions with the config's numbers, one gradient sign, and every number the
 page prints tagged with the quantity it shows and equal to that quantity wherever else it is printed.
 
@@ -343,7 +343,7 @@ def test_a_pooled_heatmap_hover_prints_each_cell_s_value_as_the_answer_holds_it(
     page.check_clean()
 
 
-# --- what each variant did (issue 21 item 4, issue 20 items 1 and 5) --------------------------------------------
+# --- what each variant did (the variants' marks, one story per number) --------------------------------------------
 def _legend(page: Page, chart: str) -> list[str]:
     page.current_chart(chart)
     return list(page.page.evaluate(f"document.getElementById('{chart}').data.map(t => t.name)"))
@@ -402,7 +402,7 @@ def test_kl_cov_and_clip_cov_tokens_are_named_in_every_view(page: Page) -> None:
 
 
 def test_the_entropy_mask_is_marked_and_told_with_its_numbers(page: Page) -> None:
-    """Issue 21 item 4: the entropy mask marked on the heatmaps, and "the entropy mask kept 20% of tokens: the N
+    """The variants' marks: the entropy mask marked on the heatmaps, and "the entropy mask kept 20% of tokens: the N
     with entropy at least T; the rest carry no policy gradient", every number tagged."""
     g = torch.Generator().manual_seed(5)
     logps = (-torch.rand(4, 10, generator=g) * 2 - 0.05).tolist()
@@ -461,7 +461,7 @@ def test_warnings_carry_the_quantity_of_each_number(page: Page) -> None:
 
 
 def test_tool_mask_tokens_are_marked_and_counted(page: Page) -> None:
-    """Issue 21 item 4: a tool's tokens (tool_mask 0) marked on the heatmaps though they do not count, and the
+    """The variants' marks: a tool's tokens (tool_mask 0) marked on the heatmaps though they do not count, and the
     sentence "N of the completions' M tokens are a tool's output ...", every number tagged."""
     g = torch.Generator().manual_seed(6)
     logps = (-torch.rand(3, 8, generator=g) * 2 - 0.05).tolist()

@@ -1,4 +1,4 @@
-"""A real TRL 1.16 GRPOTrainer run whose sampler disagrees with the trainer, captured and checked (issue 22).
+"""A real TRL 1.16 GRPOTrainer run whose sampler disagrees with the trainer, captured and checked.
 
 vLLM is not installable here: the completions and the sampler's log-probs come through TRL's own ``rollout_func``
 hook (as vLLM's would: one log-prob per completion token, ``None`` where it could not score one), and

@@ -78,7 +78,7 @@ def test_a_step_across_ranks_checks_per_rank_and_joined(two_ranks: Path) -> None
     assert first[0].metrics["entropy"].trainer == first[1].metrics["entropy"].trainer
 
 
-# --- the verdict (issue 31): the logged loss compared, a capture of some ranks checked honestly ----------------
+# --- the three-state verdict: the logged loss compared, a capture of some ranks checked honestly ----------------
 def _check_cli(run_dir: Path) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "grpo", "check-run", str(run_dir), "--json", "--jobs", "2"]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)

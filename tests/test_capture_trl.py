@@ -1,6 +1,6 @@
 """grpo.capture.trl on a real TRL 1.16 GRPOTrainer run on CPU, then check-run per micro-batch.
 
-The run is the one issue 9 describes: a tiny random Qwen2 built from a config, a character
+The run is the TRL capture's own: a tiny random Qwen2 built from a config, a character
 tokenizer built in code, 16 prompts, num_generations 4, gradient accumulation 2, num_iterations 2,
 beta 0.04, 4 optimiser steps, for loss types grpo, dapo and dr_grpo. Every captured micro-batch
 must give the loss the trainer returned (relative error <= 1e-5 in float32) and the metrics it

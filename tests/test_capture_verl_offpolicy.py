@@ -1,4 +1,4 @@
-"""verl 0.9.1's rollout correction captured where verl computes it, and checked (issue 22 item 5, verl side).
+"""verl 0.9.1's rollout correction captured where verl computes it, and checked (the off-policy correction, verl side).
 
 verl corrects for the sampler on the driver over the whole batch (``compute_rollout_correction_and_add_to_batch``:
 IS weights, batch normalisation, rejection folded into the response mask), then its actor's ``ppo_loss`` sees

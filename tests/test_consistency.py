@@ -1,6 +1,6 @@
 """One definition per quantity: every number the answer prints in a sentence, a count or a description
 agrees with the same quantity wherever else the answer carries it, for every scenario under every preset;
-and no description holds a literal setting value (issue 20, items 1, 2 and 5 at the data level)."""
+and no description holds a literal setting value (one story per number, at the data level)."""
 
 from __future__ import annotations
 
@@ -221,7 +221,7 @@ def test_number_keeps_the_digits_that_tell_it_from_one() -> None:
     assert number(1202604.26) == "1.203e+06" and number(3.0) == "3" and math.isnan(float(number(math.nan)))
 
 
-# --- warnings: every number tagged (issue 20 item 5; before, warnings were plain strings) ---------------------
+# --- warnings: every number tagged (before, warnings were plain strings) ---------------------
 def _warned_batches() -> list[tuple[str, grpo.Batch, grpo.LossConfig]]:
     """A batch and a config for each warning that prints a number."""
     from grpo.requests import batch_from_request

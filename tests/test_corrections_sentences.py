@@ -1,4 +1,4 @@
-"""The corrections' sentences and fields are true for the batch shown (issue 35, Corrections): a dropped token's
+"""The corrections' sentences and fields are true for the batch shown (Corrections): a dropped token's
 why says it gets no policy gradient, the scatter's title names every correction in force (rollout_rs too), the
 k1 bounds are said to bound −log r, the summary names the dropped row, the rows table carries the sampler ratio
 and the row's weight, a TRL preset without TRL's vLLM correction says so, and the counts agree across the

@@ -1,6 +1,6 @@
 """Every registered variant and preset is documented (a tooltip line, a paper link) and offered in
 docs/variants.md's tables; the README is the front door and every link in the docs resolves; docs/tests.md
-names every browser test."""
+names every test file, with a line on what it checks, and every browser test."""
 
 from __future__ import annotations
 
@@ -71,6 +71,13 @@ def test_the_docs_list_every_browser_test() -> None:
         if isinstance(node, ast.FunctionDef) and node.name.startswith("test_") and f"`{node.name}`" not in listed
     ]
     assert missing == []
+
+
+def test_the_docs_name_every_test_file() -> None:
+    listed = (DOCS / "tests.md").read_text(encoding="utf-8")
+    files = sorted(DOCS.parent.joinpath("tests").glob("test_*.py"))
+    assert len(files) > 90  # the scan saw the suite
+    assert [path.name for path in files if f"- `{path.name}`: " not in listed] == []
 
 
 def test_the_readme_is_the_front_door_and_its_links_resolve() -> None:

@@ -1,4 +1,4 @@
-"""The hostile catalogue of issue 8: each class of input that once ended the process or got a 500.
+"""The hostile catalogue: each class of input that once ended the process or got a 500.
 
 In process (ASGI) where the behaviour is the app's: empty counted sets, strings that cannot be
 encoded, JSON nested past any parser's depth, NPZ headers that lie about sizes, content that does
@@ -227,7 +227,7 @@ def test_bodies_padded_far_past_what_they_send_are_413(capped: str, rows: int, w
 
 
 def test_redirects_never_name_a_foreign_host(capped: str) -> None:
-    # without a token a foreign Host is refused outright (400: DNS rebinding, issue 33); an allowed one is
+    # without a token a foreign Host is refused outright (400: DNS rebinding); an allowed one is
     # redirected by path, never to a host
     response = httpx.get(f"{capped}/static", headers={"host": "evil.example"}, follow_redirects=False)
     assert response.status_code == 400 and "location" not in response.headers

@@ -1,4 +1,4 @@
-"""Hostile decoders (issue 33: items 1, 7, 9 and the file parts of 11), each finding one test.
+"""Hostile decoders, each finding one test.
 
 - A compressed upload is priced by what its read fields would unpack to, from the zip's directory and the
   headers, before anything is decompressed: a 125 KB NPZ or .pt holding 64M float16 zeros took 2.5 GB

@@ -1,4 +1,4 @@
-"""The hostile catalogue of issue 18, the export half: a batch file is bounded as /api/v1/loss is.
+"""The hostile catalogue, the export half: a batch file is bounded as /api/v1/loss is.
 
 ``POST /api/v1/export/{fmt}`` read its body with FastAPI's model and padded it with no limit, outside
 the lanes: a 1.2 MB body (one 200,000-token row and 2,000 one-token rows, 400 M padded positions)

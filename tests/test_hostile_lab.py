@@ -1,4 +1,4 @@
-"""The lab, attacked (issue 18): races between a check and its act forced with an injected pause, never
+"""The lab, attacked: races between a check and its act forced with an injected pause, never
 left to luck; slots freed whatever the order of events; cancel and delete in every state; the step
 endpoint on files the lab did not write; event streams capped, asleep when idle, and a reader that
 takes nothing dropped.

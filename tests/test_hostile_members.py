@@ -1,4 +1,4 @@
-"""One member against the rest of the team (issue 33, items 5, 6 and 10): a flood of sign-ins, event streams
+"""One member against the rest of the team: a flood of sign-ins, event streams
 that never read or fill a run's places, one member's lab queue, reconnects that fetch the whole history, and
 a page on another site (a cross-site form, DNS rebinding) on an instance without a token.
 

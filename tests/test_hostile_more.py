@@ -132,7 +132,7 @@ def test_an_unreadable_step_file_is_refused_at_upload(runs: tuple[TestClient, Pa
 
 # The same step files put in the runs directory by another hand (a capture, a copy): the run's
 # views were 500s; now each view of the step is a 422 naming the step file, and the run's page (the check of
-# every file) answers with that file's verdict "error" and why (issue 31: it was a 422 for the whole run).
+# every file) answers with that file's verdict "error" and why (the verdict: it was a 422 for the whole run).
 @pytest.mark.parametrize("change", ["group_size-vector", "no-per_token_logps", "rank-not-a-number", "meta-deep"])
 def test_an_unreadable_step_file_on_disk_is_a_422_on_every_view(runs: tuple[TestClient, Path], change: str) -> None:
     http, root = runs

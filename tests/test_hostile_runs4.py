@@ -1,4 +1,4 @@
-"""Issue 33, round four of the hostile catalogue: run-zip uploads (item 3), runs deleted or replaced while they
+"""Round four of the hostile catalogue: run-zip uploads (item 3), runs deleted or replaced while they
 are read (item 8), a rejection threshold that is not a number (item 11).
 
 Each test sends what got a 500, a stall or a wrong answer at the base commit and checks the answer now. Races

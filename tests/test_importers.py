@@ -111,7 +111,7 @@ def test_nemo_rl_import_holds_the_dump_as_the_loss_reads_it(nemo_dir: Path, caps
     # NeMo RL's global counts, each + 1e-8 (its masked_mean): Σ token_mask · sample_mask, Σ sample_mask (3 kept)
     assert config.token_normalizer == float(mask.sum()) + 1e-8 and config.sequence_normalizer == 3 + 1e-8
     gen = torch.tensor(data["generation_logprobs"])[:, 1:]
-    if SAMPLER_IS_A_FIELD:  # issue 22 landed: a tensor of the step
+    if SAMPLER_IS_A_FIELD:  # the sampler's log-probs are a batch field: a tensor of the step
         assert torch.equal(getattr(batch, SAMPLER)[counted], gen[counted].float())
     else:
         assert loaded.info["imported"]["sampler_log_probs"].startswith("step meta")
@@ -125,7 +125,7 @@ def test_nemo_rl_import_holds_the_dump_as_the_loss_reads_it(nemo_dir: Path, caps
 def test_nemo_rl_run_checks_as_documented(nemo_dir: Path, capsys: Any) -> None:
     """No trainer loss in the dump: check-run compares nothing, so every micro-batch, step and the run are
     unchecked, with the dump's reasons, and it exits 3 (it said "all within tolerance" and exited 0 before
-    issue 31); it shows -; the loss is the ratio-1 breakdown: ratio 1 everywhere, KL 0 (no reference),
+    the three-state verdict); it shows -; the loss is the ratio-1 breakdown: ratio 1 everywhere, KL 0 (no reference),
     token-mean of -A over the counted tokens."""
     target = nemo_dir.parent / "run"
     assert run(capsys, "import", "nemo-rl", str(nemo_dir), str(target))[0] == 0
@@ -156,7 +156,7 @@ def test_nemo_rl_config_file_maps_loss_fn(nemo_dir: Path, tmp_path: Path, capsys
     assert code == 0, err
     info = load_run(tmp_path / "run").info
     assert info["config"]["epsilon_high"] == 0.28 and info["config"]["aggregation"] == "seq-mean-token-mean"
-    # issue 32: the importance-sampling correction is reproduced (unbounded token weights exp(prev - generation))
+    # the importance-sampling correction is reproduced (unbounded token weights exp(prev - generation))
     assert info["config"]["rollout_correction"] == "token_truncate" and info["config"]["rollout_is_max"] is None
     assert "use_importance_sampling_correction" in info["imported"]["mapped"]
 

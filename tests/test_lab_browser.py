@@ -180,7 +180,7 @@ def test_a_comparison_overlays_runs_named_by_what_differs(page: Any) -> None:
     # Reopened at the lab's top, the charts on screen are drawn with both runs, each by one Plotly.react
     # (both runs are on the page before the first frame draws); a chart far below is not drawn at all
     # until it is scrolled to (all 18 built, then each run's traces added and renamed one chart at a
-    # time, held a reopened comparison's first point back: issue 20's reload figure).
+    # time, held a reopened comparison's first point back: the reload figure of bench/page.py).
     page.evaluate("window.scrollTo(0, document.getElementById('view-lab').offsetTop)")
     overlay = "document.getElementById('lab-overlay')"
     wait_for(page, f"{overlay}.data?.length === 4 && {overlay}.data.every((t) => t.x.length >= 5)", 120_000)

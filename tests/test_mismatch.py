@@ -1,4 +1,4 @@
-"""The mismatch view's data (grpo.mismatch, issue 22 item 4): the sampler against the trainer per token and
+"""The mismatch view's data (grpo.mismatch): the sampler against the trainer per token and
 per row, the bounds in force, what the correction did, and sentences whose every number is recomputed here
 from the batch's own log-probs (plain Python over the request's lists, not the library's tensors)."""
 

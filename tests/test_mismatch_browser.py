@@ -1,4 +1,4 @@
-"""The Mismatch view in real headless Chromium (issue 22 item 4): each mismatch scenario draws the scatter of
+"""The Mismatch view in real headless Chromium: each mismatch scenario draws the scatter of
 trainer-old vs sampler log-probs around the diagonal and the per-row chart with its bounds, prints the
 server's sentences with every number tagged and equal to the API's, marks the dropped cells on the
 heatmaps; a batch without sampler log-probs says so; rollout_rs is a text control that round-trips and a

@@ -1,4 +1,4 @@
-"""NeMo RL imports case by case (issue 32): a config that inherits through ``defaults:`` maps to the settings NeMo
+"""NeMo RL imports case by case: a config that inherits through ``defaults:`` maps to the settings NeMo
 RL's own loader gives it; ``force_on_policy_ratio``'s placeholder log-probs are read as NeMo RL means them; the
 importance-sampling correction (plain, ``tis``, ``icepop``, ``seq-mask-tis``) reproduces ``ClippedPGLossFn``; a
 hostile dump exits 2 with one line and leaves nothing.

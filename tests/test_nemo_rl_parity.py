@@ -190,7 +190,7 @@ CASES: list[dict[str, Any]] = [
     {"reference_policy_kl_penalty": 0.0, "disable_ppo_ratio": True},
     {"reference_policy_kl_penalty": 0.0, "use_kl_in_reward": True},
 ]
-# The importance-sampling correction (issue 32): plain, tis, icepop, seq-mask-tis, per token and per sequence
+# The importance-sampling correction: plain, tis, icepop, seq-mask-tis, per token and per sequence
 IS = {"reference_policy_kl_penalty": 0.0, "use_importance_sampling_correction": True}
 TIS = {"truncated_importance_sampling_type": "tis", "truncated_importance_sampling_ratio": 1.04}
 ICEPOP = {
@@ -263,7 +263,7 @@ def test_the_kl_penalty_s_value_equals_nemo_rl(nemo: Any, kl_type: str, token_le
 def test_read_config_composes_every_example_config_as_nemo_rl_s_loader(monkeypatch: pytest.MonkeyPatch) -> None:
     """``read_config`` against NeMo RL's ``load_config`` (``nemo_rl/utils/config.py``, hydra stood in: only its
     override parser imports it) on every config of its ``examples/configs``: the same composed config, section by
-    section, so the same loss settings (before issue 32, 56 of them that inherit mapped to other loss settings)."""
+    section, so the same loss settings (before, 56 of them that inherit mapped to other loss settings)."""
     from omegaconf import OmegaConf
 
     for name in ("hydra", "hydra._internal", "hydra.core", "hydra.core.override_parser"):

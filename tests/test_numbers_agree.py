@@ -1,4 +1,4 @@
-"""Numbers that disagreed, told as they are (issue 35, "Disagreeing numbers" and "Region labels"): one clip
+"""Numbers that disagreed, told as they are ("Disagreeing numbers" and "Region labels"): one clip
 fraction per meaning under its trainer's name and bounds, the same in the summary's counts, the metrics and
 Compare for every preset; the clip view's GMPO points at the term the objective uses; the beta sentence read
 from the presets table; what makes TRL's and verl's kl differ; negative chi2 estimates explained; ratios

@@ -42,7 +42,7 @@ def info(run_dir: Path) -> dict[str, Any]:
 
 # --- one run.json writer ---------------------------------------------------------------------------------------
 def test_rank1_before_rank0_leaves_a_fresh_run_fresh(tmp_path: Path) -> None:
-    """The race of issue 31, made deterministic: rank 1 starts (resume=True, as grpo.capture.trl passes it) and
+    """The verdict's race, made deterministic: rank 1 starts (resume=True, as grpo.capture.trl passes it) and
     says its status before rank 0 starts. Rank 0 then finds no run.json: a fresh run, one attempt."""
     rank1 = RunWriter(tmp_path, "trl", CONFIG, rank=1, sampling=Sampling(), resume=True)
     rank1.update(unsupported={}, loss_type="grpo")

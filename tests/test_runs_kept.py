@@ -1,4 +1,4 @@
-"""A kept run page answered at a bounded cost to everything else (issue 18, figure c's warm phase): four
+"""A kept run page answered at a bounded cost to everything else (bench/api.py figure c's warm phase): four
 clients re-reading a 40,000-member run's page held the small requests' threads (the look-up ran there,
 and every RESCAN_SECONDS each reader re-stat-ed 40,000 step files, a second each on a loaded machine) and
 read its 15 MB into the heap per read: small /loss p99 1.1 s. Now the look-up and the body's chunks are

@@ -1,5 +1,4 @@
-"""The Runs view evaluates a shown step once (issue 31, item 7), and the page shows every warning of an
-answer (item 8).
+"""The Runs view evaluates a shown step once, and the page shows every warning of an answer.
 
 A step is evaluated by the step endpoint, whose answer is the breakdown the page draws: the batch never
 travels through the browser to /api/v1/loss. The server runs in this process (a uvicorn thread, no worker

@@ -148,7 +148,7 @@ def test_files_written_just_now_are_not_trusted(http: TestClient, tmp_path: Path
 
 
 def test_a_bad_step_file_is_its_error_in_a_kept_page(http: TestClient, tmp_path: Path, counted: list[str]) -> None:
-    """A step file the check cannot read is that file's ``error`` (issue 31): the run's page is answered with
+    """A step file the check cannot read is that file's ``error`` (the verdict): the run's page is answered with
     the rest checked, the run's verdict error, the file and why named; kept like any page (one computation)."""
     run = write_run(tmp_path, "r")
     step = run / "steps" / "000001-001.safetensors"

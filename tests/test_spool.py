@@ -1,4 +1,4 @@
-"""Large bodies off the main process's GIL (issue 18 item 9): a body of ``large_request_bytes`` or more is
+"""Large bodies off the main process's GIL: a body of ``large_request_bytes`` or more is
 written to a spool file chunk by chunk as it arrives (``app.middleware.BodyLimit`` into ``app.lanes.Spooled``)
 and handed to its lane as that file, never joined in the server's memory: a 24 MB join was a copy into
 freshly faulted pages with the GIL held, beside small requests that need it (bench/api.py, figure 5).

@@ -375,7 +375,7 @@ def test_a_zip_bomb_npz_is_refused_before_it_unpacks(monkeypatch: pytest.MonkeyP
         load_file("bomb.npz", data, max_unpacked_bytes=16 * 1024 * 1024)
     monkeypatch.setattr(get_settings(), "max_unpacked_bytes", 16 * 1024 * 1024)
     response = client().post("/api/v1/upload", files={"file": ("bomb.npz", data)})
-    assert response.status_code == 413  # too large once unpacked, priced from the zip's directory (issue 33)
+    assert response.status_code == 413  # too large once unpacked, priced from the zip's directory
     assert response.json()["detail"][0]["loc"][:2] == ["body", "file"]
     assert "once unpacked" in response.json()["detail"][0]["msg"]
 

@@ -1,4 +1,4 @@
-"""The three-state verdict of ``grpo.check`` (issue 31): match, differ, unchecked with its reasons, and a file
+"""The three-state verdict of ``grpo.check``: match, differ, unchecked with its reasons, and a file
 that cannot be read an error; check-run's exit status from it; the trainer's logged loss joined as the trainer
 logs it (TRL's window over steps and ranks, transformers' non-finite filter; verl's parts over ranks and
 micro-batches); a worker's error never hangs a pool.

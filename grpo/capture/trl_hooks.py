@@ -27,7 +27,8 @@ from torch import Tensor
 
 from grpo.config import LossConfig
 from grpo.runs import RunWriter, Sampling, package_versions
-from grpo.trainer_config import TRL_DIVIDED_BY_GA, map_trl
+from grpo.trainer_config import map_trl
+from grpo.trainer_fields import TRL_DIVIDED_BY_GA
 
 ROW_REWARDS = "lens_row_rewards"  # keys the hooks add to TRL's generation batch
 ROW_GROUPS = "lens_row_groups"

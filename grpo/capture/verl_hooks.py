@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import Tensor
 
-from grpo.capture import verl_driver
+import grpo.capture.verl_driver as verl_driver
 from grpo.config import LossConfig
 from grpo.runs import RunWriter, Sampling, package_versions
 from grpo.trainer_config import map_verl

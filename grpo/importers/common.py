@@ -7,7 +7,6 @@ refused dump leaves nothing behind and a reader never sees half a run.
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import tempfile
@@ -29,11 +28,7 @@ from grpo.runs import RunWriter, dir_mode, open_regular
 # description stays small at any length (each step file's meta names its own dump file: ``imported_from``)
 LISTED_NAMES = 100
 SAMPLER_FIELD = "sampling_per_token_logps"
-# run.json says where the sampler's log-probs went (keyed by sampler_is_a_field())
-SAMPLER_WHERE = {
-    True: "step tensor sampling_per_token_logps",
-    False: "step meta sampling_per_token_logps (the batch table has no such field yet)",
-}
+SAMPLER_WHERE = "step tensor sampling_per_token_logps"  # run.json says where the sampler's log-probs went
 
 
 @dataclass(frozen=True)
@@ -57,11 +52,6 @@ def number(name: str, value: Any) -> float:
 
 def optional_number(name: str, value: Any) -> float | None:
     return None if value is None else number(name, value)
-
-
-def sampler_is_a_field() -> bool:
-    """Whether the batch table knows the sampler's log-probs (issue 22): then they are a step tensor, else meta."""
-    return SAMPLER_FIELD in BATCH_FIELDS
 
 
 def grid(rows: Sequence[Tensor], fill: float = 0.0) -> Tensor:
@@ -138,7 +128,7 @@ def grid_bound(rows: int, width: int, nbytes: int, where: str) -> None:
 def row_advantages(advantages: Tensor, mask: Tensor, where: str) -> Tensor:
     """(B, T) per-token advantages -> (B,): each row's value on its counted tokens (0 for a row with none).
 
-    GRPO Lens takes one advantage per row; a row whose counted tokens carry different values (a per-token
+    An import takes one advantage per row: a row whose counted tokens carry different values (a per-token
     estimator, a KL in the reward per token) is refused rather than averaged into another loss.
     """
     counted = mask > 0  # (B, T)
@@ -172,14 +162,6 @@ def mismatch(old: Tensor, sampler: Tensor, mask: Tensor) -> dict[str, float]:
         "token_mult_prob_error": float(d.abs().exp().mean()),
         "gen_kl_k3": float((d.exp() - d - 1).mean()),
     }
-
-
-def sampler_entry(rows: Sequence[Tensor]) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """The sampler's log-probs (ragged rows) as a step tensor when the batch table knows them (issue 22),
-    else as the step's meta, one list per row (``null`` where not scored)."""
-    if sampler_is_a_field():
-        return {SAMPLER_FIELD: grid(rows)}, {}
-    return {}, {SAMPLER_FIELD: [[v if math.isfinite(v) else None for v in row.tolist()] for row in rows]}
 
 
 def checked(tensors: dict[str, Tensor], where: str) -> None:

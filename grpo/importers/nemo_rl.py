@@ -27,12 +27,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+import grpo.importers.common as common
 from grpo import step_schema
 from grpo.config import LossConfig
 from grpo.corrections import SAFETY_BOUND
 from grpo.errors import GrpoInputError
 from grpo.fields import BATCH_FIELDS
-from grpo.importers import common
 from grpo.trainer_config import TrainerMapping
 
 READ = "NeMo RL 0.6.0 (NVIDIA-NeMo/RL commit 7ea279a, 2026-08-22)"
@@ -702,8 +702,8 @@ def read_step(
     }
     if all(r is not None for r in rewards):
         tensors["row_rewards"] = torch.tensor(rewards, dtype=torch.float32)
-    sampler_tensors, sampler_meta = ({}, {}) if placeholder else common.sampler_entry(gen)
-    tensors |= sampler_tensors
+    if not placeholder:  # the sampler's log-probs
+        tensors[common.SAMPLER_FIELD] = common.grid(gen)
     tensors |= step_schema.sample_tensors(more, len(prev), path.name)
     common.checked(tensors, path.name)
     meta = {
@@ -711,7 +711,6 @@ def read_step(
         "trainer": "nemo-rl",
         "cannot_check": [*CANNOT_CHECK, NOT_RECORDED] if placeholder else CANNOT_CHECK,
         "sampler_vs_old": {"not_recorded": NOT_RECORDED} if placeholder else common.mismatch(logps, sampler, mask),
-        **sampler_meta,
     }
     own = None if config is None else step_config(config, mask, torch.tensor(kept, dtype=torch.float64))
     return common.ImportedStep(step, None, tensors, meta, own)
@@ -750,7 +749,7 @@ def import_nemo_rl(src: str | Path, run_dir: str | Path, loss_config: Any = None
             "cannot_check": [*CANNOT_CHECK, NOT_RECORDED] if how.force_on_policy_ratio else CANNOT_CHECK,
             "unsupported": mapping.unsupported | not_read,
             "mapped": mapping.mapped | mapping.captured,
-            "sampler_log_probs": common.SAMPLER_WHERE[common.sampler_is_a_field()],
+            "sampler_log_probs": common.SAMPLER_WHERE,
             **({"config_file": files_read[0]} if files_read else {}),
         }
     }

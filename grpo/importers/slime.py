@@ -39,11 +39,11 @@ from typing import Any, TypeGuard
 import torch
 from torch import Tensor
 
+import grpo.importers.common as common
 from grpo import step_schema
 from grpo.config import LossConfig
 from grpo.errors import GrpoInputError
 from grpo.fields import BATCH_FIELDS
-from grpo.importers import common
 from grpo.runs import read_regular
 from grpo.trainer_config import TrainerMapping
 
@@ -639,12 +639,8 @@ def step_of_dump(
         cannot.append("the KL penalty: ref_log_probs are not dumped, so the reference is the current policy (KL 0)")
     if all(x.sampler is not None for x in samples):
         gens = [_joined(g, "sampler") for g in rows]
-        sampler, sampler_meta = common.sampler_entry(gens)
-        tensors |= sampler
-        meta |= {
-            "sampler_vs_old": common.mismatch(current, _grid(gens, where, fill=float("nan")), mask),
-            **sampler_meta,
-        }
+        tensors[common.SAMPLER_FIELD] = common.grid(gens)
+        meta["sampler_vs_old"] = common.mismatch(current, _grid(gens, where, fill=float("nan")), mask)
     meta["cannot_check"] = cannot
     more: dict[str, list[Any]] = {}
     for g in rows:
@@ -718,7 +714,7 @@ def import_slime(src: str | Path, run_dir: str | Path, args: Any = None) -> Path
             "cannot_check": CANNOT_CHECK,
             "unsupported": mapping.unsupported,
             "mapped": mapping.mapped,
-            "sampler_log_probs": common.SAMPLER_WHERE[common.sampler_is_a_field()],
+            "sampler_log_probs": common.SAMPLER_WHERE,
         }
     }
     return common.write_run(run_dir, "slime", mapping.config, steps(found, mapping, given), info)

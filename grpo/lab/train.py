@@ -62,7 +62,7 @@ def check_lab_inputs(loss: LossConfig) -> None:
             )
 
 
-def _f(default: Any, doc: str, **bounds: float) -> Any:
+def _setting(default: Any, doc: str, **bounds: float) -> Any:
     return field(default=default, metadata={"doc": doc, **bounds})
 
 
@@ -70,17 +70,17 @@ def _f(default: Any, doc: str, **bounds: float) -> Any:
 class LabConfig:
     """A lab run: the task, the loss, and the few knobs of the loop around it."""
 
-    task: str = _f(DEFAULT_TASK, "The synthetic task (grpo.lab.TASKS).")
-    steps: int = _f(150, "Optimiser steps.", ge=1)
-    seed: int = _f(0, "Fixes the initial policy, the prompts and every sample.", ge=0)
+    task: str = _setting(DEFAULT_TASK, "The synthetic task (grpo.lab.TASKS).")
+    steps: int = _setting(150, "Optimiser steps.", ge=1)
+    seed: int = _setting(0, "Fixes the initial policy, the prompts and every sample.", ge=0)
     loss: LossConfig = field(default=LossConfig(), metadata={"doc": "The loss (any preset and override)."})
-    num_iterations: int = _f(1, "Optimiser steps per rollout (TRL num_iterations); > 1 reuses samples.", ge=1)
-    prompts_per_step: int = _f(8, "Prompts sampled per rollout.", ge=1)
-    group_size: int = _f(8, "Completions per prompt (TRL num_generations).", ge=2)
-    temperature: float = _f(1.0, "Sampling temperature (the log-probs are taken at it too).", gt=0.0)
-    learning_rate: float = _f(3e-3, "Adam learning rate.", gt=0.0)
-    max_grad_norm: float = _f(1.0, "Gradient norm clip (TRL max_grad_norm).", gt=0.0)
-    hidden: int = _f(64, "GRU width of the policy (64: about 20k parameters).", ge=4)
+    num_iterations: int = _setting(1, "Optimiser steps per rollout (TRL num_iterations); > 1 reuses samples.", ge=1)
+    prompts_per_step: int = _setting(8, "Prompts sampled per rollout.", ge=1)
+    group_size: int = _setting(8, "Completions per prompt (TRL num_generations).", ge=2)
+    temperature: float = _setting(1.0, "Sampling temperature (the log-probs are taken at it too).", gt=0.0)
+    learning_rate: float = _setting(3e-3, "Adam learning rate.", gt=0.0)
+    max_grad_norm: float = _setting(1.0, "Gradient norm clip (TRL max_grad_norm).", gt=0.0)
+    hidden: int = _setting(64, "GRU width of the policy (64: about 20k parameters).", ge=4)
 
     def __post_init__(self) -> None:
         get_task(self.task)
