@@ -17,6 +17,9 @@ in their entry (``needs``): GDPO and TRL's normalize_then_sum read the rewards p
 and their weights, ReMax the greedy baselines (``reward_baselines``), REINFORCE++ the counted tokens and
 ``gamma`` (it gives each token its own discounted return, (B, T): ``per_token``). Rewards given per function
 reach the others combined as TRL's default ``sum_then_normalize`` combines them, Σ_k w_k·r_k.
+
+``compute_advantages`` gives a batch's advantages as the loss reads them (BatchAdvantages): the batch's own, per
+row or per token, or its rewards' by the chosen estimator, with the reward metrics and the zero-std groups.
 """
 
 from __future__ import annotations
@@ -24,13 +27,19 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from grpo.batch import Batch
 from grpo.errors import GrpoInputError
+from grpo.fields import BATCH_FIELDS
 from grpo.registry import Registry
+
+if TYPE_CHECKING:  # grpo.config imports this module for its registry
+    from grpo.config import LossConfig
 
 Advantage = Callable[..., Tensor]  # (rewards (n, G), epsilon, lengths (n, G) | None = None) -> (n, G)
 ADVANTAGES: Registry[Advantage] = Registry("advantage")
@@ -231,16 +240,6 @@ def _per_function(rewards: Tensor, inputs: AdvantageInputs | None) -> AdvantageI
     return inputs
 
 
-def _gdpo(
-    rewards: Tensor, epsilon: float, lengths: Tensor | None, inputs: AdvantageInputs | None, by_std: bool
-) -> Tensor:
-    given = _per_function(rewards, inputs)
-    per_function = given.per_function.movedim(-1, 0)  # (n, G, K) -> (K, n, G)
-    normalised = group(per_function, epsilon) if by_std else none(per_function, epsilon)
-    weights = given.weights.to(normalised.dtype)[:, None, None]
-    return whiten_tokens((weights * normalised).sum(0), _counted(rewards, lengths))
-
-
 @ADVANTAGES.register("gdpo", label="GDPO (per-reward GRPO, whitened)", reward_std=group_std_mean)
 def gdpo(
     rewards: Tensor, epsilon: float, lengths: Tensor | None = None, inputs: AdvantageInputs | None = None
@@ -422,3 +421,115 @@ def optimal_token_baseline(
         tail = longest[:, :, None] & (positions[None, None, :] >= top[:, 1, None, None])
         baseline = baseline.masked_fill(tail, 0.0)
     return ((g - baseline) * m).reshape(B, T)
+
+
+# --- the batch's advantages: given, or from its rewards by the chosen estimator ---------------------------------
+
+
+@dataclass(frozen=True)
+class BatchAdvantages:
+    """The batch's advantages on the compute device, with what the breakdown reports of them."""
+
+    values: Tensor
+    """(B,) one per row, or (B, T) when the batch gives them per token (0 where nothing counts)."""
+    reward: Tensor | None
+    metrics: dict[str, float]
+    zero_std_groups: tuple[int, ...]
+    group_size: int
+
+    @property
+    def per_token(self) -> bool:
+        return self.values.dim() == 2
+
+    def on_tokens(self) -> Tensor:
+        """(B, 1) or (B, T): what the objectives multiply each token's term by (broadcast over the row)."""
+        return self.values if self.per_token else self.values[:, None]
+
+    def of_rows(self, mask: Tensor) -> Tensor:
+        """(B,): one per row; given per token, a row's value where it is the same on every counted token
+        (bit for bit the per-row input's), else its mean over them (0 for a row with none)."""
+        if not self.per_token:
+            return self.values
+        return row_values(self.values, mask)
+
+
+def row_values(per_token: Tensor, mask: Tensor) -> Tensor:
+    """(B, T) per-token values -> (B,): the row's value where its counted tokens agree, else their mean.
+    ``mask`` (B, T) 0.0/1.0 (or bool)."""
+    weights = mask.to(per_token.dtype)
+    first = per_token.gather(-1, weights.argmax(-1, keepdim=True)).squeeze(-1)  # first counted token's value
+    length = weights.sum(-1)
+    varies = ((per_token != first[:, None]) & (weights > 0)).any(-1)
+    mean = (per_token * weights).sum(-1) / length.clamp(min=1)
+    return torch.where(varies, mean, first * (length > 0))
+
+
+def compute_advantages(batch: Batch, config: LossConfig, device: torch.device, dtype: torch.dtype) -> BatchAdvantages:
+    """Advantages (B,) from the batch: given (per row, or per token (B, T)), or from rewards by
+    ``config.advantage``."""
+    B = batch.shape[0]
+    G = int(batch.group_size or B)
+    if batch.rewards is None:
+        assert batch.advantages is not None  # the Batch holds exactly one of the two
+        return BatchAdvantages(batch.advantages.to(device, dtype), None, {}, (), G)
+    entry = ADVANTAGES.entry(config.advantage)
+    missing = [name for name in entry.needs if name not in batch.extra]
+    if missing:
+        doc = BATCH_FIELDS[missing[0]].doc.rstrip(".")
+        raise GrpoInputError(missing[0], f"{doc}: advantage {config.advantage} reads it")
+    per_function, weights = reward_columns(batch, device, dtype)
+    rewards = (per_function * weights).sum(-1)  # TRL's Σ_k w_k·r_k (one reward function: r, as given)
+    grouped = rewards.view(-1, G)  # (B,) -> (B/G, G)
+    lengths = batch.mask.sum(dim=-1).to(device, dtype).view(-1, G)  # counted tokens per row
+    if takes_inputs(entry.fn):
+        baselines = batch.extra.get("reward_baselines")
+        given = AdvantageInputs(
+            per_function=per_function.view(-1, G, per_function.shape[-1]),
+            weights=weights,
+            mask=batch.mask_float.to(device, dtype),
+            gamma=config.gamma,
+            baselines=None if baselines is None else baselines.to(device, dtype).view(-1, G),
+            old=(batch.per_token_logps if batch.old_per_token_logps is None else batch.old_per_token_logps)
+            .detach()
+            .to(device, dtype),
+            sum_pi_squared=batch.extra.get("sum_pi_squared"),
+            token_rewards=batch.extra.get("token_level_rewards"),
+        )
+        values = entry.fn(grouped, config.advantage_epsilon, lengths, inputs=given)
+    else:
+        values = entry.fn(grouped, config.advantage_epsilon, lengths)
+    values = values.reshape(batch.shape) if entry.per_token else values.reshape(B)
+    group_std = unbiased_std(grouped)  # (B/G, 1)
+    zero = (
+        torch.isclose(group_std, torch.zeros_like(group_std)).reshape(-1)
+        if G > 1
+        else torch.zeros(B // G, dtype=torch.bool, device=device)
+    )
+    spread = ADVANTAGES.entry(config.advantage).reward_std or group_std_mean  # TRL's reward_std
+    metrics = {
+        "reward": float(rewards.mean()),
+        "reward_std": float(spread(grouped)),
+        "frac_reward_zero_std": float(zero.to(dtype).mean()),
+    }
+    zero_groups = tuple(int(g) for g in zero.nonzero().flatten().tolist())
+    return BatchAdvantages(values, rewards, metrics, zero_groups, G)
+
+
+def reward_columns(batch: Batch, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """(rewards (B, K), weights (K,)): the batch's rewards per reward function (K = 1 for one per row) and
+    reward_weights (all 1 when not given), whose length must be K."""
+    assert batch.rewards is not None
+    rewards = batch.rewards.to(device, dtype)
+    per_function = rewards if rewards.dim() == 2 else rewards[:, None]
+    K = per_function.shape[-1]
+    given = batch.extra.get("reward_weights")
+    if given is None:
+        return per_function, torch.ones(K, device=device, dtype=dtype)
+    weights = given.to(device, dtype).reshape(-1)
+    if weights.numel() != K:
+        raise GrpoInputError(
+            "reward_weights",
+            f"{K} weights, one per reward function (rewards has {K} per row)",
+            got=f"{weights.numel()}",
+        )
+    return per_function, weights
