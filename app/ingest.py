@@ -8,11 +8,16 @@ errors are pydantic's own. When a vectorised check fails, the whole body goes th
 whose error names the field, the row and the position, exactly as before.
 
 Before any (B, T) array is allocated, the request's cost is checked: B x T_max padded positions
-(a ragged batch is padded to its longest row) and an estimate of the bytes it will take.
+(a ragged batch is padded to its longest row) and an estimate of the bytes it will take. The same price
+picks the lane: work priced past the cheap limits stops where it runs as cheap work (``Costly``) and
+``app.lanes`` starts it again in the costly lane.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any, NamedTuple
@@ -71,7 +76,42 @@ def validated(model: type[BaseModel], data: Any, root: Loc) -> Any:
         raise invalid([error_item(root, "nesting too deep", "json_invalid")]) from exc
 
 
-class _Slow(Exception):
+class Costly(Exception):
+    """Work priced past what the small-request threads take, raised where its price is known and before its
+    costly part: ``app.lanes`` starts it again in the costly lane. ``here``: it must stay in this process
+    (a run zip: the store's disk claims are this process's), so it goes to the costly threads (niced)."""
+
+    def __init__(self, what: str, here: bool = False) -> None:
+        super().__init__(what)
+        self.here = here
+
+
+_LANE = threading.local()  # ``cheap``: this thread runs work that leaves its lane once priced costly
+
+
+@contextmanager
+def cheap_work() -> Iterator[None]:
+    """Run the body as cheap work (the small-request threads, the large lane's): a price past the cheap limits
+    raises ``Costly``."""
+    _LANE.cheap = True
+    try:
+        yield
+    finally:
+        _LANE.cheap = False
+
+
+def in_cheap_lane() -> bool:
+    return bool(getattr(_LANE, "cheap", False))
+
+
+def price(cost: int, limit: int, what: str, here: bool = False) -> None:
+    """``Costly`` when work priced at ``cost`` bytes is past ``limit`` and runs as cheap work (``here``: work
+    that must stay in this process)."""
+    if cost > limit and in_cheap_lane():
+        raise Costly(f"{what}: priced at {cost // MB} MB, past {limit // MB} MB", here)
+
+
+class _NeedsModel(Exception):
     """The fast path cannot decide: the model validates the whole body (and names the error)."""
 
 
@@ -86,26 +126,26 @@ NUMBER_TYPES = (float, int)  # what a JSON number reads as (bool is an int's sub
 
 
 def _flat(rows: Any, field: BatchField) -> tuple[np.ndarray, np.ndarray]:
-    """Ragged rows -> (flat float64 values, row lengths), checked; ``_Slow`` when anything is off."""
+    """Ragged rows -> (flat float64 values, row lengths), checked; ``_NeedsModel`` when anything is off."""
     if isinstance(rows, Flat):
         flat, lengths = rows
         if not len(lengths):
-            raise _Slow
+            raise _NeedsModel
     elif type(rows) is not list or not rows or any(type(r) is not list for r in rows):
-        raise _Slow
+        raise _NeedsModel
     else:
         lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
         if not all(type(v) in NUMBER_TYPES for v in chain.from_iterable(rows)):  # true, "0.5": not JSON numbers
-            raise _Slow  # the model names the value
+            raise _NeedsModel  # the model names the value
         try:
             flat = np.fromiter(chain.from_iterable(rows), dtype=np.float64, count=int(lengths.sum()))
         except (TypeError, ValueError, OverflowError):
-            raise _Slow from None
+            raise _NeedsModel from None
     low, high = field.low, field.high
     numbers = flat[~np.isnan(flat)] if field.nan_ok else flat
     ok = np.isfinite(numbers).all() and (numbers.min(initial=low) >= low) and (numbers.max(initial=high) <= high)
     if not ok or (field.dtype == "mask" and not np.isin(flat, (0.0, 1.0)).all()):
-        raise _Slow
+        raise _NeedsModel
     return flat, lengths
 
 
@@ -113,8 +153,10 @@ def check_cost(
     lengths: list[int] | np.ndarray, fields: int, dtype: str, settings: Settings, copies: int = 1, **output: Any
 ) -> None:
     """413 when the padded grid (B x T_max positions) or its estimated memory is past the settings;
-    ``output``: what the answer takes beyond evaluating, as ``check_padded`` takes it."""
-    check_padded(len(lengths), int(max(lengths, default=0)), fields, dtype, settings, copies, **output)
+    ``output``: what the answer takes beyond evaluating, as ``check_padded`` takes it. Within the limits, work
+    priced past ``cheap_request_bytes`` leaves the lane of cheap work (``Costly``)."""
+    estimate = check_padded(len(lengths), int(max(lengths, default=0)), fields, dtype, settings, copies, **output)
+    price(estimate, settings.cheap_request_bytes, "the request's working memory")
 
 
 def check_padded(
@@ -127,11 +169,11 @@ def check_padded(
     output_bytes: int = 0,
     output: str = "",
     output_loc: Loc | None = None,
-) -> None:
+) -> int:
     """413 when B rows padded to T positions (x ``copies`` configs), or their estimated memory, are past the
     settings. ``output_bytes``: memory the answer takes beyond evaluating (an exported file and its copies),
     ``output`` what it is, for the message; ``output_loc`` the field a memory 413 names (default:
-    per_token_logps, whose rows make the grid)."""
+    per_token_logps, whose rows make the grid). Returns the estimate: the work's price in bytes."""
     padded = B * T * copies
     estimate = B * T * (INPUT_BYTES * (fields + 1) + EVALUATE_BYTES.get(dtype, 320) * copies) + output_bytes
     what = f"{B} rows padded to the longest ({T} positions): {B * T} positions"
@@ -149,14 +191,20 @@ def check_padded(
             f"{what} would take about {estimate // MB} MB to compute{of_it}; at most "
             f"{settings.max_request_bytes // MB} MB per request (a setting)",
         )
+    return estimate
 
 
 def load_upload(filename: str, data: bytes, settings: Settings) -> dict[str, Any]:
     """An uploaded file's fields (``grpo.io.load_file``), priced before anything is unpacked: a file whose
-    read fields would unpack past ``max_unpacked_bytes`` is a 413 naming the entry that passed it."""
+    read fields would unpack past ``max_unpacked_bytes`` is a 413 naming the entry that passed it. As cheap
+    work (``cheap_work``) it is read under ``cheap_unpack_bytes``: a file priced past that (from its headers,
+    nothing unpacked yet) is ``Costly``, and the costly lane reads it under the whole limit."""
+    cheap = in_cheap_lane() and settings.cheap_unpack_bytes < settings.max_unpacked_bytes
     try:
-        return load_file(filename, data, settings.max_unpacked_bytes)
+        return load_file(filename, data, settings.cheap_unpack_bytes if cheap else settings.max_unpacked_bytes)
     except UnpackLimitError as exc:
+        if cheap:
+            raise Costly(f"{filename}: {exc}") from None
         raise LimitError(["body", "file", exc.field], str(exc)) from exc
 
 
@@ -184,7 +232,7 @@ def prepare(
         raise invalid([error_item(root, msg, "model_attributes_type")])
     try:
         return _fast(body, model, settings, root, copies, dtype)
-    except _Slow:
+    except _NeedsModel:
         if any(isinstance(v, Flat) for v in body.values()):
             raise NotFast from None
         return _slow(body, model, settings, root, copies)
@@ -220,7 +268,7 @@ def prepare_json(
         rest, arrays = fast
         try:
             return _fast(rest | {key: Flat(*a) for key, a in arrays.items()}, model, settings, root, copies)
-        except _Slow:  # a value the vectorised checks refuse: the exact reader names it
+        except _NeedsModel:  # a value the vectorised checks refuse: the exact reader names it
             pass
         del fast, rest, arrays
     return prepare(read_json(data, root), model, settings, root, copies)
@@ -229,19 +277,19 @@ def prepare_json(
 def _fast(
     body: dict[str, Any], model: type[BaseModel], settings: Settings, root: Loc, copies: int, dtype: str = ""
 ) -> Prepared:
-    """``prepare`` with the per-token fields checked vectorised; ``_Slow`` when they must go through the model."""
+    """``prepare`` with the per-token fields checked vectorised; ``_NeedsModel`` when they must go through the model."""
     given = {name: [k for k in keys if body.get(k) is not None] for name, keys in NAMES.items()}
     if any(len(keys) > 1 for keys in given.values()):
-        raise _Slow
+        raise _NeedsModel
     keys = {name: keys[0] for name, keys in given.items() if keys}
     rest = {**body, **{key: PLACEHOLDER[name] for name, key in keys.items()}}
     checked = validated(model, rest, root)  # rewards, config, tokens, ...: pydantic's checks and errors
     flats = {name: _flat(body[key], PER_TOKEN[name]) for name, key in keys.items()}
     if "per_token_logps" not in flats:
-        raise _Slow
+        raise _NeedsModel
     lengths = flats["per_token_logps"][1]
     if lengths.min() == 0:
-        raise _Slow
+        raise _NeedsModel
     config = getattr(checked, "config", None)
     fields = checked.batch_fields()
     grids = len(flats) + sum(given_per_token(name, fields.get(name)) for name in PER_TOKEN_OK)  # advantages (B, T)

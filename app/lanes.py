@@ -1,18 +1,24 @@
-"""Two lanes for the work of a request, so that small requests never wait behind large ones.
+"""Two lanes for the work of a request, chosen by its price, so that small requests never wait behind costly ones.
 
-- small requests (a body under ``large_request_bytes``), and binary batch files of any size (their
-  numbers are copied, not parsed: torch computes without the GIL), run in a thread of this process,
-  at most ``threads`` at a time: quick, and the event loop stays free. Large work in threads (those
-  binary files, and any large request when there is no pool) has threads of its own, at most
-  ``threads // 2`` (at least 1) at a time: it never takes every thread the small requests need;
-- large ones run in a pool of ``process_workers`` worker processes (spawned, started with the app):
-  parsing JSON, pydantic and multipart hold the GIL, so in a thread they would stall every other
-  request. At most ``process_queue`` more wait for a worker; past that the answer is a 503 with
-  Retry-After (capacity, not a fault). A worker gives its memory back to the OS once idle
-  ``trim_idle`` seconds, and is replaced when, idle, it still holds ``worker_recycle_bytes`` more.
+- cheap work runs in threads of this process: quick, and the event loop stays free. A body under
+  ``large_request_bytes`` starts in the small requests' threads (``threads`` at a time); a larger binary
+  batch file or run zip (``light``: copied, not parsed) in the large lane's threads (``threads // 2``, at
+  least 1: never every thread the small requests need). The work prices itself before its costly part
+  (``app.ingest.price``: padded positions' working memory, an export's file, a compressed upload's unpacked
+  size from its headers, a run zip's steps): past ``cheap_request_bytes`` or ``cheap_unpack_bytes`` it
+  stops (``Costly``) and starts again in the costly lane;
+- costly work, and any body of ``large_request_bytes`` or more that must be parsed (JSON, text, ``.pt``:
+  parsing holds the GIL, so in a thread it would stall every other request), runs in a pool of
+  ``process_workers`` worker processes (spawned, started with the app), at a lower CPU priority
+  (``worker_nice``) and with ``worker_torch_threads`` torch threads, so the server's process keeps a core.
+  At most ``process_queue`` more wait for a worker; past that the answer is a 503 with Retry-After
+  (capacity, not a fault). A worker gives its memory back to the OS once idle ``trim_idle`` seconds, and is
+  replaced when, idle, it still holds ``worker_recycle_bytes`` more.
 
-With no pool (``process_workers = 0``, or an app whose lifespan did not run, as in the ASGI test
-client) large requests run in the thread lane too.
+Costly work that must stay in this process (a run zip: the store's disk claims are this process's), and any
+costly work when there is no pool (``process_workers = 0``, or an app whose lifespan did not run, as in the
+ASGI test client), runs in the costly threads: ``threads // 2`` (at least 1) of their own, on Linux at
+``worker_nice`` too (niced one by one). ``Lanes.used`` counts the work each lane answered.
 """
 
 from __future__ import annotations
@@ -28,16 +34,19 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import suppress
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
 import anyio
 
 from app.errors import error_item, error_json
+from app.ingest import Costly, cheap_work
 from app.settings import Settings
 from app.work import Reply, replying
 
@@ -247,16 +256,50 @@ def _in_worker(fn: Any, idle: float, *args: Any) -> Reply:
         trim_when_idle(idle)
 
 
-def _in_thread(fn: Any, *args: Any) -> Reply:
-    """A job in a thread of this process: a spooled body is read back here, off the event loop."""
+@dataclass
+class Escalated:
+    """Cheap work that priced itself costly (``Costly``): its arguments, bodies read back, for the costly lane."""
+
+    args: tuple[Any, ...]
+    here: bool
+
+
+def _cheap(fn: Any, *args: Any) -> Reply | Escalated:
+    """A job in the small-request threads or the large lane's, stopped where it prices itself past the cheap
+    limits (``app.ingest.price``); a spooled body is read back here, off the event loop."""
+    args = unspooled(args)
+    with cheap_work():
+        try:
+            return replying(getattr(fn, "__name__", "request"), fn, *args)
+        except Costly as costly:
+            return Escalated(args, costly.here)
+
+
+def _costly(fn: Any, *args: Any) -> Reply:
+    """A costly job in a thread of this process (the niced ones): run whatever its price."""
     return replying(getattr(fn, "__name__", "request"), fn, *unspooled(args))
+
+
+def _nice_thread(nice: int) -> None:
+    """A costly thread: ``nice`` below the server's CPU priority. Linux sets a priority per thread (elsewhere
+    a thread's priority is its process's: left as it is)."""
+    if nice and sys.platform.startswith("linux"):
+        tid = threading.get_native_id()
+        with suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
 
 
 class Lanes:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.threads = anyio.CapacityLimiter(settings.threads)
-        self.large_threads = anyio.CapacityLimiter(max(1, settings.threads // 2))  # never the small ones' threads
+        # threads of their own, never the small ones': large binary files and run zips, priced as they are read
+        self.large_threads = ThreadPoolExecutor(max(1, settings.threads // 2), "large")
+        # costly work that stays in this process, niced (a thread once niced is never un-niced: a pool of its own)
+        self.costly_threads = ThreadPoolExecutor(
+            max(1, settings.threads // 2), "costly", initializer=_nice_thread, initargs=(settings.worker_nice,)
+        )
+        self.used: Counter[str] = Counter()  # work answered per lane: "small", "large", "costly" (threads), "process"
         # kept pages' look-ups (a few stats, a header; a run's rescan now and then) and their bodies' chunks:
         # file reads that compute nothing, never a slot of the small requests' threads (app.summaries.page)
         self.reads = anyio.CapacityLimiter(settings.threads)
@@ -308,10 +351,47 @@ class Lanes:
             self.pool = None
 
     async def run(self, size: int, fn: Any, *args: Any, light: bool = False) -> Reply:
-        """``fn(*args)`` off the event loop, in the lane for a request of ``size`` bytes; ``light`` work
-        (holding the GIL for milliseconds whatever its size: binary batch files) runs in a thread."""
-        if light or size < self.settings.large_request_bytes or self.pool is None:
-            return await self._in_thread(size, fn, *args)
+        """``fn(*args)`` off the event loop, in the lane its price calls for. A body under ``large_request_bytes``
+        starts in the small-request threads; a larger one in the large lane's threads when it is ``light``
+        (binary batch files, run zips: copied, not parsed) or there is no pool, else in a worker process. Work
+        that prices itself costly in those threads (``Costly``) starts again in a worker process, or, where it
+        must stay in this process or there is no pool, in the costly threads (niced)."""
+        if size < self.settings.large_request_bytes:
+            done = await self._thread(self.threads, "small", fn, *args)
+        elif light or self.pool is None:
+            done = await self._thread(self.large_threads, "large", fn, *args)
+        else:
+            return await self._in_process(fn, *args)
+        if isinstance(done, Reply):
+            return done
+        self.used["escalated"] += 1
+        if done.here or self.pool is None:
+            return await self._costly_thread(fn, *done.args)
+        return await self._in_process(fn, *done.args)
+
+    async def _thread(self, lane: Any, name: str, fn: Any, *args: Any) -> Reply | Escalated:
+        """Cheap work in ``lane``: the small requests' threads (a limiter) or the large lane's (an executor)."""
+        job = partial(_cheap, fn, *args)
+        done: Reply | Escalated
+        if isinstance(lane, ThreadPoolExecutor):
+            done = await asyncio.wrap_future(lane.submit(job))
+            trim_when_idle(self.settings.trim_idle)
+        else:
+            done = await anyio.to_thread.run_sync(job, limiter=lane)
+        if isinstance(done, Reply):
+            self.used[name] += 1
+        return done
+
+    async def _costly_thread(self, fn: Any, *args: Any) -> Reply:
+        try:
+            reply: Reply = await asyncio.wrap_future(self.costly_threads.submit(_costly, fn, *args))
+        finally:
+            trim_when_idle(self.settings.trim_idle)
+        self.used["costly"] += 1
+        return reply
+
+    async def _in_process(self, fn: Any, *args: Any) -> Reply:
+        """In a worker process of the pool (503 when its queue is full)."""
         limit = self.settings.process_workers + self.settings.process_queue
         if self.waiting >= limit:
             return self._busy(limit)
@@ -320,7 +400,7 @@ class Lanes:
         pool = self.pool
         try:
             if pool is None:  # the workers are being replaced (a moment): this one runs in a thread
-                return await self._in_thread(size, fn, *args)
+                return await self._costly_thread(fn, *args)
             job = partial(_in_worker, fn, self.settings.trim_idle)
             reply = await asyncio.wrap_future(pool.submit(job, *spooled))
         except BrokenProcessPool:  # a worker died (killed from outside): start fresh ones
@@ -334,6 +414,7 @@ class Lanes:
             for item in spooled:
                 if isinstance(item, Spooled):
                     item.discard()  # already gone unless the worker never ran
+        self.used["process"] += 1
         self._after_large_job()
         return reply
 
@@ -358,18 +439,10 @@ class Lanes:
         what it raises."""
         return await anyio.to_thread.run_sync(partial(fn, *args), limiter=self.threads)
 
-    async def _in_thread(self, size: int, fn: Any, *args: Any) -> Reply:
-        job = partial(_in_thread, fn, *args)
-        large = size >= self.settings.large_request_bytes
-        reply: Reply = await anyio.to_thread.run_sync(job, limiter=self.large_threads if large else self.threads)
-        if large:
-            trim_when_idle(self.settings.trim_idle)
-        return reply
-
     def _busy(self, limit: int) -> Reply:
         seconds = str(self.settings.retry_after)
         msg = (
             f"the large-request lane is full ({limit} large requests running or waiting); retry after {seconds} s "
-            f"(requests under {self.settings.large_request_bytes} bytes are not queued)"
+            "(requests priced cheap are not queued)"
         )
         return Reply(503, error_json([error_item(["body"], msg, "busy")]), {"retry-after": seconds})

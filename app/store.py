@@ -41,7 +41,7 @@ from typing import IO, Any, TypeVar
 
 from app.errors import ApiError, LimitError, error_item
 from app.forms import file_form
-from app.ingest import check_padded
+from app.ingest import check_padded, price
 from app.settings import Settings
 from grpo.errors import GrpoInputError
 from grpo.runs import LOGGED_FILE, MAX_HEADER_BYTES, STEP_FILE, dir_mode, load_run, load_step
@@ -286,9 +286,15 @@ class RunStore:
         if total > limit:
             raise LimitError(["body", "file"], f"unpacks to {total} bytes; at most {limit} (a setting)")
         files = [m for m in members if not m.is_dir()]
-        for member in files:
-            if member.filename.startswith("steps/"):
-                price_step(member.filename, _member_header(archive, member), self.settings)
+        steps = sum(
+            price_step(m.filename, _member_header(archive, m), self.settings)
+            for m in files
+            if m.filename.startswith("steps/")
+        )
+        # the lane: unpacking and checking every member is work of this process (its disk claims), in its costly
+        # threads once priced past the cheap limits (its unpacked bytes, its steps' working memory)
+        price(total, self.settings.cheap_unpack_bytes, "a run zip's members", here=True)
+        price(steps, self.settings.cheap_request_bytes, "a run zip's steps", here=True)
         return files
 
     def _unpack(self, archive: zipfile.ZipFile, members: list[zipfile.ZipInfo], target: Path) -> dict[str, Any]:
@@ -404,14 +410,15 @@ def _member_header(archive: zipfile.ZipFile, member: zipfile.ZipInfo) -> dict[st
     return header if isinstance(header, dict) else None
 
 
-def price_step(name: str, header: dict[str, Any] | None, settings: Settings) -> None:
+def price_step(name: str, header: dict[str, Any] | None, settings: Settings) -> int:
     """413 at ``["body", "file", name]`` when the step file's batch is past the padded-size or memory limits of
     /api/v1/loss, priced from its header as the run's page prices it (its per_token_logps' (B, T), the fields
-    of that shape, the dtype of its config): a run is refused here rather than accepted and then answered 413."""
+    of that shape, the dtype of its config): a run is refused here rather than accepted and then answered 413.
+    Returns its price (the estimate of its working memory; 0 for a file that is no step file)."""
     logp = header.get("per_token_logps") if header is not None else None
     shape = logp.get("shape") if isinstance(logp, dict) else None
     if header is None or not (isinstance(shape, list) and len(shape) == 2 and all(type(n) is int for n in shape)):
-        return  # not a step file: loading it says what is wrong
+        return 0  # not a step file: loading it says what is wrong
     given = sum(isinstance(v, dict) and v.get("shape") == shape for v in header.values())
     meta = header.get("__metadata__")
     try:
@@ -420,7 +427,7 @@ def price_step(name: str, header: dict[str, Any] | None, settings: Settings) -> 
         config = {}
     dtype = str(config.get("dtype") or "float32") if isinstance(config, dict) else "float32"
     try:
-        check_padded(shape[0], shape[1], given, dtype, settings)
+        return check_padded(shape[0], shape[1], given, dtype, settings)
     except LimitError as exc:
         raise LimitError(["body", "file", name], f"{name}: {exc.msg}") from exc
 

@@ -21,6 +21,7 @@ from app.errors import CONFIG_FIELDS, ApiError, LimitError, Loc, as_api_error, c
 from app.forms import file_form
 from app.ingest import (
     PER_TOKEN,
+    Costly,
     Flat,
     NotFast,
     Prepared,
@@ -61,6 +62,8 @@ def replying(where: str, fn: Any, *args: Any) -> Reply:
         result = fn(*args)
         reply = result if isinstance(result, Reply) else Reply(200, dumps(result))
         del result
+    except Costly:  # priced past the cheap limits: the lanes start it again in the costly lane
+        raise
     except Exception as exc:
         error = as_api_error(exc, where)
         reply = Reply(error.status, error_json(error.items), error.headers)

@@ -1,0 +1,195 @@
+"""The lane is chosen by the work's price, not its body's size (``app.lanes``, ``app.ingest.price``).
+
+A small body can ask for costly work: a ragged batch padded far past what it sends, an export whose file is
+far larger than its body, a compressed upload that unpacks to hundreds of MB. Run in the small-request
+threads, such work held them for seconds while small requests waited (bench/api.py, figure w). Work now
+prices itself before its costly part and, past ``cheap_request_bytes`` or ``cheap_unpack_bytes``, starts
+again in a worker process (niced: ``worker_nice``), or in niced threads of this process where it must stay
+in this process or there is no pool. ``Lanes.used`` counts the lane that answered.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+from api_fixtures import ARTICLE
+from fastapi.testclient import TestClient
+
+from app.ingest import Costly, cheap_work, price
+from app.lanes import Lanes
+from app.main import create_app
+from app.settings import Settings
+from app.work import Reply
+
+JSON = {"content-type": "application/json"}
+MB = 1024 * 1024
+LINUX = sys.platform.startswith("linux")
+# One row of 1,024 tokens and 63 of one token: 64 x 1,024 = 65,536 padded positions from a body of about 10 KB.
+# check_padded's estimate for /loss (two per-token fields and the mask at 8 bytes, 160 bytes of evaluate in
+# float32) is 65,536 x (8 x 3 + 160) = 12,058,624 bytes: past a cheap limit of 8 MiB, under the body limit.
+PADDED = {
+    "per_token_logps": [[-1.0] * 1024] + [[-1.0]] * 63,
+    "old_per_token_logps": [[-1.1] * 1024] + [[-1.1]] * 63,
+    "rewards": [1.0, 0.0, 0.5, 0.25] * 16,
+    "group_size": 4,
+}
+CHEAP = 8 * MB
+
+
+def app_client(**settings: Any) -> TestClient:
+    return TestClient(create_app(Settings(**settings)))
+
+
+@pytest.fixture(scope="module")
+def pooled() -> Iterator[TestClient]:
+    """An app with one worker process and small cheap limits (the lifespan runs: the pool is started)."""
+    with app_client(process_workers=1, cheap_request_bytes=CHEAP, cheap_unpack_bytes=CHEAP) as http:
+        yield http
+
+
+def lanes_of(http: TestClient) -> Lanes:
+    found: Lanes = http.app.state.lanes  # type: ignore[attr-defined]
+    return found
+
+
+def used_by(http: TestClient, method: str, path: str, **kw: Any) -> tuple[Any, dict[str, int]]:
+    """The response and how each lane's count moved while it was answered."""
+    before = dict(lanes_of(http).used)
+    response = http.request(method, path, **kw)
+    after = lanes_of(http).used
+    return response, {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+
+
+# --- the lane actually used ----------------------------------------------------------------------------------
+def test_a_small_body_priced_costly_is_answered_by_a_worker_process(pooled: TestClient) -> None:
+    """A 10 KB body padded to 65,536 positions (priced 11.5 MiB, past the 8 MiB cheap limit) leaves the small
+    threads for the worker; before, its body's size (under ``large_request_bytes``) kept it in the threads."""
+    body = json.dumps(PADDED).encode()
+    assert len(body) < Settings().large_request_bytes // 50
+    response, moved = used_by(pooled, "POST", "/api/v1/export/json", content=body, headers=JSON)
+    assert response.status_code == 200, response.text[:300]
+    assert moved == {"escalated": 1, "process": 1}
+    # the worker's answer is the one the small lane gives with a cheap limit the request is under, byte for byte
+    with app_client(process_workers=0) as plain:
+        same, moved_plain = used_by(plain, "POST", "/api/v1/export/json", content=body, headers=JSON)
+    assert moved_plain == {"small": 1}
+    assert same.content == response.content
+
+
+def test_a_cheap_request_stays_in_the_small_request_threads(pooled: TestClient) -> None:
+    """The article's 3 x 5 batch: 15 positions, priced at kilobytes."""
+    response, moved = used_by(pooled, "POST", "/api/v1/loss", json=ARTICLE)
+    assert response.status_code == 200 and response.json()["num_positions"] == 15
+    assert moved == {"small": 1}
+
+
+def test_a_413_is_answered_where_it_was_priced(pooled: TestClient) -> None:
+    """A request past the position limit is refused in the small threads: pricing it costs milliseconds."""
+    body = {**PADDED, "per_token_logps": [[-1.0] * 5000] + [[-1.0]] * 1023}
+    body["old_per_token_logps"] = body["per_token_logps"]
+    response, moved = used_by(pooled, "POST", "/api/v1/loss", json=body)
+    assert response.status_code == 413 and moved == {"small": 1}
+
+
+def zeros_npz(rows: int, tokens: int) -> bytes:
+    """A compressed NPZ of zeros: a few KB that unpack to rows x tokens values (priced at 8 bytes each)."""
+    out = io.BytesIO()
+    logp = np.full((rows, tokens), -1.0, np.float32)
+    np.savez_compressed(out, per_token_logps=logp, old_per_token_logps=logp, rewards=np.zeros(rows, np.float32))
+    return out.getvalue()
+
+
+def test_a_small_compressed_upload_priced_past_the_unpack_limit_goes_to_a_worker(pooled: TestClient) -> None:
+    """64 x 8,192 float32 values in two fields: 2 x 524,288 x 8 = 8 MiB priced once unpacked, plus the rewards'
+    64 x 8 bytes: past the 8 MiB cheap unpack limit (from the headers, before anything is unpacked), from a
+    body of a few KB. It is read in the worker; its answer is the one computed in the small threads."""
+    data = zeros_npz(64, 8192)
+    assert len(data) < 64 * 1024
+    files = {"file": ("zeros.npz", data)}
+    response, moved = used_by(pooled, "POST", "/api/v1/upload", files=files)
+    assert response.status_code == 200, response.text[:300]
+    assert moved == {"escalated": 1, "process": 1}
+    with app_client(process_workers=0) as plain:
+        same, moved_plain = used_by(plain, "POST", "/api/v1/upload", files=files)
+    assert moved_plain == {"small": 1}
+    got, want = response.json(), same.json()
+    assert got["num_positions"] == want["num_positions"] == 64 * 8192
+    # one torch thread in the worker, several here: sums may differ in their last bits (float32)
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-5, abs=1e-7)
+
+
+def test_without_a_pool_costly_work_runs_in_the_costly_threads() -> None:
+    with app_client(process_workers=0, cheap_request_bytes=CHEAP) as http:
+        response, moved = used_by(http, "POST", "/api/v1/export/json", content=json.dumps(PADDED), headers=JSON)
+    assert response.status_code == 200 and moved == {"escalated": 1, "costly": 1}
+
+
+def test_a_large_binary_upload_priced_cheap_stays_in_the_large_lanes_threads() -> None:
+    """A body past ``large_request_bytes`` that is a binary file is read in threads of this process (its numbers
+    are copied, not parsed), the large lane's (not niced: it is cheap work); priced costly it would leave."""
+    data = zeros_npz(64, 8192)
+    with app_client(process_workers=0, large_request_bytes=1024) as http:
+        response, moved = used_by(http, "POST", "/api/v1/upload", files={"file": ("zeros.npz", data)})
+    assert response.status_code == 200 and moved == {"large": 1}
+
+
+# --- the mechanism -------------------------------------------------------------------------------------------
+def priced_costly(here: bool) -> dict[str, Any]:
+    """Work priced at 2 MiB against a 1 MiB cheap limit (module level: a worker process imports it)."""
+    price(2 * MB, MB, "a test's work", here=here)
+    return {"pid": os.getpid()}
+
+
+def test_work_that_must_stay_in_this_process_runs_in_the_costly_threads() -> None:
+    """``here``: a run zip's unpacking (the store's disk claims are this process's) never goes to a worker."""
+    lanes = Lanes(Settings(process_workers=1))
+    lanes.start()
+    try:
+        here: Reply = anyio.run(lanes.run, 10, priced_costly, True)
+        away: Reply = anyio.run(lanes.run, 10, priced_costly, False)
+    finally:
+        lanes.stop()
+    assert here.status == away.status == 200
+    assert json.loads(here.body)["pid"] == os.getpid() != json.loads(away.body)["pid"]
+    assert lanes.used == {"escalated": 2, "costly": 1, "process": 1}
+
+
+def test_price_raises_only_in_cheap_work() -> None:
+    price(2 * MB, MB, "costly work")  # in a worker process or a costly thread: it runs where it is
+    with cheap_work():
+        price(MB, MB, "at the limit")  # past it, not at it
+        with pytest.raises(Costly) as caught:
+            price(2 * MB, MB, "past the limit", here=True)
+    assert caught.value.here
+    price(2 * MB, MB, "costly work again")  # the thread is no longer cheap once the work is done
+
+
+# --- the costly lanes yield the CPU --------------------------------------------------------------------------
+def test_a_worker_runs_at_the_niced_priority(pooled: TestClient) -> None:
+    pool = lanes_of(pooled).pool
+    assert pool is not None
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    worker = pool.submit(os.getpriority, os.PRIO_PROCESS, 0).result(timeout=60)
+    assert worker == min(19, mine + Settings().worker_nice) > mine
+
+
+@pytest.mark.skipif(not LINUX, reason="a thread's own priority is Linux's")
+def test_the_costly_threads_are_niced_and_the_others_are_not() -> None:
+    lanes = Lanes(Settings(process_workers=0, worker_nice=7))
+
+    def priority() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    assert lanes.costly_threads.submit(priority).result(timeout=30) == min(19, mine + 7)
+    assert lanes.large_threads.submit(priority).result(timeout=30) == mine
+    assert anyio.run(lanes.call, priority) == mine
