@@ -120,6 +120,10 @@ class TokenWhy:
     masks: tuple[str, ...] = (ENTROPY_MASKED,)
     """The codes of token masks (they act before any bound; a tool's output when the batch has a tool mask): the
     heatmaps mark them apart."""
+    bounds: Tensor | None = None
+    """(B, T) int64 indices into names: which bound of the objective acted on each token, as its rule names it
+    ("unbounded" for a ratio past the trust region that no clip holds, "delta" for TRL's cap), before A = 0, the
+    token masks and the corrections are laid over it; 0 where a position does not count. None: ``codes``."""
 
     def counts(self) -> dict[str, int]:
         """Tokens per code (masked excluded), every code listed: the counted ones, and a tool's output (the tokens
@@ -172,6 +176,7 @@ def token_why(bd: Breakdown) -> TokenWhy:
         if selected is not None and t.selected is not None:  # the objective's own pick, whatever the region
             codes = torch.where(t.selected > 0, torch.full_like(codes, names.index(selected)), codes)
     names = (*names, ZERO_ADVANTAGE, ENTROPY_MASKED)
+    bounds = torch.where(t.mask, codes, torch.zeros_like(codes))  # the objective's reading, before the overlays
     zero = t.mask & (a == 0) & (codes == names.index("trust"))
     codes = torch.where(zero, torch.full_like(codes, names.index(ZERO_ADVANTAGE)), codes)
     entropy_masked = t.mask & (t.policy_kept == 0)  # the mask acts before any bound: it silences the token
@@ -194,7 +199,7 @@ def token_why(bd: Breakdown) -> TokenWhy:
     )
     labels = {name: labels.get(name, name) for name in names}
     masks = tuple(name for name in (ENTROPY_MASKED, TOOL_OUTPUT) if name in names)
-    return TokenWhy(names, codes, texts, no_gradient | silenced, labels, selected, masks)
+    return TokenWhy(names, codes, texts, no_gradient | silenced, labels, selected, masks, bounds)
 
 
 def _correction_whys(
@@ -490,9 +495,15 @@ def _correction_sentence(bd: Breakdown) -> str | None:
     if not said:
         return None
     text = "; ".join(said)
-    kept = int(((code == KEPT) & counted).sum())
+    kept_at = (code == KEPT) & counted
+    kept, weights = int(kept_at.sum()), bd.tokens.is_weight[kept_at]
+    spread = ""  # a mask mode keeps the IS weight exp(old − sampler) as it is: not 1 (TRL's sequence_mask: 1.17)
+    if kept and bool((weights != 1).any()):
+        low, high = float(weights.min()), float(weights.max())
+        spread = f" ({mark('lens/why/kept_is_weight_min', low)} to {mark('lens/why/kept_is_weight_max', high)})"
     return (
-        f"The rollout correction acted: {text}. {n('kept', kept)} token(s) kept their weight as it is; the loss "
+        f"The rollout correction acted: {text}. {n('kept', kept)} token(s) kept their IS weight as it is{spread}; "
+        "the loss "
         f"without the correction would be {mark('loss_without_correction', float(bd.loss_without_correction))} "
         "(the Mismatch view shows each)."
     )
@@ -528,13 +539,20 @@ def _held_note(bd: Breakdown, code: str) -> str:
 
 def _unbounded_sentence(bd: Breakdown, why: TokenWhy) -> str | None:
     """A < 0 tokens above 1 + ε_high with no cap set: the story the trust-region label would hide."""
-    if "unbounded" not in why.names or "delta" not in why.names:  # its advice (dual_clip, delta) is the clip's own
+    if "unbounded" not in why.names:
         return None
     free = why.codes == why.names.index("unbounded")
     k = int(free.sum())
     if not k:
         return None
     top = float(bd.tokens.ratio[free].max())
+    if "delta" not in why.names:  # another objective's (GMPO, Clip-Cov): its rule's own sentence, no clip advice
+        ratio = mark("lens/why/unbounded_ratio_max", top)
+        return (
+            f"{mark('why/unbounded', k, 12)} token(s) (ratio up to {ratio}) are unbounded: A < 0 and past the "
+            "objective's upper bound, where no clip holds them, so the loss and gradient of their rows grow with "
+            "their ratio (each token's hover says how, under this objective)."
+        )
     return (
         f"{mark('why/unbounded', k, 12)} token(s) with A < 0 have a ratio above 1 + ε_high = "
         f"{mark('config/1+epsilon_high', 1 + bd.config.epsilon_high)} "
@@ -584,7 +602,8 @@ def _length_sentence(bd: Breakdown) -> str | None:
     n_short, n_long = (mark(f"rows/length/{i}", int(length[i]), 12) for i in (short, long))
     q_short, q_long = mark(f"lens/why/row_weight/{short}", w_short), mark(f"lens/why/row_weight/{long}", w_long)
     head = (
-        f"Per token, the shortest row (row {short}, {n_short} tokens) weighs {q_short} and the "
+        f"Per token, the shortest row (row {short}, {n_short} token{'' if int(length[short]) == 1 else 's'}) "
+        f"weighs {q_short} and the "
         f"longest (row {long}, {n_long} tokens) {q_long}"
     )
     if w_long > 0 and abs(w_short - w_long) <= 1e-6 * max(w_short, w_long):
@@ -666,16 +685,29 @@ def explain_items(bd: Breakdown) -> list[tuple[str, str]]:
     return [(key, plain(text)) for key, text in _marked_items(bd)]
 
 
+def _ratio_one(bd: Breakdown) -> str:
+    """Why the policy part is what it is at ratio 1: on-policy it is minus the weighted mean advantage; with the
+    sampler's log-probs the batch is on-policy for the trainer only (π = π_old, the sampler differs), and where a
+    rollout correction reweighted or dropped tokens, each A enters times its weight."""
+    t = bd.tokens
+    dropped = (t.correction == MASKED) | (t.correction == SEQUENCE_MASKED) | (t.correction == REJECTED)
+    corrected = bool((((t.is_weight != 1) & t.mask) | dropped).any())  # reweighted, or dropped
+    where = "(π = π_old: the trainer's own old policy; the sampler's log-probs differ)" if bd.sampled else "(on-policy)"
+    if corrected:
+        return (
+            f"{where}, so the policy part is minus the weighted mean of each token's A times its rollout-correction "
+            "weight (0 where the correction dropped it)"
+        )
+    return f"{where}, so the policy part is minus the weighted mean advantage"
+
+
 def _marked_items(bd: Breakdown, why: TokenWhy | None = None) -> list[tuple[str, str]]:
     policy, kl, surrogate = float(bd.policy_loss), float(bd.kl_loss), -float(bd.policy_loss)
     beta = bd.config.beta
     m = bd.metrics
     out = [("sign", _sign_sentence(bd))]
     if m.get("lens/ratio/min") == 1.0 and m.get("lens/ratio/max") == 1.0:
-        on_policy = (
-            f"The ratio is 1 everywhere (on-policy), so the policy part is minus the weighted mean advantage, "
-            f"{mark('policy_loss', policy)}, and nothing can clip"
-        )
+        on_policy = f"The ratio is 1 everywhere {_ratio_one(bd)}, {mark('policy_loss', policy)}, and nothing can clip"
         size = float(bd.tokens.policy_loss.abs().sum() + bd.tokens.kl_loss.abs().sum())
         grad_norm = m.get("lens/grad_norm_logps", 0.0)
         if abs(float(bd.loss)) <= NEAR_ZERO * size and grad_norm > 0:

@@ -227,15 +227,16 @@ GLOSSARY: tuple[Term, ...] = (
     _t(
         ("actor/ppo_kl",),
         ("—", "actor/ppo_kl", "ppo_kl"),
-        "Mean of log π_old - log π_θ over the tokens: how far the current policy moved from the sampling policy.",
+        "Mean of log π_old - log π_θ over the tokens: how far the current policy moved from the old one "
+        "(old_per_token_logps; a separate sampler's log-probs, vLLM's, are compared in the Mismatch view).",
         "0 on-policy; small (|value| below about 0.01) when updates are well-sized.",
     ),
     _t(
         ("actor/kl_loss",),
         ("— (TRL logs kl)", "actor/kl_loss", "—"),
-        "The KL estimate aggregated with the loss's own {aggregation} (seq-mean-token-mean, for one: "
-        "Σ_i (Σ_t kl_it / |o_i|) / B); the loss's KL part is {beta} × actor/kl_loss. kl is instead the plain token "
-        "mean Σ kl_t / N.",
+        "The KL estimate aggregated as the loss aggregates its tokens, with its {aggregation}: under "
+        "seq-mean-token-mean Σ_i (Σ_t kl_it / |o_i|) / B, under token-mean Σ kl_t / N; the loss's KL part is "
+        "{beta} × actor/kl_loss. kl is instead the plain token mean Σ kl_t / N.",
         "Behaves like kl; equal to it when every row has the same length or the aggregation is token-mean.",
     ),
     _t(

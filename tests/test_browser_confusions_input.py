@@ -1,4 +1,4 @@
-"""Issue 35's confusions at the input (headless Chromium, test_browser.py's fixtures): per-token fields
+"""The confusions at the input (headless Chromium, test_browser.py's fixtures): per-token fields
 such as entropies are entered in the table, an optional setting says it is off until ticked, and a
 refused request (a 422) is told in sentences that say where (the setting; the field, row and token)."""
 
@@ -74,7 +74,7 @@ def test_an_optional_setting_says_it_is_off_until_its_box_is_ticked(page: Page, 
     page.open()
     nullable = [f["name"] for f in _options(server)["fields"] if f.get("nullable") and f["type"] == "number"]
     after = "(name) => getComputedStyle(document.getElementById('cfg-' + name).parentElement, '::after').content"
-    off = [n for n in nullable if page.page.evaluate(f"document.getElementById('cfg-{n}').disabled")]
+    off = [n for n in nullable if not page.page.is_checked(f"[aria-label='{n} on']")]
     assert off, "no optional setting is off in the article example"
     for name in off:
         assert "off: tick to set" in page.page.evaluate(after, name), name

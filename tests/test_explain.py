@@ -174,6 +174,12 @@ def _on_policy(bd: Breakdown, m: re.Match[str]) -> None:
     ratios = bd.tokens.ratio[_counted(bd)]
     assert bool((ratios == 1).all())
     _num(m[1], float(bd.policy_loss))
+    # on-policy only without the sampler's log-probs; each A times its weight where a correction acted
+    assert ("the sampler's log-probs differ" in m[0]) == bd.sampled
+    t = bd.tokens
+    dropped = (t.correction == MASKED) | (t.correction == SEQUENCE_MASKED) | (t.correction == REJECTED)
+    corrected = bool((((t.is_weight != 1) & t.mask) | dropped).any())
+    assert ("rollout-correction weight" in m[0]) == corrected
     loss, _, _, size = _parts(bd)
     grad_norm = bd.metrics.get("lens/grad_norm_logps", bd.metrics.get("grad_norm", 0.0))
     assert (m[2] is not None) == (abs(loss) <= 0.01 * size and grad_norm > 0)
@@ -209,7 +215,7 @@ def _flat(bd: Breakdown, m: re.Match[str]) -> None:
 
 
 def _correction(bd: Breakdown, m: re.Match[str]) -> None:
-    """What the rollout correction did, counted from the breakdown's codes (issue 35)."""
+    """What the rollout correction did, counted from the breakdown's codes (numbers told as they are)."""
     code, counted = bd.tokens.correction, _counted(bd)
     said = {
         "dropped the policy term of": int((counted & (code == MASKED)).sum()),
@@ -220,8 +226,14 @@ def _correction(bd: Breakdown, m: re.Match[str]) -> None:
     for words, n in said.items():
         found = re.search(rf"{words} (\d+) token", m[1])
         assert (int(found[1]) if found else 0) == n, (words, m[1])
-    assert int(m[2]) == int((counted & (code == KEPT)).sum())
-    _num(m[3], float(bd.loss_without_correction))
+    kept = counted & (code == KEPT)
+    assert int(m[2]) == int(kept.sum())
+    weights = bd.tokens.is_weight[kept]
+    assert (m[3] is not None) == bool((weights != 1).any())  # the kept weights' range, where they are not 1
+    if m[3] is not None:
+        _num(m[3], float(weights.min()))
+        _num(m[4], float(weights.max()))
+    _num(m[5], float(bd.loss_without_correction))
 
 
 def _trl_correction(bd: Breakdown, m: re.Match[str]) -> None:
@@ -238,6 +250,16 @@ def _unbounded(bd: Breakdown, m: re.Match[str]) -> None:
     _num(m[3], float(bd.tokens.ratio[free].max()))
     assert bool((bd.tokens.ratio[free] > 1 + bd.config.epsilon_high).all())
     assert bool((bd.tokens.grad_policy[free] != 0).all())  # unbounded: the gradient is there, and grows
+
+
+def _unbounded_other(bd: Breakdown, m: re.Match[str]) -> None:
+    """Another objective's unbounded tokens (GMPO, Clip-Cov): A < 0, past its upper bound, a gradient kept."""
+    why = token_why(bd)
+    free = why.codes == why.names.index("unbounded")
+    assert "delta" not in why.names and bool((bd.tokens.advantage[free] < 0).all())
+    assert int(m[1]) == int(free.sum()) > 0
+    _num(m[2], float(bd.tokens.ratio[free].max()))
+    assert bool((bd.tokens.grad_policy[free] != 0).all())
 
 
 def _gspo(bd: Breakdown, m: re.Match[str]) -> None:
@@ -371,7 +393,9 @@ SENTENCES: list[tuple[str, Callable[[Breakdown, re.Match[str]], None]]] = [
         _sign,
     ),
     (
-        rf"The ratio is 1 everywhere \(on-policy\), so the policy part is minus the weighted mean advantage, {N}, "
+        r"The ratio is 1 everywhere \((?:on-policy|π = π_old: the trainer's own old policy; the sampler's log-probs "
+        r"differ)\), so the policy part is minus the weighted (?:mean advantage|mean of each token's A times its "
+        rf"rollout-correction weight \(0 where the correction dropped it\)), {N}, "
         rf"and nothing can clip(; the loss is small next to its terms, yet the gradient norm is {N}: a near-zero "
         r"loss does not mean a zero gradient)?\.",
         _on_policy,
@@ -382,8 +406,8 @@ SENTENCES: list[tuple[str, Callable[[Breakdown, re.Match[str]], None]]] = [
         _flat,
     ),
     (
-        r"The rollout correction acted: (.*)\. (\d+) token\(s\) kept their weight as it is; the loss without the "
-        rf"correction would be {N} \(the Mismatch view shows each\)\.",
+        r"The rollout correction acted: (.*)\. (\d+) token\(s\) kept their IS weight as it is"
+        rf"(?: \({N} to {N}\))?; the loss without the correction would be {N} \(the Mismatch view shows each\)\.",
         _correction,
     ),
     (r"This preset \((trl-[a-z_]+)\) applies no rollout correction: TRL v1\.16 weighs .*", _trl_correction),
@@ -391,6 +415,7 @@ SENTENCES: list[tuple[str, Callable[[Breakdown, re.Match[str]], None]]] = [
         rf"(\d+) token\(s\) with A < 0 have a ratio above 1 \+ ε_high = {N} \(up to {N}\) and nothing bounds them: .*",
         _unbounded,
     ),
+    (rf"(\d+) token\(s\) \(ratio up to {N}\) are unbounded: .*", _unbounded_other),
     (
         rf"Sequence-level ratio \(GSPO\): each token uses its row's ratio exp\(mean log-ratio\), at most {N} here "
         rf"\(lens/ratio/max\), while the token ratios themselves reach {N}\.",
@@ -416,7 +441,7 @@ SENTENCES: list[tuple[str, Callable[[Breakdown, re.Match[str]], None]]] = [
     (r"beta = 0: the KL term is off, so the loss is the policy term alone\.", _beta_zero),
     (rf"beta·KL \({N}\) dominates the loss.*", _kl_dominates),
     (
-        rf"Per token, the shortest row \(row (\d+), (\d+) tokens\) weighs {N} and the longest \(row (\d+), "
+        rf"Per token, the shortest row \(row (\d+), (\d+) tokens?\) weighs {N} and the longest \(row (\d+), "
         rf"(\d+) tokens\) {N}(.*)",
         _length,
     ),
@@ -429,6 +454,7 @@ KEYS: dict[Callable[[Breakdown, re.Match[str]], None], str] = {
     _on_policy: "on_policy",
     _flat: "clip",
     _unbounded: "unbounded",
+    _unbounded_other: "unbounded",
     _gspo: "gspo",
     _negative_kl: "negative_kl",
     _clamp: "clamp",
@@ -484,7 +510,7 @@ def _batch(per_token_logps: list[list[float]], **fields: object) -> grpo.Batch:
     return batch_from_request({"per_token_logps": per_token_logps, **fields})
 
 
-# The batches issue 10 lists besides the scenarios (negative-loss and k1-negative are scenarios).
+# The page's findings' batches besides the scenarios (negative-loss and k1-negative are scenarios).
 EXTRA_BATCHES: dict[str, tuple[grpo.Batch, dict[str, object]]] = {
     # A > 0 rows moved up past 1 + 0.2, A < 0 rows down past 1 - 0.2: every token on a flat part
     "all-clipped": (
@@ -587,7 +613,7 @@ def _with_entropies(batch: grpo.Batch, seed: int) -> grpo.Batch:
 def test_the_entropy_mask_sentence_holds_numerically(
     case: tuple[str, grpo.Batch, dict[str, object]], quantile: float, preset: str
 ) -> None:
-    """Issue 21 item 4: "the entropy mask kept 20% of tokens: the 34 with entropy above 2.31; the rest carry no
+    """The variants' marks: "the entropy mask kept 20% of tokens: the 34 with entropy above 2.31; the rest carry no
     policy gradient", every number from the tensors (and every other sentence still holds)."""
     name, batch, _ = case
     bd = grpo.evaluate(

@@ -60,14 +60,18 @@ function buildControl(field, onChange) {
   } else {
     input = el("input", { id, type: "number", step: "any", "aria-describedby": desc.id });
     const read = () => (input.value === "" ? null : Number(input.value));
+    // an optional setting that is off is switched on by a value typed into its box, as by its tick
+    const on = field.nullable
+      ? el("input", { type: "checkbox", "aria-label": `${field.name} on`, title: "on / off" })
+      : null;
     input.addEventListener("input", () => {
-      if (input.value !== "" && Number.isFinite(Number(input.value))) changed(read());
+      if (input.value === "" || !Number.isFinite(Number(input.value))) return;
+      if (on) on.checked = true;
+      changed(read());
     });
     widget = input;
-    if (field.nullable) {
-      const on = el("input", { type: "checkbox", "aria-label": `${field.name} on`, title: "on / off" });
+    if (on) {
       on.addEventListener("change", () => {
-        input.disabled = !on.checked;
         // Turned on: the value a preset gives it (verl's dual clip: the verl presets' c), one fact with them.
         const preset = state.ui.options.presets
           .map((p) => p.config[field.name])
@@ -115,7 +119,7 @@ export function renderControls(data) {
     const on = inputs.get(`${field.name}:on`);
     if (on) {
       on.checked = value !== null;
-      input.disabled = value === null;
+      input.placeholder = value === null ? SUMMARY.settingOff : ""; // off: empty, said so; typing turns it on
     }
     const edited = JSON.stringify(value) !== JSON.stringify(preset[field.name]);
     inputs.get(`${field.name}:label`).classList.toggle("edited", edited);

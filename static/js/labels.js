@@ -101,7 +101,7 @@ export const POOLED = {
 // and its numbers, each formatted by format.js. Under GSPO the token's own ratio is shown beside its row's.
 export const HOVER = {
   ratio: (ratio, tokenRatio) =>
-    tokenRatio === null ? `ratio ${ratio}` : `sequence ratio ${ratio} (GSPO; this token's own ratio ${tokenRatio})`,
+    tokenRatio === null ? `ratio ${ratio}` : `sequence ratio ${ratio} (GSPO)<br>this token's own ratio ${tokenRatio}`,
   why: (code, text) => `why: <b>${code}</b>, ${text}`,
   token: (text) => `token: <b>${text}</b> · `,
   entropy: (value) => ` · entropy ${value}`,
@@ -183,6 +183,7 @@ export const SUMMARY = {
   clamps: (list) => `Clamps that touched tokens: ${list}.`,
   clampsHead: "Clamps that touched tokens: ",
   touched: (n) => `touched ${n} token${n === 1 ? "" : "s"}`,
+  settingOff: "type to set", // an optional setting's empty box while it is off (the hint beside says it is off)
   largeBatch: (positions, row) =>
     `This batch has ${positions} positions, more than the per-token limit: the heatmaps show every row, the other per-token charts the tokens of row ${row} (pick another row below or in the rows table).`,
 };
@@ -350,7 +351,9 @@ export const RUN_RANKS = {
   whole: (step, micros, ranks) =>
     ranks.length > 1
       ? `step ${step}, ranks ${list(ranks)}: the step's loss is the mean over the ${ranks.length} ranks of each rank's sum over its micro-batches ${list(micros)} (the views join every rank's micro-batches as one batch)`
-      : `step ${step} (micro-batches ${list(micros)} joined; its loss sums them)`,
+      : micros.length === 1
+        ? `step ${step} (one micro-batch, ${micros[0]})`
+        : `step ${step} (micro-batches ${list(micros)} joined; its loss sums them)`,
   oneRank: (step, rank, micros) =>
     `step ${step}, rank ${rank}: its loss sums its micro-batches ${list(micros)} (the views join them as one batch)`,
   microOfRank: (step, rank, micro) => `step ${step}, rank ${rank}, micro-batch ${micro}`,

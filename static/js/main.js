@@ -36,7 +36,7 @@ async function fetchLoss() {
   if (runStep) {
     // a run's step: evaluated where its batch is, under the page's settings (one request, the batch not sent)
     const data = await runs.fetchStep(runStep, state.config, state.row);
-    return data && data.breakdown;
+    return data && views.stepBreakdown(data);
   }
   if (uploadFile && !state.input) {
     const form = new FormData();
@@ -133,7 +133,13 @@ function exportCSV() {
   last.token_rows.forEach((row, k) =>
     t.ratio[k].forEach((_, j) => {
       lines.push(
-        [row, j, quote(t.text ? t.text[k][j] : ""), t.region[k][j], ...fields.map((f) => t[f][k][j])].join(","),
+        [
+          row,
+          j,
+          quote(t.text ? t.text[k][j] : ""),
+          views.regionName(last, k, j),
+          ...fields.map((f) => t[f][k][j]),
+        ].join(","),
       );
     }),
   );
@@ -241,7 +247,10 @@ function sameJSON(a, b) {
 // No scenario is loaded then (its menu says so).
 function loadStep(data, runStep, title = "", note = "") {
   const { config, ...fields } = data.request;
-  load({ scenario: "", input: fields, config, runStep, answer: data.breakdown }, { kind: "step", name: title, note });
+  load(
+    { scenario: "", input: fields, config, runStep, answer: views.stepBreakdown(data) },
+    { kind: "step", name: title, note },
+  );
 }
 
 // The replay menu starts on no preset (runs.js names the run's own when it opens one); a link naming a run's

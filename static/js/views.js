@@ -148,6 +148,28 @@ const OVERSCAN = 15; // rows drawn beyond each edge of the window
 
 const rowsView = { data: null, columns: [], order: [], first: -1, rowHeight: 0, scheduled: false };
 
+// A run step's answer as the views draw it: its breakdown (/api/v1/loss's answer for the step's batch), each
+// row's group and reward the ones the run recorded (`row_groups`, `row_rewards`: the batch carries the trainer's
+// advantages, not its rewards and groups, so the breakdown's own are "–" and group 0 for every row). A step whose
+// files hold none keeps the breakdown's.
+export function stepBreakdown(step) {
+  const { breakdown } = step;
+  const rows = { ...breakdown.rows };
+  const recorded = (values) => values && values.length === rows.loss.length;
+  if (recorded(step.row_groups)) rows.group = step.row_groups;
+  if (recorded(step.row_rewards)) rows.reward = step.row_rewards;
+  return { ...breakdown, rows };
+}
+
+// A token's region as the page names it: which bound of the objective acted on it, by the server's why codes
+// ("unbounded" for a ratio past the trust region that no clip holds, where the region code says "trust"):
+// tokens.bound where A = 0, a mask or a correction is the token's why, else tokens.why. `k`: the position in
+// data.token_rows.
+export function regionName(data, k, j) {
+  const t = data.tokens;
+  return data.why.names[(t.bound ?? t.why)[k][j]];
+}
+
 export function renderRowsTable(data) {
   const sort = state.ui.rowSort;
   const wrap = $("#rows-wrap");
