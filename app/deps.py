@@ -1,5 +1,5 @@
 """What routes are given, one way (FastAPI ``Depends``): the settings, the run store, the lanes, the
-sign-in sessions, the lab manager and the lab's stream caps, each made once with the app
+sign-in sessions, the lab manager and the lab's stream caps, the running runs' watcher, each made once with the app
 (``app.main.create_app``) and kept on its state. A route names what it needs in its signature
 (``settings: SettingsDep``) and never reads ``request.app.state`` itself.
 
@@ -21,8 +21,10 @@ from app.auth import Sessions
 from app.lab_streams import StreamCaps, client_key
 from app.lab_workers import LabManager, new_manager
 from app.lanes import Lanes
+from app.run_streams import RunStreams
 from app.settings import Settings
 from app.store import RunStore
+from app.watch import Watcher
 
 
 async def settings(request: Request) -> Settings:
@@ -59,6 +61,19 @@ async def stream_caps(request: Request) -> StreamCaps:
     return caps
 
 
+async def watcher(request: Request) -> Watcher:
+    found: Watcher = request.app.state.watcher
+    return found
+
+
+async def run_streams(request: Request) -> RunStreams:
+    """What a running run's event stream counts under: the lab's caps and stall limit (one budget per client)."""
+    settings_: Settings = request.app.state.settings
+    return RunStreams(
+        await stream_caps(request), await lab(request), settings_.lab_stream_stall_seconds, settings_.lab_stream_history
+    )
+
+
 def _sessions(request: Request) -> Sessions | None:
     found: Sessions | None = request.app.state.sessions
     return found
@@ -82,3 +97,5 @@ SessionsDep = Annotated[Sessions | None, Depends(sessions)]
 LabDep = Annotated[LabManager, Depends(lab)]
 StreamCapsDep = Annotated[StreamCaps, Depends(stream_caps)]
 StreamClientDep = Annotated[str, Depends(stream_client)]
+WatcherDep = Annotated[Watcher, Depends(watcher)]
+RunStreamsDep = Annotated[RunStreams, Depends(run_streams)]

@@ -18,7 +18,7 @@ from starlette.background import BackgroundTask
 
 from app import summaries
 from app.api import JSONBytes, answer, as_response, multipart_body
-from app.deps import LabDep, LanesDep, SettingsDep, StoreDep
+from app.deps import LabDep, LanesDep, RunStreamsDep, SettingsDep, StoreDep, StreamClientDep, WatcherDep
 from app.lanes import Lanes, release_memory
 from app.schemas import HEATMAP_ROWS, Count, ErrorResponse, HeatmapRows
 from app.settings import Settings
@@ -78,12 +78,42 @@ async def run_detail(
 def kept_response(kept: summaries.Kept, lanes: Lanes, if_none_match: str | None) -> Response:
     """A kept page streamed from its file (its chunks read in the lanes' ``reads`` threads), or a 304 without
     a body when the client's ``If-None-Match`` names its ETag."""
-    tags = {tag.strip().removeprefix("W/") for tag in (if_none_match or "").split(",")}
-    if kept.etag in tags or "*" in tags:
+    if _names(if_none_match, kept.etag):
         kept.close()
         return Response(status_code=304, headers=kept.headers)
     headers = {**kept.headers, "content-length": str(kept.length)}
     return StreamingResponse(kept.chunks(lanes.reads), kept.status, headers, media_type="application/json")
+
+
+def _names(if_none_match: str | None, etag: str) -> bool:
+    """Whether an ``If-None-Match`` header names ``etag`` (or any, ``*``)."""
+    tags = {tag.strip().removeprefix("W/") for tag in (if_none_match or "").split(",")}
+    return etag in tags or "*" in tags
+
+
+@router.get(
+    "/{run}/timeline",
+    responses=NOT_FOUND,
+    response_class=JSONBytes,
+    summary="The run's timeline: per step every recomputed number beside the trainer's, and the anomalies found",
+)
+async def run_timeline(
+    run: str,
+    store: StoreDep,
+    lanes: LanesDep,
+    settings: SettingsDep,
+    if_none_match: Annotated[str | None, Header(description="A timeline's ETag read before: 304 if unchanged")] = None,
+) -> Response:
+    """``grpo.runs.timeline`` under the server's thresholds (the ``timeline_*`` settings; the answer names them),
+    computed once per state of the run's files in its lane (a worker process for a long run) and kept beside the
+    run, or in ``cache_dir`` when the run directory cannot be written."""
+    path = store.open(run)
+    found, etag = await summaries.timeline_tag(lanes, path, settings)
+    headers = {"etag": etag, "cache-control": "private, no-cache"} if etag else {}
+    if etag and _names(if_none_match, etag):
+        return Response(status_code=304, headers=headers)
+    reply = await summaries.timeline_reply(lanes, path, found, etag, settings)
+    return as_response(reply, headers if reply.status == 200 else {})
 
 
 @router.get(
@@ -108,6 +138,28 @@ async def step_detail(
     request); checked as /api/v1/loss is (padded size and memory from the files' headers: 413), in its lane."""
     shown = summaries.Shown(token_rows, heatmap_rows)
     return as_response(await summaries.step(lanes, store.open(run), step, micro, config, settings, shown, rank))
+
+
+@router.get(
+    "/{run}/events",
+    summary="Server-Sent Events of a running run: status, each new or changed step of its timeline, new anomalies, "
+    "done; a reconnect with Last-Event-ID gets only the later ones",
+    response_class=StreamingResponse,
+    responses={**NOT_FOUND, 429: {"model": ErrorResponse, "description": "Too many open streams (a setting)"}},
+)
+async def run_events(
+    run: str,
+    store: StoreDep,
+    watcher: WatcherDep,
+    streams: RunStreamsDep,
+    client: StreamClientDep,
+    after: Annotated[
+        int | None, Query(ge=0, le=999_999, description="Skip the steps up to this one (the page has them)")
+    ] = None,
+    last_event_id: Annotated[str | None, Header(description="The last event's id a reconnecting reader has")] = None,
+) -> StreamingResponse:
+    """Watched while someone listens and run.json says running (``app.watch``); ends with ``done``."""
+    return await watcher.stream(store.open(run), streams, client, after, last_event_id)
 
 
 @router.delete("/{run}", responses=NOT_FOUND, status_code=204, summary="Delete a run (a running lab run is cancelled)")

@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
+from dataclasses import fields
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from grpo.runs import AnomalyThresholds
+
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# the library's defaults, written once there (every field of the frozen dataclass has one)
+THRESHOLD: dict[str, Any] = {f.name: f.default for f in fields(AnomalyThresholds)}
+
+
+def _cache_dir() -> Path:
+    """This user's directory under the system temp dir (the server makes it private: mode 0700)."""
+    uid = os.geteuid() if hasattr(os, "geteuid") else "user"
+    return Path(tempfile.gettempdir()) / f"grpo-lens-cache-{uid}"
 
 
 class Settings(BaseSettings):
@@ -47,7 +60,23 @@ class Settings(BaseSettings):
     )
     threads: int = Field(4, ge=1, description="Threads for small requests (parse, check, compute), in the server.")
     large_request_bytes: int = Field(
-        1024 * 1024, ge=0, description="Bodies of this size and larger are handled in a worker process."
+        1024 * 1024,
+        ge=0,
+        description="Bodies of this size and larger go to a worker process where they must be parsed (JSON, text, "
+        ".pt), to the large lane's threads where they are binary files or run zips; smaller ones start in the small "
+        "requests' threads (each then priced: see cheap_request_bytes).",
+    )
+    cheap_request_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=0,
+        description="Work priced past this (its padded positions' working memory, an export's file, a run zip's "
+        "steps) runs in the costly lane (a worker process), whatever its body's size.",
+    )
+    cheap_unpack_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=0,
+        description="A binary upload whose read fields are priced past this once unpacked (from its headers) is "
+        "unpacked in the costly lane (a worker process), whatever its body's size.",
     )
     process_workers: int = Field(
         1, ge=0, description="Worker processes for large requests (0: large requests run in threads too)."
@@ -111,6 +140,36 @@ class Settings(BaseSettings):
     )
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads per computation (0: torch's default).")
     runs_dir: Path = Field(Path("runs"), description="Where runs live (captured and lab), one directory each.")
+    cache_dir: Path = Field(
+        default_factory=_cache_dir,
+        description="Where a read-only run's timeline is kept (default: grpo-lens-cache-<uid> under the temp dir).",
+    )
+    timeline_spike_z: float = Field(
+        THRESHOLD["spike_z"], ge=0, description="Timeline: a loss this many standard deviations above its rolling mean."
+    )
+    timeline_clip_jump: float = Field(
+        THRESHOLD["clip_jump"], ge=0, description="Timeline: a clip fraction this far (absolute) from its rolling mean."
+    )
+    timeline_mismatch_growth: float = Field(
+        THRESHOLD["mismatch_growth"],
+        ge=0,
+        description="Timeline: the sampler mismatch this many times its mean over the first `window` steps.",
+    )
+    timeline_entropy_drop: float = Field(
+        THRESHOLD["entropy_drop"], ge=0, description="Timeline: entropy below this fraction of its rolling mean."
+    )
+    timeline_kl_z: float = Field(
+        THRESHOLD["kl_z"], ge=0, description="Timeline: a KL this many standard deviations above its rolling mean."
+    )
+    timeline_few_tokens_share: float = Field(
+        THRESHOLD["few_tokens_share"], ge=0, description="Timeline: the share of a step's |loss| its few tokens hold."
+    )
+    timeline_few_tokens: int = Field(
+        THRESHOLD["few_tokens"], ge=1, description="Timeline: how many tokens 'a handful' is (the few-tokens anomaly)."
+    )
+    timeline_window: int = Field(
+        THRESHOLD["window"], ge=1, description="Timeline: steps in a rolling baseline (and the mismatch's first steps)."
+    )
     replay_max_micro_batches: int = Field(
         1000, ge=1, description="Most micro-batches one run replay evaluates (whole steps; the answer's next pages on)."
     )
@@ -151,6 +210,12 @@ class Settings(BaseSettings):
         1024,
         ge=1,
         description="Most past events a new event stream replays (a reconnect with Last-Event-ID: only later ones).",
+    )
+    watch_interval: float = Field(
+        0.5,
+        gt=0,
+        le=1.0,
+        description="Seconds between looks at a running run's files while its events are streamed (at most 1).",
     )
 
     @field_validator("allowed_hosts", "forwarded_allow_ips", "cors_origins", mode="before")

@@ -1,4 +1,4 @@
-"""What the runs' GET routes compute, at a bounded cost: the listing, a run's page, a step, a replay.
+"""What the runs' GET routes compute, at a bounded cost: the listing, a run's page, its timeline, a step, a replay.
 
 A run's page recomputes every micro-batch and checks it against the trainer (``grpo.check``): one
 ``evaluate`` per micro-batch, seconds to minutes for a long run. It is computed once, in the lane its
@@ -46,7 +46,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
 
@@ -69,7 +69,18 @@ from grpo.errors import GrpoInputError
 from grpo.fields import ragged
 from grpo.requests import row_lengths
 from grpo.runs import FORMAT as RUN_FORMAT
-from grpo.runs import LOGGED_FILE, STEP_FILE, Run, StepRef, load_run, load_step, package_versions, read_header
+from grpo.runs import (
+    LOGGED_FILE,
+    STEP_FILE,
+    AnomalyThresholds,
+    Run,
+    StepRef,
+    load_run,
+    load_step,
+    package_versions,
+    read_header,
+    timeline,
+)
 
 SUMMARY_FILE = ".lens-summary.json"
 FORMAT = 4  # of the summary: a change in the page's or the entry's shape bumps it
@@ -519,6 +530,62 @@ async def page(lanes: Lanes, path: Path, settings: Settings) -> Reply | Kept:
     if flight is None:
         size = lane_size(found.step_bytes, found.step_files)
         flight = _flights[key] = asyncio.ensure_future(lanes.run(size, summarise, str(path), found, settings))
+        flight.add_done_callback(lambda _: _flights.pop(key, None))
+    return await asyncio.shield(flight)
+
+
+# --- a run's timeline ---------------------------------------------------------------------------------------
+def anomaly_thresholds(settings: Settings) -> AnomalyThresholds:
+    """The server's anomaly thresholds: its ``timeline_<field>`` settings (a field without one: the default)."""
+    named = {f.name: f"timeline_{f.name}" for f in fields(AnomalyThresholds)}
+    return AnomalyThresholds(**{k: getattr(settings, v) for k, v in named.items() if v in Settings.model_fields})
+
+
+def timeline_cache_dir(settings: Settings) -> Path | None:
+    """The timeline cache for read-only run directories: made private to this user (mode 0700) when absent,
+    used only while it is this user's directory (a temp dir another user made first is not written to)."""
+    path = settings.cache_dir
+    with suppress(OSError):
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if path.is_dir() and not path.is_symlink() and path.stat().st_uid == os.geteuid():
+            return path
+    return None
+
+
+def timeline_json(path: str, settings: Settings) -> Any:
+    """GET /api/v1/runs/{run}/timeline: ``grpo.runs.timeline`` under the server's thresholds, kept beside the run
+    (in ``cache_dir`` when the run directory cannot be written) and extended from new step files (a lane's job)."""
+    run_dir = Path(path)
+    with vanished_as_404(run_dir):
+        read_info(run_dir)
+        return timeline(run_dir, anomaly_thresholds(settings), cache_dir=timeline_cache_dir(settings))
+
+
+def timeline_etag(path: Path, settings: Settings) -> tuple[Scan, str | None]:
+    """The run's scan and the ETag of its timeline under these thresholds: the answer follows from the run's
+    files, the thresholds and GRPO Lens's version. None while the files are too new to be told apart by time."""
+    with vanished_as_404(path):
+        read_info(path)
+        found = current_scan(path)
+    if not _settled(time.time_ns(), found.newest):
+        return found, None
+    made_of = f"{found.files}\t{VERSION}\t{sorted(asdict(anomaly_thresholds(settings)).items())}"
+    return found, '"t' + hashlib.sha256(made_of.encode()).hexdigest()[:32] + '"'
+
+
+async def timeline_tag(lanes: Lanes, path: Path, settings: Settings) -> tuple[Scan, str | None]:
+    """The run's scan and its timeline's ETag, looked up in the lanes' ``reads`` threads (a few stats)."""
+    return await anyio.to_thread.run_sync(timeline_etag, path, settings, limiter=lanes.reads)
+
+
+async def timeline_reply(lanes: Lanes, path: Path, found: Scan, etag: str | None, settings: Settings) -> Reply:
+    """A run's timeline in the lane its step files' size calls for (a worker process for a long run; a kept one is
+    answered from its file there); concurrent first reads of one state of the run share the computation."""
+    key = (f"timeline:{path}", f"{found.files}\t{etag}")
+    flight = _flights.get(key)
+    if flight is None:
+        size = lane_size(found.step_bytes, found.step_files)
+        flight = _flights[key] = asyncio.ensure_future(lanes.run(size, timeline_json, str(path), settings))
         flight.add_done_callback(lambda _: _flights.pop(key, None))
     return await asyncio.shield(flight)
 

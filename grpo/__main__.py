@@ -5,6 +5,8 @@ python -m grpo eval FILE [--preset NAME] [--json] [--set field=value ...]
 python -m grpo check-run RUN_DIR [--rtol R] [--metric-atol A] [--json] [--jobs N | --ray ADDRESS]
                                         exit 0 match, 1 differ, 2 error, 3 unchecked
 python -m grpo import {nemo-rl,slime} DIR RUN_DIR [--config FILE]
+python -m grpo report RUN_DIR [--html OUT] [--json OUT] [--worst N] [--jobs N]
+                                        one self-contained HTML report (needs grpo-lens[report])
 
 A run's step file (``steps/000001-000.safetensors``) carries its config: ``eval`` uses it, ``--preset``
 replaces it and ``--set`` overrides its fields.
@@ -41,6 +43,7 @@ from grpo.explain import summary_table
 from grpo.importers import CONFIG_READERS, IMPORTERS
 from grpo.io import UPLOAD_FORMATS, load_file
 from grpo.loss import evaluate
+from grpo.report import DEFAULT_WORST, write_report
 from grpo.requests import batch_from_request, row_lengths
 from grpo.runs import is_step_metadata, load_run, load_step, read_metadata
 
@@ -50,6 +53,13 @@ def _jobs(text: str) -> int:
     if jobs < 1:
         raise argparse.ArgumentTypeError(f"a number of processes >= 1, got {jobs}")
     return jobs
+
+
+def _count(text: str) -> int:
+    count = int(text)
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"a number of steps >= 0, got {count}")
+    return count
 
 
 def _value(text: str) -> Any:
@@ -91,11 +101,14 @@ def main(argv: list[str] | None = None) -> int:
         help="the trainer's loss settings, JSON or YAML (nemo-rl: its loss_fn section or whole config; "
         "slime: its argument names, e.g. eps_clip); default: the trainer's defaults",
     )
+    _report_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "check-run":
         return _check_run(args)
     if args.command == "import":
         return _import(args)
+    if args.command == "report":
+        return _report(args)
     try:
         if args.command == "eval" and _is_step_file(args.file):
             return _eval_step_file(args)
@@ -149,6 +162,28 @@ def _import(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"imported {len(run.steps)} step files from {args.dir} into {path} (python -m grpo check-run {path})")
+    return 0
+
+
+def _report_parser(sub: Any) -> None:
+    rep = sub.add_parser("report", help="write one self-contained HTML report of a run (needs grpo-lens[report])")
+    rep.add_argument("run_dir", type=Path)
+    rep.add_argument("--html", type=Path, default=None, help="the HTML file to write (default: RUN-report.html here)")
+    rep.add_argument("--json", type=Path, default=None, help="also write the run's timeline as JSON")
+    rep.add_argument("--worst", type=_count, default=DEFAULT_WORST, help="steps drawn token by token (default: 3)")
+    rep.add_argument("--jobs", type=_jobs, default=os.cpu_count() or 1, help="processes reading step files")
+
+
+def _report(args: argparse.Namespace) -> int:
+    """Exit 0 with the report written, 2 on a run that cannot be read or without plotly (the extra named)."""
+    out = args.html if args.html is not None else Path(f"{args.run_dir.resolve().name}-report.html")
+    try:
+        answer = write_report(args.run_dir, out, args.json, worst=args.worst, jobs=args.jobs)
+    except (GrpoInputError, OSError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    anomalies = len(answer["anomalies"])
+    print(f"wrote {out}: {len(answer['steps'])} steps, {answer['verdict']}, {anomalies} anomalies")
     return 0
 
 

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Protocol, TypeGuard
+from typing import Any, Protocol, TypeGuard, TypeVar
 
 import torch
 from torch import Tensor
@@ -46,6 +46,8 @@ SCALING_FIELDS = (
     "entropy_accumulation_steps",
 )
 
+
+_R = TypeVar("_R")  # what a pool's function returns for each file
 
 MATCH, DIFFER, UNCHECKED, ERROR = "match", "differ", "unchecked", "error"
 VERDICTS = (MATCH, DIFFER, UNCHECKED, ERROR)
@@ -395,13 +397,21 @@ def check_run(
     ``pool``: anything with ``imap`` (``multiprocessing.Pool``, Ray's ``ray.util.multiprocessing.Pool``)
     evaluates the files in parallel, in order; only each file's small ``MicroResult`` comes back. Serial, or in
     a pool, one micro-batch's breakdown at a time is alive in a process: memory does not grow with the run."""
+    return run_check_from(run, _micro_results(run, rtol, metric_atol, seen, pool), rtol, metric_atol)
+
+
+def run_check_from(
+    run: Run, results: Iterable[MicroResult], rtol: float = DEFAULT_RTOL, metric_atol: float = DEFAULT_METRIC_ATOL
+) -> RunCheck:
+    """The run's check from each step file's ``MicroResult`` (``check_ref``'s, in the run's file order): the
+    cheap join of ``check_run`` without its evaluations, so results kept from an earlier pass join again."""
     logged_all = run.info.get("logged") or {}
     capture = run.info.get("capture")
     # a byte budget reached in the middle of a step leaves it without its last micro-batches: its per-call
     # checks stand, its step-level comparison with the trainer's log (a mean over all of them) cannot
     incomplete = capture.get("incomplete_step") if isinstance(capture, dict) else None
     by_step: dict[int, list[MicroResult]] = {}
-    for item in _micro_results(run, rtol, metric_atol, seen, pool):
+    for item in results:
         by_step.setdefault(item.check.step, []).append(item)
     source = run.info.get("source")
     gathered = source in GATHERING_SOURCES
@@ -421,11 +431,33 @@ def check_run(
             items = joined_over_ranks(items, rtol, metric_atol)
         steps.append(_Step(step, items, ranks, reasons, step == incomplete))
     logged_losses = logged_loss_checks(source, steps, logged_all, rtol)
+    windows = window_means(steps, logged_all) if gathered else {}
     result = RunCheck(run.name, rtol, metric_atol, unchecked_run=run_reasons(run))
     for s in steps:
         result.micro.extend(item.check for item in s.items)
-        result.steps.append(s.check(logged_all, generated.get(s.number, {}), logged_losses.get(s.number), metric_atol))
+        logged_loss, window = logged_losses.get(s.number), windows.get(s.number)
+        result.steps.append(s.check(logged_all, generated.get(s.number, {}), logged_loss, metric_atol, window))
     return result
+
+
+def window_means(steps: list[_Step], logged: dict[str, Any]) -> dict[int, dict[str, float] | str]:
+    """Per logged step whose logging window spans several steps (``logging_steps`` > 1), GRPO Lens's loss-call
+    metrics as TRL logs them there: the plain mean over every loss call since the last log (TRL appends each
+    call's gathered metrics and averages them at the log); or why the window cannot be joined (a sentence)."""
+    by_number = {s.number: s for s in steps}
+    out: dict[int, dict[str, float] | str] = {}
+    logged_steps = sorted(int(k) for k, v in logged.items() if k.isdigit() and v)
+    for before, number in zip([0, *logged_steps], logged_steps, strict=False):
+        window = range(before + 1, number + 1)
+        if number not in by_number or len(window) == 1:
+            continue
+        gap = _window_gap(window, by_number)
+        if gap is not None:
+            out[number] = gap.replace("the logged loss", "the logged metrics")
+            continue
+        calls = [item for n in window for item in by_number[n].firsts()]
+        out[number] = metric_views([(item.metrics, item.tokens) for item in calls])[0]
+    return out
 
 
 def run_reasons(run: Run) -> list[str]:
@@ -461,14 +493,25 @@ class _Step:
             out.setdefault(item.check.rank or 0, []).append(math.nan if value is None else value)
         return out
 
+    def firsts(self) -> list[MicroResult]:
+        """One entry per readable micro-batch of the step: over several ranks, their join (each rank holds it)."""
+        readable = [item for item in self.items if item.check.error is None]
+        return (
+            [item for item in readable if (item.check.rank or 0) == self.ranks[0]] if len(self.ranks) > 1 else readable
+        )
+
     def check(
-        self, logged_all: dict[str, Any], generated: dict[str, float], logged_loss: Any, atol: float
+        self,
+        logged_all: dict[str, Any],
+        generated: dict[str, float],
+        logged_loss: Any,
+        atol: float,
+        window: dict[str, float] | str | None = None,
     ) -> StepCheck:
-        items, gathered = self.items, len(self.ranks) > 1
+        """The step's check; ``window``: the loss-call metrics as the trainer logged them over a window of several
+        steps (``window_means``), compared in place of the step's own, or why they cannot be."""
+        items, firsts = self.items, self.firsts()
         checks = [item.check for item in items]
-        readable = [item for item in items if item.check.error is None]
-        # one entry per micro-batch of the step: over several ranks, their join (each rank holds the same)
-        firsts = [item for item in readable if (item.check.rank or 0) == self.ranks[0]] if gathered else readable
         mean, weighted = metric_views([(item.metrics, item.tokens) for item in firsts]) if firsts else ({}, {})
         trainer_loss, lens_loss = _step_losses(items, len(self.ranks))
         # The metrics the loss calls logged (per micro-batch), as the trainer averaged them for the step;
@@ -476,9 +519,10 @@ class _Step:
         per_call = set().union(*(c.metrics for c in checks))
         step_log = {} if self.incomplete else logged_all.get(str(self.number)) or {}
         logged = {k: v for k, v in step_log.items() if _finite(v) is not None}
-        metrics = _compare({k: v for k, v in logged.items() if k in per_call}, mean, atol)
+        calls = {k: v for k, v in logged.items() if k in per_call}
+        metrics = _compare(calls, window if isinstance(window, dict) else {} if window else mean, atol)
         metrics |= _compare(logged, generated, atol)
-        reasons = list(self.reasons)
+        reasons = list(self.reasons) + ([window] if isinstance(window, str) and calls else [])
         if self.failed:
             reasons.append(f"the step's joined numbers: {len(self.failed)} step file(s) could not be read")
         if isinstance(logged_loss, str):
@@ -799,7 +843,7 @@ class LocalPool:
     pool: multiprocessing.pool.Pool
     jobs: int
 
-    def imap(self, func: Callable[[Any], MicroResult], iterable: Iterable[Any]) -> Iterator[MicroResult]:
+    def imap(self, func: Callable[[Any], _R], iterable: Iterable[Any]) -> Iterator[_R]:
         items = list(iterable)
         return self.pool.imap(func, items, chunksize=files_per_task(len(items), self.jobs))
 
@@ -822,7 +866,7 @@ def fork_is_safe() -> bool:
 
 
 class Pool(Protocol):
-    def imap(self, func: Callable[[Any], MicroResult], iterable: Iterable[Any]) -> Iterator[MicroResult]: ...
+    def imap(self, func: Callable[[Any], _R], iterable: Iterable[Any]) -> Iterator[_R]: ...
 
 
 def format_check(check: RunCheck) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 
 from torch import Tensor
 
+from grpo.anomalies import AnomalyThresholds
 from grpo.config import LossConfig
 from grpo.errors import GrpoInputError
 from grpo.run_directory import (
@@ -62,6 +63,7 @@ from grpo.run_directory import (
     write_atomic,
 )
 from grpo.step_schema import step_tensors
+from grpo.timeline import timeline
 
 __all__ = [
     "BATCH_TENSORS",
@@ -74,6 +76,7 @@ __all__ = [
     "STEP_DTYPES",
     "STEP_FILE",
     "SUPERSEDED",
+    "AnomalyThresholds",
     "Run",
     "RunWriter",
     "Sampling",
@@ -100,6 +103,7 @@ __all__ = [
     "read_metadata",
     "read_regular",
     "step_request",
+    "timeline",
     "utc_now",
     "write_atomic",
 ]

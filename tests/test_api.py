@@ -279,6 +279,8 @@ def test_openapi_lists_every_route(api: TestClient) -> None:
         "/api/v1/runs/{run}/steps/{step}",
         "/api/v1/runs/{run}/download",
         "/api/v1/runs/{run}/replay",
+        "/api/v1/runs/{run}/timeline",
+        "/api/v1/runs/{run}/events",
         "/healthz",
         "/api/v1/lab/tasks",
         "/api/v1/lab/runs",

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from api_fixtures import ROOT, ragged_body
 from test_api_runs import write_run
-from test_layering import BLOCK_WEB
+from test_layering import BLOCK_WEB, WEB
 
 # The server's distributions: allowed in the wheel's metadata only behind the `server` extra.
 WEB_DISTRIBUTIONS = {"fastapi", "uvicorn", "httptools", "pydantic", "pydantic-settings", "python-multipart"}
@@ -67,6 +67,8 @@ def test_the_wheel_holds_the_library_and_no_web_dependency_outside_the_server_ex
     server = {re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].lower() for r in required if 'extra == "server"' in r}
     assert server >= {"fastapi", "uvicorn", "pydantic", "jinja2", "plotly"}
     assert not names & WEB_DISTRIBUTIONS
+    report = [r for r in required if 'extra == "report"' in r]
+    assert [re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].lower() for r in report] == ["plotly"]  # the report's alone
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +133,44 @@ def test_the_wheel_evaluates_and_checks_a_run_without_the_web_stack(training_env
     assert grpo_cli("check-run", str(good)).returncode == 0
     # the same command fails on a run whose step-2 losses were moved by 0.01: the check ran, it did not just exit
     assert grpo_cli("check-run", str(tampered)).returncode == 1
+
+
+# The server's packages unimportable, plotly left: an environment with `grpo-lens[report]` and no web app.
+BLOCK_SERVER = BLOCK_WEB.replace(repr(WEB), repr(tuple(m for m in WEB if m != "plotly")))
+REPORT = (
+    "import json\n"
+    "from grpo.__main__ import main\n"
+    "code = main(sys.argv[1:])\n"
+    "web = {'app', 'fastapi', 'starlette', 'uvicorn'}\n"
+    "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in web)))\n"
+    "import grpo\n"
+    "print(grpo.__file__)\n"
+    "raise SystemExit(code)\n"
+)
+
+
+def test_the_wheel_writes_a_report_with_the_report_extra_and_without_the_web_stack(
+    wheel: Path, training_env: Path, tmp_path: Path
+) -> None:
+    # the extra resolves offline to the plotly the environment has: nothing to add, nothing moved
+    extra = ["install", "--no-index", "--dry-run", "--quiet", "--report", str(tmp_path / "r.json"), f"{wheel}[report]"]
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(training_env), *extra], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "r.json").read_text())["install"] == []
+    run, out = write_run(tmp_path, "tampered", tamper=True), tmp_path / "report.html"
+
+    def report(prelude: str) -> subprocess.CompletedProcess[str]:
+        argv = [str(training_env), "-c", prelude + REPORT, "report", str(run), "--html", str(out), "--jobs", "1"]
+        return subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+    written = report(BLOCK_SERVER)
+    assert written.returncode == 0, written.stderr[-2000:]
+    web, where = written.stdout.splitlines()[-2:]
+    assert json.loads(web) == [] and where.startswith(str(training_env.parent.parent)), where  # the wheel's grpo
+    page = out.read_text(encoding="utf-8")
+    assert 'id="verdict">differ</span>' in page and "Plotly.newPlot" in page and len(page) > 1_000_000
+    out.unlink()
+    without = report(BLOCK_WEB)  # plotly unimportable too: the command names the extra
+    assert without.returncode == 2 and "pip install 'grpo-lens[report]'" in without.stderr and not out.exists()

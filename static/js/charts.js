@@ -83,7 +83,7 @@ const HOVER_TEMPLATE =
   "%{customdata[9]}<br>" +
   "surrogate %{customdata[0]} · KL %{customdata[1]}<br>" +
   "weight %{customdata[2]} · loss share %{customdata[3]}<br>" +
-  `${HOVER.grad} %{customdata[4]} (policy %{customdata[5]}, KL %{customdata[6]})<extra></extra>`;
+  `${HOVER.grad}<br>%{customdata[4]} (policy %{customdata[5]}, KL %{customdata[6]})<extra></extra>`;
 
 // Signed quantities on a diverging scale centred at 0 (the KL too: k1 goes negative).
 export const HEATMAPS = [
@@ -161,7 +161,9 @@ function heatmapLayout(title, rows, width, showlegend) {
     height,
     margin: { l: 110, r: 30, t: 30, b: 40 },
     plot_bgcolor: NOT_COUNTED, // the cells that do not count are gaps: this colour, unlike any on the scale
-    hoverlabel: { align: "left" },
+    // A hover goes right of its cell, or left where it would leave the figure: at 10 px its lines (72 characters
+    // at most) keep it under half the plot's width, so flipped left it stays clear of the row labels.
+    hoverlabel: { align: "left", font: { size: 10 } },
     showlegend,
     legend: { orientation: "h", x: 1, xanchor: "right", y: 1.02, yanchor: "bottom" },
     // the cells' own span: a marks trace over them (clipped, dropped) would widen an autoranged axis
@@ -210,16 +212,55 @@ function pooledHeatmap(data, spec) {
     zmid: spec.mid,
   };
   if (spec.range) Object.assign(trace, { zmin: spec.range[0], zmax: spec.range[1] });
+  const marks = anomalyMarks(data);
   return {
-    data: [trace],
+    data: [trace, ...(marks ? [marks] : [])],
     layout: heatmapLayout(
       fr * ft === 1 ? spec.title : POOLED.title(spec.title, fr, ft, spec.mid),
       z.length,
       width,
-      false,
+      Boolean(marks),
     ),
   };
 }
+
+// The tokens an anomaly of the run's timeline names (data.marked: {tokens: [[row, col], ...], sentence}, set by
+// runs.js on the step it opened), outlined on every heatmap; on a pooled grid, the blocks that hold them.
+function anomalyMarks(data) {
+  const tokens = data.marked?.tokens;
+  if (!tokens?.length) return null;
+  const x = [];
+  const y = [];
+  for (const [row, col] of tokens) {
+    if (data.heatmap) {
+      const { rows, factor_rows: fr, factor_tokens: ft } = data.heatmap;
+      const k = rows.indexOf(row);
+      if (k < 0) continue;
+      const r = Math.floor(k / fr);
+      x.push(Math.floor(col / ft) * ft + (ft - 1) / 2);
+      y.push(
+        fr === 1 ? rowLabel(data, rows[r]) : POOLED.rows(rows[r * fr], rows[Math.min((r + 1) * fr, rows.length) - 1]),
+      );
+      continue;
+    }
+    const k = data.token_rows.indexOf(row);
+    if (k < 0) continue;
+    x.push(col);
+    y.push(rowLabel(data, row));
+  }
+  return {
+    type: "scatter",
+    mode: "markers",
+    x,
+    y,
+    name: TIMELINE_MARKED,
+    hovertext: x.map(() => wrap(data.marked.sentence)),
+    hoverinfo: "text",
+    showlegend: true,
+    marker: { symbol: "square-open", size: 16, color: "#f59e0b", line: { width: 3 } },
+  };
+}
+export const TIMELINE_MARKED = "the anomaly's tokens";
 
 // One heatmap figure per field (each drawn on its own, when it is on screen). `hover()` gives the
 // per-cell hover data of a full grid (not needed when the grid is pooled).
@@ -244,7 +285,7 @@ export function heatmap(data, spec, hover) {
   if (rows * width > 4096) trace.zsmooth = "fast"; // one pixel per cell, scaled: fast for big grids
   Object.assign(trace, { colorscale: DIVERGING, zmid: spec.mid });
   if (spec.range) Object.assign(trace, { zmin: spec.range[0], zmax: spec.range[1] });
-  const marks = [...whyMarks(data), correctionMarks(data)].filter(Boolean);
+  const marks = [...whyMarks(data), correctionMarks(data), anomalyMarks(data)].filter(Boolean);
   const layout = heatmapLayout(spec.title, rows, width, marks.length > 0);
   return { data: [trace, ...marks], layout };
 }
@@ -918,6 +959,146 @@ export function replayChart(data, preset) {
   }
   return { data: traces, layout: stepsLayout(`These same batches under ${preset}`, x, { height: 320 }) };
 }
+
+// --- a run's timeline (the Runs view): one small chart per series, a second run beside it ---------------
+// The x-axes a timeline can be drawn against: each reads a number the answer carries (never computed here).
+export const TIMELINE_AXES = {
+  step: { title: "optimiser step", of: (s) => s.step },
+  cumulative: { title: "counted tokens so far (cumulative)", of: (s) => s.tokens?.cumulative ?? null },
+};
+// The loss is the first chart: the step's recomputed loss beside the trainer's logged one.
+export const TIMELINE_LOSS = {
+  name: "loss",
+  label: "loss",
+  trainer_name: null,
+  description:
+    "The step's loss as the trainer logs it (ranks and micro-batches joined), recomputed; the trainer's logged loss beside it.",
+};
+// Where an anomaly is marked when the answer does not name its series.
+const ANOMALY_SERIES = {
+  mismatch_growth: "mismatch_mean",
+  entropy_collapse: "entropy",
+  kl_blowup: "kl",
+};
+const anomalySeries = (a) => a.series ?? ANOMALY_SERIES[a.kind] ?? "loss";
+// The legend of the step's own trace: over several ranks, every rank's files joined as the trainer joins them.
+const joined = (ranks) => (ranks > 1 ? `recomputed (${ranks} ranks joined)` : "recomputed");
+const TIMELINE_COLOURS = [
+  { own: "#2563eb", logged: "#059669", ranks: ["#60a5fa", "#1e3a8a", "#93c5fd", "#3b82f6"] },
+  { own: "#ea580c", logged: "#a16207", ranks: ["#fdba74", "#9a3412", "#fed7aa", "#f97316"] },
+];
+
+// A step entry's value of `name`: recomputed, the trainer's logged one, or one rank's (null where absent).
+const timelineValue = {
+  recomputed: (name) => (s) => (name === "loss" ? s.loss.recomputed : (s.series[name] ?? null)),
+  logged: (name) => (s) => (name === "loss" ? s.loss.logged : (s.logged?.[name] ?? null)),
+  rank: (name, rank) => (s) => {
+    const own = s.ranks?.[String(rank)];
+    if (!own) return null;
+    return name === "loss" ? (own.loss ?? null) : (own.series?.[name] ?? null);
+  },
+};
+
+// The traces of one run on one series' chart: recomputed, the trainer's logged values (rings, where it logs
+// them), one dotted trace per rank (over several ranks), and the open run's anomalies (amber markers whose hover
+// is the anomaly's sentence). `customdata` is the step (a click opens it) or, on a marker, the anomaly's index.
+function timelineTraces(run, index, series, axis) {
+  const { answer, name } = run;
+  const colours = TIMELINE_COLOURS[index % TIMELINE_COLOURS.length];
+  const x = answer.steps.map(TIMELINE_AXES[axis].of);
+  const steps = answer.steps.map((s) => s.step);
+  const who = (what) => (run.both ? `${name}: ${what}` : what);
+  const meta = (kind) => ({ run: name, kind });
+  const line = (what, y, style) => ({
+    x,
+    y,
+    name: who(what),
+    customdata: steps,
+    connectgaps: false,
+    legendgroup: name,
+    meta: meta(what),
+    ...style,
+  });
+  const traces = [
+    line(joined(answer.ranks.length), answer.steps.map(timelineValue.recomputed(series.name)), {
+      mode: "lines+markers",
+      marker: { size: 5, color: colours.own },
+      line: { color: colours.own, width: 2 },
+    }),
+  ];
+  const logged = answer.steps.map(timelineValue.logged(series.name));
+  if (logged.some((v) => v !== null))
+    traces.push(
+      line("logged by the trainer", logged, {
+        mode: "markers",
+        marker: { symbol: "diamond-open", size: 9, color: colours.logged, line: { width: 2 } },
+      }),
+    );
+  if (answer.ranks.length > 1)
+    answer.ranks.forEach((rank, i) =>
+      traces.push(
+        line(`rank ${rank}`, answer.steps.map(timelineValue.rank(series.name, rank)), {
+          mode: "lines",
+          line: { color: colours.ranks[i % colours.ranks.length], width: 1, dash: "dot" },
+        }),
+      ),
+    );
+  if (index === 0) traces.push(anomalyTrace(run, series, axis, x));
+  return traces;
+}
+
+function anomalyTrace(run, series, axis, x) {
+  const at = new Map(run.answer.steps.map((s, i) => [s.step, i]));
+  const marked = run.answer.anomalies
+    .map((a, i) => [a, i])
+    .filter(([a]) => anomalySeries(a) === series.name && at.has(a.step));
+  const entry = (a) => run.answer.steps[at.get(a.step)];
+  return {
+    x: marked.map(([a]) => x[at.get(a.step)]),
+    y: marked.map(([a]) => timelineValue.recomputed(series.name)(entry(a))),
+    customdata: marked.map(([, i]) => i),
+    hovertext: marked.map(([a]) => wrap(a.sentence)),
+    hoverinfo: "text",
+    name: run.both ? `${run.name}: anomalies` : "anomalies",
+    mode: "markers",
+    meta: { run: run.name, kind: "anomaly" },
+    marker: { symbol: "star-diamond", size: 15, color: "#f59e0b", line: { width: 1.5, color: "#78350f" } },
+  };
+}
+
+// One series' chart over the runs ({answer, name}: the open run first, then the one beside it), against `axis`
+// (a key of TIMELINE_AXES). The label is the title, with the trainer's own name for the series.
+export function timelineChart(runs, series, axis) {
+  const both = runs.length > 1;
+  const data = runs.flatMap((run, i) => timelineTraces({ ...run, both }, i, series, axis));
+  const title = series.trainer_name ? `${series.label} (the trainer's ${series.trainer_name})` : series.label;
+  const steps = runs[0].answer.steps.map((s) => s.step);
+  const ticks = axis === "step" && !both && steps.length <= STEP_TICKS_UP_TO;
+  return {
+    data,
+    layout: base(title, {
+      height: 250,
+      margin: { l: 56, r: 12, t: 32, b: 36 },
+      hovermode: "closest",
+      showlegend: true,
+      legend: { orientation: "h", y: -0.32, font: { size: 10 } },
+      xaxis: {
+        title: { text: TIMELINE_AXES[axis].title, standoff: 4 },
+        automargin: true,
+        ...(ticks ? { tickmode: "array", tickvals: steps } : {}),
+      },
+      yaxis: { automargin: true, exponentformat: "e" },
+    }),
+  };
+}
+
+// Whether a series has a value to draw in any of the runs (a run without a sampler has no mismatch).
+export const timelineDrawn = (runs, series) =>
+  runs.some(({ answer }) =>
+    answer.steps.some(
+      (s) => timelineValue.recomputed(series.name)(s) !== null || timelineValue.logged(series.name)(s) !== null,
+    ),
+  );
 
 // --- the Lab: live runs (lab.js draws each chart with every run's points so far, then extends it) --------
 const LAB_CHART = {

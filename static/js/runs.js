@@ -6,15 +6,31 @@
 // step shown), and a replay of the same batches under another preset. The verdict says what was compared
 // with the trainer's numbers and what was not (match, differ, unchecked, error). Every number and reason
 // comes from the server (app/runview.py); a failed load says so and greys the view.
+// Under them, the run's timeline (/api/v1/runs/{run}/timeline: grpo.runs.timeline): one small chart per series,
+// the trainer's logged values beside the recomputed ones, a trace per rank, anomalies marked with their
+// sentences and listed; a click opens that step, an anomaly's click its micro-batch with its tokens marked on
+// the heatmaps; a second run overlaid, by step or by a number the answers carry (TIMELINE_AXES).
 
 import { getJSON, getLatest, postJSON } from "./api.js";
-import { lossChart, replayChart, runSeriesChart } from "./charts.js";
+import {
+  TIMELINE_AXES,
+  TIMELINE_LOSS,
+  lossChart,
+  replayChart,
+  runSeriesChart,
+  timelineChart,
+  timelineDrawn,
+} from "./charts.js";
 import { $, clear, el, plot } from "./dom.js";
 import { fmt } from "./format.js";
 import { RUN, RUN_RANKS } from "./labels.js";
+import { follow } from "./live.js";
 
 let hooks = null; // { loadStep(data, runStep, title, note) }: puts a step's batch and breakdown into the page
 let current = null; // the open run's /api/v1/runs/{run} response
+let timeline = null; // the open run's /api/v1/runs/{run}/timeline answer
+let beside = null; // { name, answer }: the run overlaid on its charts, or null
+let marked = null; // { runStep, tokens, sentence }: an anomaly's tokens, marked on that step's heatmaps
 
 export function setup(h) {
   hooks = h;
@@ -23,6 +39,8 @@ export function setup(h) {
   $("#run-micro").addEventListener("change", () => showStep(Number($("#run-step").value)).catch(failed));
   $("#run-rank").addEventListener("change", () => showStep(Number($("#run-step").value)).catch(failed));
   $("#run-replay").addEventListener("click", () => replay().catch(failed));
+  $("#timeline-other").addEventListener("change", (e) => showBeside(e.target.value).catch(timelineFailed));
+  $("#timeline-x").addEventListener("change", () => timeline && drawTimeline(timeline).catch(timelineFailed));
   return refresh();
 }
 
@@ -53,6 +71,9 @@ export async function refresh() {
     select.append(el("option", { value: r.name, text, disabled: r.valid === false }));
   }
   $("#runs").dataset.count = String(runs.length);
+  const other = clear($("#timeline-other"));
+  other.append(el("option", { value: "", text: "none" }));
+  for (const r of runs.filter((r) => r.valid !== false)) other.append(el("option", { value: r.name, text: r.name }));
 }
 
 // `at`: a step to show first ({ step, micro, rank, config }: a link's), else the first step.
@@ -82,6 +103,7 @@ export async function openRun(name, at = null) {
   }
   await Promise.all(draws);
   $("#runs").dataset.open = name;
+  showTimeline(name).catch(timelineFailed);
   if (data.steps.length) await pickStep(Number(slider.value), at);
 }
 
@@ -164,8 +186,14 @@ const stepRanksOf = (step) =>
   [...new Set(step.micro.map((m) => m.rank).filter((r) => r !== null))].sort((a, b) => a - b);
 
 async function pickStep(number, at = null) {
-  const step = current?.steps.find((s) => s.step === number);
+  let step = current?.steps.find((s) => s.step === number);
+  if (!step && current && timeline?.steps.some((s) => s.step === number)) {
+    // a step of a running run that came after its page was read: the page read again, once
+    current = await getJSON(`/api/v1/runs/${encodeURIComponent(current.name)}`);
+    step = current.steps.find((s) => s.step === number);
+  }
   if (!step) return;
+  marked = null; // a step picked by hand: no anomaly's tokens
   fillMicro(step, at);
   await showStep(number, at?.config ?? null);
 }
@@ -180,16 +208,33 @@ export function fetchStep(runStep, config = null, row = -1) {
   if (runStep.micro !== "") params.set("micro", runStep.micro);
   if (runStep.rank !== undefined && runStep.rank !== "") params.set("rank", runStep.rank);
   if (config) params.set("config", JSON.stringify(config));
-  return getLatest("loss", `/api/v1/runs/${encodeURIComponent(runStep.run)}/steps/${runStep.step}?${params}`);
+  const url = `/api/v1/runs/${encodeURIComponent(runStep.run)}/steps/${runStep.step}?${params}`;
+  return getLatest("loss", url).then((data) => withMarks(data, runStep));
+}
+
+// The answer of the step an anomaly opened carries its tokens (`marked`), for charts.js to outline on the
+// heatmaps; the same step under other settings keeps them, another step or micro-batch has none.
+const STEP_KEYS = ["run", "step", "micro", "rank"];
+const sameStep = (a, b) => STEP_KEYS.every((k) => String(a[k] ?? "") === String(b[k] ?? ""));
+function withMarks(data, runStep) {
+  if (data && marked && sameStep(marked.runStep, runStep))
+    data.breakdown.marked = { tokens: marked.tokens, sentence: marked.sentence };
+  return data;
+}
+
+// The step the pickers name: { run, step, micro ("": joined), rank ("": every rank's) }.
+function chosenStep(number) {
+  const micro = $("#run-micro").value;
+  const rank = $("#run-rank-label").hidden ? "" : $("#run-rank").value;
+  return { run: current.name, step: number, micro, rank };
 }
 
 // `config`: the settings to show it under (a link's; none: the step's own).
 async function showStep(number, config = null) {
   const step = current?.steps.find((s) => s.step === number);
   if (!step) return;
-  const micro = $("#run-micro").value;
-  const rank = $("#run-rank-label").hidden ? "" : $("#run-rank").value;
-  const runStep = { run: current.name, step: number, micro, rank };
+  const runStep = chosenStep(number);
+  const { micro, rank } = runStep;
   const data = await fetchStep(runStep, config);
   if (!data) return; // a newer step (or setting) superseded this one
   recovered();
@@ -261,4 +306,125 @@ async function replay() {
     const more = await postJSON("replay", `${url}?after=${data.next}`, { config: { preset } });
     data = more && { ...more, steps: [...data.steps, ...more.steps] };
   }
+}
+
+// --- the run's timeline ---------------------------------------------------------------------------------------
+// Computed by the server once per state of the run's files (kept beside it): the first open of a long run waits.
+async function showTimeline(name) {
+  $("#timeline-info").textContent = "computing the run's timeline…";
+  $("#timeline-info").className = "";
+  const answer = await getJSON(`/api/v1/runs/${encodeURIComponent(name)}/timeline`);
+  if (current?.name !== name) return; // another run was opened meanwhile
+  await drawTimeline(answer);
+  $("#run-timeline").dataset.open = name;
+  follow(name, current?.info?.status ?? null, answer, drawTimeline); // a running run's new steps, drawn as they come
+}
+
+function timelineFailed(err) {
+  $("#timeline-info").textContent = `The timeline could not be drawn: ${err.message}`;
+  $("#timeline-info").className = "error";
+}
+
+// A second run's timeline on the same charts (none: the open run's alone).
+async function showBeside(name) {
+  beside = name ? { name, answer: await getJSON(`/api/v1/runs/${encodeURIComponent(name)}/timeline`) } : null;
+  $("#run-timeline").dataset.beside = beside ? name : "";
+  if (timeline) await drawTimeline(timeline);
+}
+
+// The timeline charts (one per series that either run has), the anomaly list and what the answer says of
+// itself, from a timeline answer: drawn again as it is whenever the answer, the run beside it or the x-axis change.
+export async function drawTimeline(answer) {
+  timeline = answer;
+  const runs = [{ answer, name: answer.run }, ...(beside ? [{ answer: beside.answer, name: beside.name }] : [])];
+  const axis = fillAxes(runs);
+  const every = [TIMELINE_LOSS, ...answer.series];
+  const shown = every.filter((series) => timelineDrawn(runs, series));
+  const box = $("#timeline-charts");
+  const ids = new Set(shown.map((series) => `timeline-${series.name}`));
+  for (const node of [...box.children]) if (!ids.has(node.id)) node.remove();
+  const draws = shown.map((series) => {
+    const cell = timelineCell(box, series);
+    return Promise.resolve(plot(cell.firstChild, timelineChart(runs, series, axis))).then(() => {
+      if (cell.firstChild.on && !cell.dataset.clicks) {
+        cell.firstChild.on("plotly_click", (event) => timelineClick(event).catch(failed));
+        cell.dataset.clicks = "1";
+      }
+    });
+  });
+  const last = answer.steps.at(-1)?.step;
+  if (last !== undefined && last > Number($("#run-step").max)) $("#run-step").max = String(last); // a live run's new step
+  const absent = every.filter((series) => !shown.includes(series)).map((series) => series.label);
+  describeTimeline(answer, absent);
+  listAnomalies(answer);
+  await Promise.all(draws);
+  $("#run-timeline").dataset.axis = axis;
+}
+
+// A series' cell: its chart and, under it, its description (made once; kept in the series' order).
+function timelineCell(box, series) {
+  let cell = document.getElementById(`timeline-${series.name}`);
+  if (!cell) {
+    cell = el("figure", { id: `timeline-${series.name}`, class: "timeline-cell", dataset: { series: series.name } });
+    cell.append(el("div", { class: "timeline-chart" }), el("figcaption", { text: series.description }));
+  }
+  box.append(cell); // appended again: the cells follow the answer's order
+  return cell;
+}
+
+// The x-axes every drawn run's answer carries a number for; the chosen one kept when it still can be drawn.
+function fillAxes(runs) {
+  const select = $("#timeline-x");
+  const chosen = select.value || "step";
+  const usable = Object.keys(TIMELINE_AXES).filter((key) =>
+    runs.every(({ answer }) => answer.steps.every((s) => TIMELINE_AXES[key].of(s) !== null)),
+  );
+  clear(select);
+  for (const key of usable) select.append(el("option", { value: key, text: TIMELINE_AXES[key].title }));
+  select.value = usable.includes(chosen) ? chosen : "step";
+  return select.value;
+}
+
+function describeTimeline(answer, absent) {
+  const thresholds = Object.entries(answer.thresholds).map(([k, v]) => `${k} ${fmt(v)}`);
+  const count = answer.anomalies.length;
+  const parts = [
+    `${answer.steps.length} steps, ${count} ${count === 1 ? "anomaly" : "anomalies"} found (thresholds: ${thresholds.join(", ")}).`,
+  ];
+  if (absent.length) parts.push(`Not in this run: ${absent.join(", ")}.`);
+  $("#timeline-info").textContent = parts.join(" ");
+  $("#timeline-info").className = "";
+}
+
+function listAnomalies(answer) {
+  const list = clear($("#timeline-anomalies"));
+  answer.anomalies.forEach((a) => {
+    const open = () => openAnomaly(a).catch(failed);
+    const where = a.rank === null ? `step ${a.step}` : `step ${a.step}, rank ${a.rank}`;
+    const button = el("button", { type: "button", class: "link", text: `${where} · ${a.kind}`, onclick: open });
+    list.append(el("li", { dataset: { step: String(a.step), kind: a.kind } }, button, ` ${a.sentence}`));
+  });
+  $("#timeline-none").hidden = answer.anomalies.length > 0;
+}
+
+// A click on a timeline chart: an anomaly's marker opens it; any other point of the open run, its step.
+async function timelineClick(event) {
+  const point = event.points?.[0];
+  if (!point || !timeline || point.data.meta?.run !== timeline.run) return;
+  if (point.data.meta.kind === "anomaly") return openAnomaly(timeline.anomalies[point.customdata]);
+  $("#run-step").value = String(point.customdata);
+  return pickStep(point.customdata);
+}
+
+// An anomaly's step, micro-batch and rank (the file its tokens are in; a null one: all of them), opened in the
+// step view with its tokens marked on the heatmaps.
+async function openAnomaly(anomaly) {
+  const step = current?.steps.find((s) => s.step === anomaly.step);
+  if (!step) return;
+  $("#run-step").value = String(anomaly.step);
+  const at = { micro: anomaly.micro === null ? "" : String(anomaly.micro), rank: anomaly.rank ?? "" };
+  fillMicro(step, at);
+  marked = { runStep: chosenStep(anomaly.step), tokens: anomaly.tokens, sentence: anomaly.sentence };
+  $("#runs").dataset.anomaly = `${anomaly.step}:${anomaly.kind}`;
+  await showStep(anomaly.step);
 }
