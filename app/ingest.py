@@ -15,6 +15,7 @@ picks the lane: work priced past the cheap limits stops where it runs as cheap w
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,7 +30,7 @@ import grpo
 from app.errors import BODY_EXPECTED, LimitError, Loc, error_item, invalid
 from app.settings import Settings
 from grpo.fields import ALIASES, BATCH_FIELDS, BatchField, fields_of, given_per_token, names_of, padded, present
-from grpo.io import UnpackLimitError, canonical, load_file, parse_json, read_arrays
+from grpo.io import HELD_BYTES, UnpackLimitError, canonical, file_shapes, load_file, parse_json, read_arrays
 
 # The per-token fields (grpo's batch-field table: their bounds, 0/1 or not, NaN allowed or not).
 PER_TOKEN: dict[str, BatchField] = {name: BATCH_FIELDS[name] for name in fields_of("token")}
@@ -198,7 +199,9 @@ def load_upload(filename: str, data: bytes, settings: Settings) -> dict[str, Any
     """An uploaded file's fields (``grpo.io.load_file``), priced before anything is unpacked: a file whose
     read fields would unpack past ``max_unpacked_bytes`` is a 413 naming the entry that passed it. As cheap
     work (``cheap_work``) it is read under ``cheap_unpack_bytes``: a file priced past that (from its headers,
-    nothing unpacked yet) is ``Costly``, and the costly lane reads it under the whole limit."""
+    nothing unpacked yet) is ``Costly``, and the costly lane reads it under the whole limit. Its padded positions
+    are priced from its headers first (``check_file_grid``)."""
+    check_file_grid(file_shapes(filename, data), settings)
     cheap = in_cheap_lane() and settings.cheap_unpack_bytes < settings.max_unpacked_bytes
     try:
         return load_file(filename, data, settings.cheap_unpack_bytes if cheap else settings.max_unpacked_bytes)
@@ -206,6 +209,22 @@ def load_upload(filename: str, data: bytes, settings: Settings) -> dict[str, Any
         if cheap:
             raise Costly(f"{filename}: {exc}") from None
         raise LimitError(["body", "file", exc.field], str(exc)) from exc
+
+
+def check_file_grid(shapes: dict[str, tuple[int, ...]], settings: Settings) -> None:
+    """A binary file's padded grid, priced from its headers' shapes (``grpo.io.file_shapes``) before anything
+    is unpacked: 413 past ``max_tokens`` or ``max_request_bytes`` (as ``check_padded`` words it, at the
+    float32 the presets compute in: the least a request may cost), ``Costly`` past ``cheap_request_bytes``.
+    A file of logits is priced by its bytes alone (its completion is known once its prompt length is read), as is
+    one whose values alone are past ``max_unpacked_bytes``: its reader refuses it from its headers, naming the entry."""
+    logp = shapes.get("per_token_logps")
+    held = sum(math.prod(shape) for shape in shapes.values()) * HELD_BYTES  # the least the reader prices it at
+    if logp is None or "logits" in shapes or held > settings.max_unpacked_bytes:
+        return
+    if len(logp) != 2:
+        raise grpo.GrpoInputError("per_token_logps", "a 2-D array (B rows, T tokens)", got=f"{len(logp)} dims")
+    grids = sum(len(shape) > 0 for name, shape in shapes.items() if name != "tokens")
+    price(check_padded(logp[0], logp[1], grids, "float32", settings), settings.cheap_request_bytes, "the file's grid")
 
 
 def check_file_size(size: int, what: str, settings: Settings, loc: Loc | None = None) -> None:

@@ -12,8 +12,11 @@
   ``process_workers`` worker processes (spawned, started with the app), at a lower CPU priority
   (``worker_nice``) and with ``worker_torch_threads`` torch threads, so the server's process keeps a core.
   At most ``process_queue`` more wait for a worker; past that the answer is a 503 with Retry-After
-  (capacity, not a fault). A worker gives its memory back to the OS once idle ``trim_idle`` seconds, and is
-  replaced when, idle, it still holds ``worker_recycle_bytes`` more.
+  (capacity, not a fault). One member (a signed-in session, else a client address: ``member_of``) holds at
+  most ``process_queue_per_client`` of those places, and always one fewer than all: past its share its
+  request is a 429 with Retry-After, so one member's loop never keeps another's costly request out. A worker
+  gives its memory back to the OS once idle ``trim_idle`` seconds, and is replaced when, idle, it still holds
+  ``worker_recycle_bytes`` more.
 
 Costly work that must stay in this process (a run zip: the store's disk claims are this process's), and any
 costly work when there is no pool (``process_workers = 0``, or an app whose lifespan did not run, as in the
@@ -39,12 +42,14 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import suppress
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
 import anyio
 
+from app.auth import cookie_values
 from app.errors import error_item, error_json
 from app.ingest import Costly, cheap_work
 from app.settings import Settings
@@ -191,9 +196,28 @@ SPOOL_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os
 SPOOLED_BODY = "grpo_lens.spooled_body"  # the ASGI scope's key for a body ``BodyLimit`` spooled
 
 
+MEMBER: ContextVar[str] = ContextVar("grpo_lens_member", default="")  # who sends the request being answered
+
+
+def member_of(scope: Any) -> str:
+    """Who sends a request, for the costly lane's per-member share: the signed-in session where the instance
+    has sign-in (people behind one address each get their own share), else the client's address (uvicorn has
+    put the forwarded one there when the proxy is trusted), as the event streams' caps count them."""
+    sessions = getattr(getattr(scope.get("app"), "state", None), "sessions", None)
+    if sessions is not None:
+        cookie = b"; ".join(v for k, v in scope.get("headers", ()) if k == b"cookie").decode("latin-1")
+        for value in cookie_values(cookie):
+            if (sid := sessions.check(value)) is not None:
+                return f"session {sid}"
+    client = scope.get("client")
+    return f"address {client[0] if client else ''}"
+
+
 def take_spooled(scope: Any) -> Spooled | None:
     """The body ``BodyLimit`` spooled for this request, now the caller's to hand to a lane (``None``: the
-    body is small, or not spooled; read it as usual). Once taken, the app's ``receive`` gives no bytes."""
+    body is small, or not spooled; read it as usual). Once taken, the app's ``receive`` gives no bytes.
+    Every answered request comes here first: its sender (``member_of``) is noted for the lane's share."""
+    MEMBER.set(member_of(scope))
     spooled: Spooled | None = scope.get(SPOOLED_BODY)
     if spooled is None or spooled.taken:
         return None
@@ -305,6 +329,7 @@ class Lanes:
         self.reads = anyio.CapacityLimiter(settings.threads)
         self.pool: ProcessPoolExecutor | None = None
         self.waiting = 0  # large jobs running or queued
+        self.members: Counter[str] = Counter()  # those of them per member (``member_of``)
         self.started_rss: dict[int, int] = {}
         self.recycling = threading.Lock()  # each worker's RSS once it had imported everything
         self.jobs = 0  # large jobs done: a recycle timer acts only if none came after it
@@ -395,7 +420,12 @@ class Lanes:
         limit = self.settings.process_workers + self.settings.process_queue
         if self.waiting >= limit:
             return self._busy(limit)
+        member = MEMBER.get()
+        share = max(1, min(self.settings.process_queue_per_client, limit - 1))
+        if self.members[member] >= share:
+            return self._over_share(share)
         self.waiting += 1
+        self.members[member] += 1
         spooled = await anyio.to_thread.run_sync(_spool, args)  # writing 64 MB would stall the event loop
         pool = self.pool
         try:
@@ -411,6 +441,9 @@ class Lanes:
             return Reply(503, error_json([error_item(["body"], msg, "worker_lost")]), {"retry-after": "5"})
         finally:
             self.waiting -= 1
+            self.members[member] -= 1
+            if not self.members[member]:
+                del self.members[member]
             for item in spooled:
                 if isinstance(item, Spooled):
                     item.discard()  # already gone unless the worker never ran
@@ -438,6 +471,14 @@ class Lanes:
         operation) kept off the event loop. Unlike ``run`` it returns what ``fn`` returns and raises
         what it raises."""
         return await anyio.to_thread.run_sync(partial(fn, *args), limiter=self.threads)
+
+    def _over_share(self, share: int) -> Reply:
+        seconds = str(self.settings.retry_after)
+        msg = (
+            f"you have {share} large requests running or waiting (at most {share} each: the setting "
+            f"process_queue_per_client, so others get a place); retry after {seconds} s"
+        )
+        return Reply(429, error_json([error_item(["body"], msg, "queue_share")]), {"retry-after": seconds})
 
     def _busy(self, limit: int) -> Reply:
         seconds = str(self.settings.retry_after)

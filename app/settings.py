@@ -82,6 +82,12 @@ class Settings(BaseSettings):
         1, ge=0, description="Worker processes for large requests (0: large requests run in threads too)."
     )
     process_queue: int = Field(2, ge=0, description="Large requests that may wait for a worker (503 beyond).")
+    process_queue_per_client: int = Field(
+        2,
+        ge=1,
+        description="Large requests one client (a signed-in session, else an address) may have running or waiting "
+        "for a worker, and always one fewer than process_workers + process_queue (429 beyond): no one fills the lane.",
+    )
     retry_after: int = Field(5, ge=1, description="Seconds a 503 for a full large-request lane asks to wait.")
     worker_nice: int = Field(
         10, ge=0, le=19, description="How much lower the workers' CPU priority is than the server's: small first."

@@ -83,7 +83,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import grpo  # noqa: E402
-from grpo.examples import ARTICLE_EXAMPLE  # noqa: E402
+from grpo.view.examples import ARTICLE_EXAMPLE  # noqa: E402
 
 JSON = {"content-type": "application/json"}
 GB = 1024**3
@@ -756,12 +756,17 @@ def worst_requests(quick: bool) -> list[tuple[str, str, str, bytes, dict[str, st
     ]  # fmt: skip
 
 
-def heavy_loop(base: str, auth: dict[str, str], request: Any, client_id: int, stop: Any, out: Any) -> None:
+def heavy_loop(
+    base: str, auth: dict[str, str], request: Any, client_id: int, stop: Any, out: Any, member: int = 0
+) -> None:
     """Send ``request`` (a ``worst_requests`` entry) again and again until ``stop``; (label, status, seconds)
-    of each into ``out``. A run zip is uploaded under a new name each time and deleted once answered."""
+    of each into ``out``. A run zip is uploaded under a new name each time and deleted once answered. On a
+    loopback server each ``member`` sends from its own address (127.0.0.<member + 2>), as from its own machine:
+    the server shares its costly lane per member."""
     label, path, kind, body, form = request
     filename = label.rsplit(" ", 1)[-1]
-    with httpx.Client(base_url=base, timeout=600, headers=auth) as client:
+    own = httpx.HTTPTransport(local_address=f"127.0.0.{member + 2}") if "//127.0.0.1:" in base else None
+    with httpx.Client(base_url=base, timeout=600, headers=auth, transport=own) as client:
         i = 0
         while not stop.is_set():
             i += 1
@@ -781,15 +786,16 @@ def heavy_loop(base: str, auth: dict[str, str], request: Any, client_id: int, st
             out.put((label, status, time.perf_counter() - start))
             if path == "/api/v1/runs" and status == 201:
                 client.delete(f"/api/v1/runs/{name}")
-            if response is not None and status == 503:
+            if response is not None and status in (429, 503):
                 stop.wait(float(response.headers.get("retry-after", "1")))
 
 
 def heavy_clients(base: str, auth: dict[str, str], requests: list[Any], clients: int, stop: Any, out: Any) -> None:
-    """``clients`` threads per request of ``requests`` looping it (``heavy_loop``), in a process of its own (as
-    from other members' machines: sending 30 MB bodies here would hold the small clients' GIL); then None."""
+    """``clients`` threads per request of ``requests`` looping it (``heavy_loop``; the clients of one request are
+    one member), in a process of its own (as from other members' machines: sending 30 MB bodies here would hold
+    the small clients' GIL); then None."""
     threads = [
-        threading.Thread(target=heavy_loop, args=(base, auth, request, k * clients + j, stop, out))
+        threading.Thread(target=heavy_loop, args=(base, auth, request, k * clients + j, stop, out, k))
         for k, request in enumerate(requests)
         for j in range(clients)
     ]

@@ -63,7 +63,8 @@ class UploadFormat:
     ``content`` is what its first bytes sniff as (formats may share one: JSON and JSONL), ``sniffer``
     recognises that content and ``content_doc`` names it in errors. ``light``: reading it copies numbers
     without a Python object per number, so the server reads it in a thread (no worker process). A format
-    with a ``writer`` is offered as an export and has an example file (GET /api/v1/examples/{name})."""
+    with a ``writer`` is offered as an export and has an example file (GET /api/v1/examples/{name}).
+    ``shapes``: the shapes of the tensors its fields read, from its headers alone (``file_shapes``)."""
 
     name: str
     label: str
@@ -75,6 +76,7 @@ class UploadFormat:
     light: bool = False
     sniffer: Callable[[bytes], bool] | None = None
     content_doc: str = ""
+    shapes: Callable[[bytes], dict[str, tuple[int, ...]]] | None = None
 
 
 # load_file reads these; /api/v1/options lists them (the page's upload menu and accepted extensions);
@@ -127,6 +129,18 @@ def load_file(filename: str, data: bytes, max_unpacked_bytes: int = MAX_UNPACKED
         raise GrpoInputError("file", f"{_content_doc(fmt.content)} (the name says .{suffix})", got=_content_doc(found))
     assert fmt.reader is not None  # register_format refuses a format without one
     return fmt.reader(data, max_unpacked_bytes)
+
+
+def file_shapes(filename: str, data: bytes) -> dict[str, tuple[int, ...]]:
+    """{field: shape} of the tensors a binary file's fields read (aliases as their fields), from its headers
+    alone: nothing is decompressed, so a request can be priced by its padded positions before it is unpacked.
+    {} for a format without headers (text) or headers that cannot be read: its reader then says why."""
+    fmt = format_named(filename)
+    if fmt.shapes is None or sniff(data) != fmt.content:
+        return {}
+    shapes = fmt.shapes(data)
+    names = [ALIASES.get(name, name) for name in shapes]
+    return dict(zip(names, shapes.values(), strict=True)) if len(set(names)) == len(names) else {}
 
 
 def _content_doc(content: str) -> str:
@@ -354,6 +368,11 @@ def _safetensors_header(data: bytes) -> dict[str, tuple[str, list[int], int]]:
         return {}
 
 
+def _safetensors_shapes(data: bytes) -> dict[str, tuple[int, ...]]:
+    header = _safetensors_header(data)
+    return {name: tuple(shape) for name, (_, shape, _) in header.items() if _reads(name, header)}
+
+
 # --- what a file unpacks to, priced before it is unpacked --------------------------------------------
 HELD_BYTES = 8
 """Bytes one value takes as the batch holds it (float64 or int64): a tensor read is priced at least this."""
@@ -476,6 +495,18 @@ def _npz_entries(archive: zipfile.ZipFile, max_bytes: int) -> dict[str, zipfile.
             raise GrpoInputError(name, NUMERIC, got=str(dtype))
         budget.add(name, _price(values, values * dtype.itemsize), f"{values} values of {dtype}")
     return out
+
+
+def _npz_shapes(data: bytes) -> dict[str, tuple[int, ...]]:
+    """The read arrays' shapes from their .npy headers: each member's first bytes, not its data, decompressed."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            infos = archive.infolist()
+            names = [info.filename.removesuffix(".npy") for info in infos]
+            read = [(name, info) for name, info in zip(names, infos, strict=True) if _reads(name, names)]
+            return {name: _npy_header(archive, info, name)[0] for name, info in read}
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError):
+        return {}
 
 
 def _npy_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> tuple[tuple[int, ...], np.dtype[Any]]:
@@ -635,6 +666,26 @@ def _read_pt(data: bytes, max_bytes: int = MAX_UNPACKED_BYTES) -> dict[str, Any]
         swap = _big_endian(archive, prefix)
         tensors = {n: v if isinstance(v, Tensor) else _pt_tensor(archive, prefix, v, swap) for n, v in wanted.items()}
     return _from_tensors({name: tensors.get(name) for name in loaded})
+
+
+PT_SHAPES_PICKLE_BYTES = 1024 * 1024  # a larger pickle is priced by the reader, not read twice
+
+
+def _pt_shapes(data: bytes) -> dict[str, tuple[int, ...]]:
+    """The read tensors' shapes from the pickle (read by ``_PtUnpickler``, as the reader reads it): no storage
+    is decompressed."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            pickles = [n for n in archive.namelist() if n == "data.pkl" or n.endswith("/data.pkl")]
+            if len(pickles) != 1 or archive.getinfo(pickles[0]).file_size > PT_SHAPES_PICKLE_BYTES:
+                return {}
+            loaded = _PtUnpickler(io.BytesIO(archive.read(pickles[0]))).load()
+    except Exception:  # anything the stand-ins cannot take: the reader refuses it and says why
+        return {}
+    if not isinstance(loaded, dict) or not all(isinstance(k, str) for k in loaded):
+        return {}
+    wanted = {name: _pt_value(name, v) for name, v in loaded.items() if _reads(name, loaded)}
+    return {name: v.size if isinstance(v, _View) else tuple(v.shape) for name, v in wanted.items()}
 
 
 def _pt_value(name: str, value: Any) -> _View | Tensor:
@@ -836,6 +887,7 @@ for _fmt in (
         light=True,
         sniffer=_is_safetensors,
         content_doc="a safetensors file",
+        shapes=_safetensors_shapes,
     ),
     UploadFormat(
         "npz",
@@ -847,6 +899,7 @@ for _fmt in (
         light=True,
         sniffer=_is_npz,
         content_doc="an NPZ archive (a zip of .npy arrays)",
+        shapes=_npz_shapes,
     ),
     UploadFormat(
         "pt",
@@ -856,6 +909,7 @@ for _fmt in (
         _read_pt,
         sniffer=_is_pt,
         content_doc="a torch .pt file (a zip holding data.pkl)",
+        shapes=_pt_shapes,
     ),
 ):
     register_format(_fmt)
