@@ -22,8 +22,8 @@ from app.options import options_json
 from app.schemas import BatchRequest, CompareRequest, ErrorResponse, LossRequest
 from app.settings import Settings
 from app.work import Reply
-from grpo.answer import dumps
-from grpo.experiments import EXPERIMENTS, Experiment
+from grpo.view.answer import dumps
+from grpo.view.experiments import EXPERIMENTS, Experiment
 
 router = APIRouter()
 ERRORS: dict[int | str, dict[str, Any]] = {

@@ -18,8 +18,8 @@ from app import work
 from app.lanes import Lanes
 from app.options import options_json
 from app.settings import Settings
-from grpo.answer import dumps
-from grpo.examples import SCENARIOS
+from grpo.view.answer import dumps
+from grpo.view.examples import SCENARIOS
 
 # URL parameters the page writes that do not change the /api/v1/loss request (state.js writeURL).
 DISPLAY_ONLY = {"row", "compare", "compare_edits", "compare_max_completion_length"}

@@ -13,9 +13,9 @@ from app import work
 from app.api import ERRORS, answer, json_body
 from app.deps import LanesDep, SettingsDep
 from app.schemas import BatchRequest
-from grpo.examples import ARTICLE_EXAMPLE
 from grpo.export import FORMATS, export_batch
 from grpo.io import file_name
+from grpo.view.examples import ARTICLE_EXAMPLE
 
 router = APIRouter()
 # The formats grpo writes (a plugin's too): the path parameter's choices, in the API's schema.

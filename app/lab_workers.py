@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import errno
 import json
 import logging
 import math
@@ -52,9 +50,10 @@ import torch
 from torch import Tensor
 
 from app.errors import ApiError, error_item
+from app.lab_catalog import tasks_json as tasks_json
 from app.lanes import exit_with_parent
 from app.settings import Settings
-from grpo.lab import COMPARISONS, DEFAULT_TASK, METRICS, TASKS
+from app.store import DISK_FULL
 from grpo.lab.train import LabConfig, run
 from grpo.runs import RunWriter, config_from_dict, write_atomic
 
@@ -63,7 +62,6 @@ TERMINAL = ("done", "error", "cancelled", "interrupted")
 CANCEL_FILE = "cancel"  # a run directory's cancel request from outside the server (a person, a script)
 WATCHDOG_SECONDS = 2.0
 BUDGET_SETTINGS = "GRPO_LENS_RUNS_MAX_BYTES and GRPO_LENS_RUNS_MIN_FREE_BYTES"
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class Job(NamedTuple):
@@ -259,47 +257,6 @@ def new_manager(settings: Settings, budget: Callable[[], int | None] | None = No
 def lab_json(fields: dict[str, Any]) -> dict[str, Any]:
     """A run's settings as the API shows them: the loss under ``config``."""
     return {k: v for k, v in fields.items() if k != "loss"} | {"config": fields["loss"]}
-
-
-def tasks_json() -> dict[str, Any]:
-    """GET /api/v1/lab/tasks: the lab's tasks, canned comparisons (each run as the POST body that starts
-    it), metrics and loop settings with their defaults."""
-    defaults = LabConfig()
-    knobs = [
-        {"name": f.name, "default": getattr(defaults, f.name), "doc": f.metadata.get("doc", "")}
-        for f in dataclasses.fields(LabConfig)
-        if f.name not in ("task", "loss", "hidden")
-    ]
-    tasks = [
-        {"name": t.name, "doc": t.doc, "teaches": t.teaches, "max_completion_length": t.max_completion_length}
-        for t in TASKS.values()
-    ]
-    comparisons = [
-        {
-            "name": c.name,
-            "title": c.title,
-            "watch": c.watch,
-            "metrics": list(c.metrics),
-            "overlay": c.overlay,
-            "runs": [run_request(r) for r in c.runs],
-        }
-        for c in COMPARISONS.values()
-    ]
-    return {
-        "default": DEFAULT_TASK,
-        "tasks": tasks,
-        "metrics": list(METRICS),
-        "settings": knobs,
-        "comparisons": comparisons,
-    }
-
-
-def run_request(config: LabConfig) -> dict[str, Any]:
-    """The POST body that starts ``config``: the loss as a whole resolved config."""
-    fields = config.to_dict()
-    loss = {k: v for k, v in fields.pop("loss").items() if k not in ("device", "dtype")}
-    fields.pop("hidden")
-    return fields | {"config": loss | {"preset": loss.get("preset") or "article"}}
 
 
 def _write_queued(run_dir: Path, loss: dict[str, Any], info: dict[str, Any]) -> None:

@@ -7,11 +7,13 @@ from functools import lru_cache
 from typing import Any
 
 import grpo
-from grpo.examples import SCENARIOS
+from grpo.corrections import CORRECTIONS
 from grpo.export import FORMATS as EXPORT_FORMATS
-from grpo.glossary import GLOSSARY
 from grpo.io import UPLOAD_FORMATS
 from grpo.trainer_config import VERL_ADVANTAGES_NEED
+from grpo.view.examples import SCENARIOS
+from grpo.view.glossary import GLOSSARY
+from grpo.view.token_fields import token_fields_json
 
 
 @lru_cache
@@ -19,6 +21,8 @@ def options_json() -> dict[str, Any]:
     return {
         "fields": [spec.describe() for spec in grpo.FIELDS],
         "registries": {kind: [e.describe() for e in reg.entries()] for kind, reg in grpo.REGISTRIES.items()},
+        # the rollout_correction field's modes, each with its declared level and action
+        "corrections": [e.describe() for e in CORRECTIONS.entries()],
         "presets": [
             {"name": p.name, "doc": p.doc, "source": p.source, "config": grpo.LossConfig.from_preset(p.name).to_dict()}
             for p in grpo.PRESETS.values()
@@ -26,6 +30,8 @@ def options_json() -> dict[str, Any]:
         "regions": list(grpo.REGIONS),
         "scenarios": [dataclasses.asdict(s) for s in SCENARIOS.values()],
         "glossary": [dataclasses.asdict(g) for g in GLOSSARY],
+        # the answer's per-token arrays: label, heatmap and its centre, hover label, CSV column, in compare or not
+        "token_fields": token_fields_json(),
         "formats": formats_json(),
         "batch_fields": [f.describe() for f in grpo.BATCH_FIELDS.values()],
         # the trainers' estimators no batch can reproduce, and what each would need (GAE: a critic)

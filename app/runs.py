@@ -8,15 +8,16 @@ regular files inside it, and kept within a disk budget.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Annotated, Any, Literal
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
+from fastapi.types import DecoratedCallable
 from starlette.background import BackgroundTask
 
-from app import summaries
+from app import summaries, timelines
 from app.api import JSONBytes, answer, as_response, multipart_body
 from app.deps import LabDep, LanesDep, RunStreamsDep, SettingsDep, StoreDep, StreamClientDep, WatcherDep
 from app.lanes import Lanes, release_memory
@@ -24,7 +25,7 @@ from app.schemas import HEATMAP_ROWS, Count, ErrorResponse, HeatmapRows
 from app.settings import Settings
 from app.store import LAB_REMOVE_SECONDS, RunStore, valid_name
 from app.work import Reply
-from grpo.answer import dumps
+from grpo.view.answer import dumps
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorResponse, "description": "No such run or step"}}
@@ -61,7 +62,12 @@ async def runs(
     return JSONBytes(page, headers=headers)
 
 
-@router.get("/{run}", responses=NOT_FOUND, response_class=JSONBytes, summary="A run: steps, trainer vs recomputed")
+def _run_json(path: str, summary: str, method: str = "GET") -> Callable[[DecoratedCallable], DecoratedCallable]:
+    """A route that answers JSON about one run (a 404 naming what is missing when the run or its step is not there)."""
+    return router.api_route(path, methods=[method], responses=NOT_FOUND, response_class=JSONBytes, summary=summary)
+
+
+@_run_json("/{run}", "A run: steps, trainer vs recomputed")
 async def run_detail(
     run: str,
     store: StoreDep,
@@ -91,11 +97,9 @@ def _names(if_none_match: str | None, etag: str) -> bool:
     return etag in tags or "*" in tags
 
 
-@router.get(
+@_run_json(
     "/{run}/timeline",
-    responses=NOT_FOUND,
-    response_class=JSONBytes,
-    summary="The run's timeline: per step every recomputed number beside the trainer's, and the anomalies found",
+    "The run's timeline: per step every recomputed number beside the trainer's, and the anomalies found",
 )
 async def run_timeline(
     run: str,
@@ -112,15 +116,13 @@ async def run_timeline(
     headers = {"etag": etag, "cache-control": "private, no-cache"} if etag else {}
     if etag and _names(if_none_match, etag):
         return Response(status_code=304, headers=headers)
-    reply = await summaries.timeline_reply(lanes, path, found, etag, settings)
+    reply = await timelines.timeline_reply(lanes, path, found, etag, settings)
     return as_response(reply, headers if reply.status == 200 else {})
 
 
-@router.get(
+@_run_json(
     "/{run}/steps/{step}",
-    responses=NOT_FOUND,
-    response_class=JSONBytes,
-    summary="A step's breakdown (the whole step, a micro-batch with ?micro=, a rank's with ?rank=; config as ?config=)",
+    "A step's breakdown (the whole step, a micro-batch with ?micro=, a rank's with ?rank=; config as ?config=)",
 )
 async def step_detail(
     run: str,
@@ -186,12 +188,7 @@ def _chunks(file: IO[bytes]) -> Iterator[bytes]:
             yield chunk
 
 
-@router.post(
-    "/{run}/replay",
-    responses=NOT_FOUND,
-    response_class=JSONBytes,
-    summary="The same captured batches under another config, step by step, beside the original",
-)
+@_run_json("/{run}/replay", "The same captured batches under another config, step by step, beside the original", "POST")
 async def replay_run(
     run: str,
     body: dict[str, Any],

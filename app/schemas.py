@@ -14,9 +14,9 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model
 
 import grpo
-from grpo.config import MAX_INT, MAX_MAGNITUDE, FieldSpec
-from grpo.examples import ARTICLE_EXAMPLE
 from grpo.fields import BATCH_FIELDS, BatchField, names_of
+from grpo.registry import MAX_INT, MAX_MAGNITUDE, FieldSpec
+from grpo.view.examples import ARTICLE_EXAMPLE
 
 Count = Annotated[int, Field(ge=0)]
 # Lists stop at their first bad entry (fail_fast): one error per field, not one per number, so a

@@ -1,4 +1,5 @@
-"""What the runs' GET routes compute, at a bounded cost: the listing, a run's page, its timeline, a step, a replay.
+"""What the runs' GET routes compute, at a bounded cost: the listing, a run's page, a step, a replay, and the
+ETag of a run's timeline (the timeline itself: ``app.timelines``; run.json and the step files' cost: ``app.run_files``).
 
 A run's page recomputes every micro-batch and checks it against the trainer (``grpo.check``): one
 ``evaluate`` per micro-batch, seconds to minutes for a long run. It is computed once, in the lane its
@@ -36,7 +37,6 @@ from ``after``; its answer names the next page's ``after``.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import os
@@ -46,7 +46,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -54,112 +54,47 @@ import anyio
 import orjson
 
 import grpo
-from app.errors import ApiError, LimitError, as_api_error, config_error, error_item, error_json
-from app.ingest import Prepared, check_padded, read_json, validated
+from app.errors import ApiError, as_api_error, config_error, error_item, error_json
+from app.ingest import Prepared, read_json, validated
 from app.lanes import Lanes
-from app.runview import batch_advantages, replay, run_overview, step_batch
+from app.run_files import LISTED, check_costs, computed_once, lane_size, read_info, replay_plan, step_plan
+from app.run_files import MAX_INFO_BYTES as MAX_INFO_BYTES
+from app.run_files import Scan as Scan
+from app.run_files import step_input as step_input
+from app.runview import replay, run_overview, step_batch
 from app.schemas import ConfigRequest
 from app.settings import Settings
 from app.store import vanished_as_404
+from app.timelines import anomaly_thresholds as anomaly_thresholds
+from app.timelines import timeline_cache_dir as timeline_cache_dir
 from app.work import Reply, loss_json
-from grpo.answer import dumps
-from grpo.batch import request_advantages
 from grpo.check import DEFAULT_METRIC_ATOL, DEFAULT_RTOL, replay_config
 from grpo.errors import GrpoInputError
-from grpo.fields import ragged
 from grpo.requests import row_lengths
-from grpo.runs import FORMAT as RUN_FORMAT
 from grpo.runs import (
     LOGGED_FILE,
     STEP_FILE,
-    AnomalyThresholds,
     Run,
-    StepRef,
     load_run,
-    load_step,
     package_versions,
-    read_header,
-    timeline,
 )
+from grpo.view.answer import dumps
 
 SUMMARY_FILE = ".lens-summary.json"
 FORMAT = 4  # of the summary: a change in the page's or the entry's shape bumps it
 VERSION = package_versions().get("grpo-lens", "unknown")
-MAX_INFO_BYTES = 1024 * 1024  # run.json is a run's description: a real one is a few KB
 MAX_HEADER_BYTES = 2 * MAX_INFO_BYTES  # the summary's header holds an entry drawn from run.json
-MAX_TEXT = 200  # characters of a listed field (source, created, status)
-MAX_DEPTH = 32  # nesting of run.json's values (the page answers them whole)
-LISTED = ("source", "created", "status")
 RACY_SECONDS = 2.0
 RESCAN_SECONDS = 10.0
 MAX_SCANS = 1024  # runs whose last scan is remembered
 SCAN_LOCKS = 64  # a run's rescans go one at a time (runs share these locks by their path's hash)
 CHUNK_BYTES = 1024 * 1024  # a kept page is answered in reads of this size
-# The lanes size work by the JSON body it comes from (app.lanes): a float32's 4 bytes in a step file are
-# about 20 characters of JSON, and one evaluate holds the GIL about as long as parsing 64 KiB of JSON does.
-JSON_PER_BYTE = 5
-BYTES_PER_EVALUATE = 65536
 LIMIT_DEFAULT, LIMIT_MAX = 100, 1000  # runs per listing page
 
 
 def _stamp() -> dict[str, Any]:
     """What made a summary: the summary's format, GRPO Lens's version and the check's tolerances."""
     return {"format": FORMAT, "version": VERSION, "rtol": DEFAULT_RTOL, "atol": DEFAULT_METRIC_ATOL}
-
-
-def lane_size(file_bytes: int, evaluates: int) -> int:
-    """The size, as the lanes count it, of work that reads ``file_bytes`` of step files and evaluates
-    ``evaluates`` micro-batches."""
-    return file_bytes * JSON_PER_BYTE + evaluates * BYTES_PER_EVALUATE
-
-
-# --- run.json, read within bounds --------------------------------------------------------------------------
-def _problem(value: Any, depth: int = 0) -> str | None:
-    """Why a run.json value cannot be answered as JSON, or None: nesting past MAX_DEPTH, or text that is
-    not Unicode (a lone surrogate, which JSON's escapes can carry and UTF-8 cannot)."""
-    if depth > MAX_DEPTH:
-        return f"values nested at most {MAX_DEPTH} deep"
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return "text that is valid Unicode (no lone surrogates)"
-        return None
-    items = list(value.items()) if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else []
-    for key, item in items:
-        found = _problem(key, depth + 1) or _problem(item, depth + 1)
-        if found:
-            return found
-    return None
-
-
-def read_info(path: Path) -> dict[str, Any]:
-    """A run's run.json, read at most MAX_INFO_BYTES and checked to be answerable; a GrpoInputError at
-    ``run.json`` that says what the rules expect."""
-    with open(path / "run.json", "rb") as f:
-        data = f.read(MAX_INFO_BYTES + 1)
-    if len(data) > MAX_INFO_BYTES:
-        raise GrpoInputError("run.json", f"at most {MAX_INFO_BYTES} bytes", got="more")
-    try:
-        info = json.loads(data)
-    except ValueError as exc:
-        raise GrpoInputError("run.json", "valid JSON", got=str(exc)[:200]) from exc
-    except RecursionError as exc:
-        raise GrpoInputError("run.json", "valid JSON", got="nesting too deep") from exc
-    if not isinstance(info, dict):
-        raise GrpoInputError("run.json", "a JSON object: a run's format, source and config", got=type(info).__name__)
-    if isinstance(info.get("format"), bool) or not isinstance(info.get("format"), int) or info["format"] > RUN_FORMAT:
-        raise GrpoInputError("run.json", f"a run of format <= {RUN_FORMAT}", got=repr(info.get("format"))[:50])
-    for name in LISTED:
-        value = info.get(name)
-        if isinstance(value, list | dict) or (isinstance(value, str) and len(value) > MAX_TEXT):
-            got = type(value).__name__ if not isinstance(value, str) else f"{len(value)} characters"
-            expected = f"{name}: a text of at most {MAX_TEXT} characters, a number or null"
-            raise GrpoInputError("run.json", expected, got=got)
-    problem = _problem(info)
-    if problem:
-        raise GrpoInputError("run.json", problem)
-    return info
 
 
 # --- the run's files, as a stat sees them ----------------------------------------------------------------
@@ -171,20 +106,6 @@ def listing_key(path: Path) -> tuple[list[int], int]:
     except (FileNotFoundError, NotADirectoryError):
         steps = -1
     return [info.st_size, info.st_mtime_ns, steps], max(info.st_mtime_ns, steps)
-
-
-@dataclass(frozen=True)
-class Scan:
-    """A run's files as a stat saw them: what its summary is keyed by, and what computing it costs."""
-
-    listing: list[int]
-    listing_newest: int
-    files: str
-    """A digest of the names, sizes, times and inodes of run.json and the step files (a file replaced by a
-    rename, as every writer here does, is a new inode whatever its time)."""
-    newest: int
-    step_bytes: int
-    step_files: int
 
 
 def scan(path: Path) -> Scan:
@@ -443,47 +364,6 @@ def lookup(path: Path) -> tuple[Scan, Kept | None]:
         return found, _kept(path, found.files)
 
 
-def check_costs(
-    refs: tuple[StepRef, ...] | list[StepRef], settings: Settings, joined: bool = False, dtype: str | None = None
-) -> int:
-    """413 when a micro-batch (each, or all ``joined`` into one batch) is past the padded-size or memory
-    limits, read from the files' headers (in ``dtype``, else each file's own config's); the files' total size."""
-    rows, longest, fields, total, widest = 0, 0, 1, 0, "float32"
-    for ref in refs:
-        header = read_header(ref.path)
-        total += ref.path.stat().st_size
-        logp = header.get("per_token_logps")
-        shape = logp.get("shape") if isinstance(logp, dict) else None
-        if not (isinstance(shape, list) and len(shape) == 2 and all(isinstance(n, int) for n in shape)):
-            continue  # not a step file: loading it says what is wrong
-        given = sum(isinstance(v, dict) and v.get("shape") == shape for v in header.values())
-        computed = dtype or _stored_dtype(header)
-        if joined:
-            rows, longest, fields = rows + shape[0], max(longest, shape[1]), max(fields, given)
-            widest = "float64" if "float64" in (widest, computed) else widest
-            continue
-        _check(ref, shape[0], shape[1], given, computed, settings)
-    if joined and refs:
-        _check(refs[0], rows, longest, fields, widest, settings)
-    return total
-
-
-def _stored_dtype(header: dict[str, Any]) -> str:
-    meta = header.get("__metadata__")
-    try:
-        config = json.loads(meta.get("config", "{}")) if isinstance(meta, dict) else {}
-    except (ValueError, RecursionError, TypeError):
-        return "float32"
-    return str(config.get("dtype") or "float32") if isinstance(config, dict) else "float32"
-
-
-def _check(ref: StepRef, rows: int, longest: int, fields: int, dtype: str, settings: Settings) -> None:
-    try:
-        check_padded(rows, longest, fields, dtype, settings)
-    except LimitError as exc:
-        raise LimitError(["path", "step"], f"step {ref.step} ({ref.path.name}): {exc.msg}") from exc
-
-
 def summarise(path: str, found: Scan, settings: Settings) -> Any:
     """Compute a run's page and keep it (a lane's job: a path and a scan in, the page's JSON out)."""
     started, run_dir = time.time_ns(), Path(path)
@@ -515,9 +395,6 @@ def _summarised(run_dir: Path, started: int, found: Scan, settings: Settings) ->
     return orjson.Fragment(body)
 
 
-_flights: dict[tuple[str, str], asyncio.Future[Reply]] = {}  # pages being computed, by run and key
-
-
 async def page(lanes: Lanes, path: Path, settings: Settings) -> Reply | Kept:
     """A run's page: the kept one, open, when the run's files are those it was made from (looked up in the
     lanes' ``reads`` threads, never a small request's); else computed once (concurrent reads share the
@@ -525,42 +402,11 @@ async def page(lanes: Lanes, path: Path, settings: Settings) -> Reply | Kept:
     found, kept = await anyio.to_thread.run_sync(lookup, path, limiter=lanes.reads)
     if kept is not None:
         return kept
-    key = (str(path), found.files)
-    flight = _flights.get(key)
-    if flight is None:
-        size = lane_size(found.step_bytes, found.step_files)
-        flight = _flights[key] = asyncio.ensure_future(lanes.run(size, summarise, str(path), found, settings))
-        flight.add_done_callback(lambda _: _flights.pop(key, None))
-    return await asyncio.shield(flight)
+    size = lane_size(found.step_bytes, found.step_files)
+    return await computed_once(lanes, (str(path), found.files), size, summarise, str(path), found, settings)
 
 
-# --- a run's timeline ---------------------------------------------------------------------------------------
-def anomaly_thresholds(settings: Settings) -> AnomalyThresholds:
-    """The server's anomaly thresholds: its ``timeline_<field>`` settings (a field without one: the default)."""
-    named = {f.name: f"timeline_{f.name}" for f in fields(AnomalyThresholds)}
-    return AnomalyThresholds(**{k: getattr(settings, v) for k, v in named.items() if v in Settings.model_fields})
-
-
-def timeline_cache_dir(settings: Settings) -> Path | None:
-    """The timeline cache for read-only run directories: made private to this user (mode 0700) when absent,
-    used only while it is this user's directory (a temp dir another user made first is not written to)."""
-    path = settings.cache_dir
-    with suppress(OSError):
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if path.is_dir() and not path.is_symlink() and path.stat().st_uid == os.geteuid():
-            return path
-    return None
-
-
-def timeline_json(path: str, settings: Settings) -> Any:
-    """GET /api/v1/runs/{run}/timeline: ``grpo.runs.timeline`` under the server's thresholds, kept beside the run
-    (in ``cache_dir`` when the run directory cannot be written) and extended from new step files (a lane's job)."""
-    run_dir = Path(path)
-    with vanished_as_404(run_dir):
-        read_info(run_dir)
-        return timeline(run_dir, anomaly_thresholds(settings), cache_dir=timeline_cache_dir(settings))
-
-
+# --- a run's timeline's ETag (the timeline itself: app.timelines) -----------------------------------------
 def timeline_etag(path: Path, settings: Settings) -> tuple[Scan, str | None]:
     """The run's scan and the ETag of its timeline under these thresholds: the answer follows from the run's
     files, the thresholds and GRPO Lens's version. None while the files are too new to be told apart by time."""
@@ -576,18 +422,6 @@ def timeline_etag(path: Path, settings: Settings) -> tuple[Scan, str | None]:
 async def timeline_tag(lanes: Lanes, path: Path, settings: Settings) -> tuple[Scan, str | None]:
     """The run's scan and its timeline's ETag, looked up in the lanes' ``reads`` threads (a few stats)."""
     return await anyio.to_thread.run_sync(timeline_etag, path, settings, limiter=lanes.reads)
-
-
-async def timeline_reply(lanes: Lanes, path: Path, found: Scan, etag: str | None, settings: Settings) -> Reply:
-    """A run's timeline in the lane its step files' size calls for (a worker process for a long run; a kept one is
-    answered from its file there); concurrent first reads of one state of the run share the computation."""
-    key = (f"timeline:{path}", f"{found.files}\t{etag}")
-    flight = _flights.get(key)
-    if flight is None:
-        size = lane_size(found.step_bytes, found.step_files)
-        flight = _flights[key] = asyncio.ensure_future(lanes.run(size, timeline_json, str(path), settings))
-        flight.add_done_callback(lambda _: _flights.pop(key, None))
-    return await asyncio.shield(flight)
 
 
 # --- steps and replays -----------------------------------------------------------------------------------------
@@ -696,86 +530,3 @@ def replay_json(path: str, steps: list[int], given: dict[str, Any], nxt: int | N
             raise
         raise config_error(["body", "config"], exc) from exc
     return {**out, "next": nxt}
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What a step or replay request will read: the steps, the next page, and its lane size."""
-
-    steps: list[int]
-    next: int | None
-    size: int
-
-
-def step_plan(
-    run: Run, step: int, micro: int | None, settings: Settings, dtype: str | None = None, rank: int | None = None
-) -> Plan:
-    """A step's micro-batches (one, across ranks, with ``micro``; one rank's, with ``rank``) are joined into one
-    batch: checked as one."""
-    refs = [
-        r for r in run.micro_batches(step) if (micro is None or r.micro == micro) and (rank is None or r.rank == rank)
-    ]
-    with vanished_as_404(run.path):
-        total = check_costs(refs, settings, joined=True, dtype=dtype)
-    return Plan([step], None, lane_size(total, 1))
-
-
-def replay_plan(run: Run, after: int, settings: Settings, dtype: str | None = None) -> Plan:
-    """Whole steps after ``after``, up to ``replay_max_micro_batches`` micro-batches (each evaluated twice)."""
-    budget = settings.replay_max_micro_batches
-    steps: list[int] = []
-    refs: list[StepRef] = []
-    numbers = [s for s in run.step_numbers() if s > after]
-    for number in numbers:
-        these = run.micro_batches(number)
-        if len(refs) + len(these) > budget:
-            if not steps:
-                msg = f"step {number} holds {len(these)} micro-batches; a replay covers at most {budget} (a setting)"
-                raise LimitError(["path", "run"], msg)
-            break
-        steps.append(number)
-        refs += these
-    with vanished_as_404(run.path):
-        total = check_costs(refs, settings, dtype=dtype)
-    more = len(steps) < len(numbers)
-    return Plan(steps, steps[-1] if more else None, lane_size(total, 2 * len(refs)))
-
-
-# --- a step as the dashboard's input -----------------------------------------------------------------------
-def step_input(path: str, step: int, settings: Settings) -> dict[str, Any]:
-    """GET /api/v1/lab/runs/{run_id}/steps/{step}: one step file (``RunStore.step_file``) as the
-    dashboard's /api/v1/loss request and its config, under the same limits as /api/v1/loss, checked
-    from the file's size and header before its tensors are read (a lane's job)."""
-    file = Path(path)
-    with vanished_as_404(file.parent.parent, ("path", "step")):
-        size = file.stat().st_size
-        if size > settings.max_upload_bytes:
-            msg = f"the step file {file.name} has {size} bytes; at most {settings.max_upload_bytes} (a setting)"
-            raise LimitError(["path", "step"], msg)
-        check_costs([StepRef(step, 0, None, file)], settings, dtype="float32")  # it becomes JSON, not a breakdown
-        return _step_request(file)
-
-
-def _step_request(path: Path) -> dict[str, Any]:
-    """A step file as the dashboard's input: each row up to its last counted token, with its mask (counted
-    tokens need not be a prefix); the old and reference log-probs default to the policy's, as in
-    /api/v1/loss (a TRL capture at beta 0 holds no reference)."""
-    batch, config, info = load_step(path)
-    lengths = ((batch.mask.cumsum(-1) * batch.mask).argmax(-1) + 1).tolist()  # up to the last counted position
-    tokens = info["meta"].get("tokens") if isinstance(info["meta"], dict) else None
-
-    def rows(value: Any) -> list[list[float]]:
-        value = batch.per_token_logps if value is None else value
-        return [row.tolist() for row in ragged(value, lengths)]
-
-    body: dict[str, Any] = {
-        "per_token_logps": rows(batch.per_token_logps),
-        "old_per_token_logps": rows(batch.old_per_token_logps),
-        "ref_per_token_logps": rows(batch.ref_per_token_logps),
-        "completion_mask": rows(batch.mask_float),
-        "advantages": request_advantages(batch_advantages(batch, config), lengths),  # per row, or per token
-    }
-    if isinstance(tokens, list) and len(tokens) == len(lengths):
-        body["tokens"] = [row[:n] for row, n in zip(tokens, lengths, strict=True)]
-    fields = {k: v for k, v in config.to_dict().items() if k not in ("device", "dtype")}
-    return {"request": body, "config": fields | {"preset": fields.get("preset") or "article"}, "meta": info["meta"]}

@@ -33,10 +33,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpo
-from grpo.answer import breakdown_to_json, dumps
 from grpo.corrections import CORRECTIONS, RS_CRITERIA
-from grpo.examples import SCENARIOS
 from grpo.requests import batch_from_request
+from grpo.view.answer import breakdown_to_json, dumps
+from grpo.view.examples import SCENARIOS
 
 
 @dataclasses.dataclass(frozen=True)

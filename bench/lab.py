@@ -77,7 +77,7 @@ def latencies(client: httpx.Client, body: dict[str, object], n: int) -> tuple[fl
 
 def latency_under_lab(port: int, n: int) -> None:
     from app.settings import Settings
-    from grpo.examples import ARTICLE_EXAMPLE
+    from grpo.view.examples import ARTICLE_EXAMPLE
 
     body = dict(ARTICLE_EXAMPLE)
     concurrent = Settings().lab_max_concurrent

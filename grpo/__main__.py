@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from grpo._allocator import keep_freed_memory
-from grpo.answer import breakdown_to_json, dumps
 from grpo.check import (
     DEFAULT_METRIC_ATOL,
     DEFAULT_RTOL,
@@ -38,14 +37,15 @@ from grpo.check import (
 )
 from grpo.config import PRESETS, LossConfig
 from grpo.errors import GrpoInputError
-from grpo.examples import ARTICLE_EXAMPLE
-from grpo.explain import summary_table
 from grpo.importers import CONFIG_READERS, IMPORTERS
 from grpo.io import UPLOAD_FORMATS, load_file
 from grpo.loss import evaluate
 from grpo.report import DEFAULT_WORST, write_report
 from grpo.requests import batch_from_request, row_lengths
 from grpo.runs import is_step_metadata, load_run, load_step, read_metadata
+from grpo.view.answer import breakdown_to_json, dumps
+from grpo.view.examples import ARTICLE_EXAMPLE
+from grpo.view.explain import summary_table
 
 
 def _jobs(text: str) -> int:
@@ -69,7 +69,7 @@ def _value(text: str) -> Any:
         return text
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m grpo", description="GRPO Lens: explain a GRPO-family loss.")
     sub = parser.add_subparsers(dest="command")
     formats = ", ".join(f.label for f in UPLOAD_FORMATS)
@@ -102,7 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         "slime: its argument names, e.g. eps_clip); default: the trainer's defaults",
     )
     _report_parser(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     if args.command == "check-run":
         return _check_run(args)
     if args.command == "import":

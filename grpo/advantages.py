@@ -36,13 +36,13 @@ from torch import Tensor
 from grpo.batch import Batch
 from grpo.errors import GrpoInputError
 from grpo.fields import BATCH_FIELDS
-from grpo.registry import Registry
+from grpo.registry import AdvantageRegistry
 
 if TYPE_CHECKING:  # grpo.config imports this module for its registry
     from grpo.config import LossConfig
 
 Advantage = Callable[..., Tensor]  # (rewards (n, G), epsilon, lengths (n, G) | None = None) -> (n, G)
-ADVANTAGES: Registry[Advantage] = Registry("advantage")
+ADVANTAGES: AdvantageRegistry[Advantage] = AdvantageRegistry("advantage")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Protocol
 from torch import Tensor
 
 from grpo.marks import mark
-from grpo.registry import Registry
+from grpo.registry import AggregationRegistry
 
 
 class AggregationSettings(Protocol):
@@ -34,7 +34,7 @@ class AggregationSettings(Protocol):
 
 
 Aggregation = Callable[[Tensor, AggregationSettings, int], Tensor]
-AGGREGATIONS: Registry[Aggregation] = Registry("aggregation")
+AGGREGATIONS: AggregationRegistry[Aggregation] = AggregationRegistry("aggregation")
 
 
 def n_rows(mask: Tensor, config: AggregationSettings) -> Tensor:

@@ -107,13 +107,7 @@ class Batch:
         given = _canonical({**(extra or {}), **more}, sampling_per_token_logps is not None)
         if "sampling_per_token_logps" in given:  # verl's rollout_log_probs, NeMo RL's generation_logprobs
             sampling_per_token_logps = given.pop("sampling_per_token_logps")
-        logp = _as_tensor("per_token_logps", per_token_logps, keep_graph=True)
-        if logp.dim() != 2 or logp.shape[0] == 0 or logp.shape[1] == 0:
-            raise GrpoInputError(
-                "per_token_logps", "a non-empty 2-D array (B rows, T tokens)", got=f"shape {tuple(logp.shape)}"
-            )
-        if not logp.is_floating_point():
-            logp = logp.double()
+        logp = _log_probs(per_token_logps)
         B, T = logp.shape
         prompt = _prompt_lengths(prompt_lengths, int(B), int(T), logp.device)
         mask = _counted_mask(completion_mask, prompt, logp)
@@ -142,23 +136,12 @@ class Batch:
         set_(self, "_mask_float", weights)
         token_rewards = given.pop("token_level_rewards", None)
         if token_rewards is not None:  # rewards on tokens: each row's reward is their sum
-            if advantages is not None or rewards is not None:
-                raise GrpoInputError(
-                    "token_level_rewards", "exactly one of advantages or rewards (or token_level_rewards)"
-                )
-            token_rewards = _token_rewards(token_rewards, logp, mask, weights)
+            token_rewards = _token_rewards(token_rewards, advantages is None and rewards is None, logp, mask, weights)
             rewards = token_rewards.sum(-1)
         advantages_, rewards_ = _targets(advantages, rewards, logp, mask, weights)
         set_(self, "advantages", advantages_)
         set_(self, "rewards", rewards_)
-        if group_size is not None and (
-            isinstance(group_size, bool)
-            or not isinstance(group_size, int | np.integer)
-            or group_size < 1
-            or B % group_size
-        ):
-            raise GrpoInputError("group_size", f"a positive divisor of the number of rows ({B})", got=repr(group_size))
-        set_(self, "group_size", None if group_size is None else int(group_size))
+        set_(self, "group_size", _group_size(group_size, int(B)))
         extra_ = {name: _extra(name, value, logp, mask, weights) for name, value in given.items()}
         if tool is not None:
             extra_["tool_mask"] = tool.to(logp.dtype)
@@ -204,6 +187,30 @@ OWN_FIELDS = frozenset(f.name for f in fields(Batch)) - {"extra"}
 
 
 # --- checks ---------------------------------------------------------------------------------------
+def _log_probs(per_token_logps: TensorLike) -> Tensor:
+    """The policy's (B, T) log-probs as a floating tensor (its graph kept), or a GrpoInputError."""
+    logp = _as_tensor("per_token_logps", per_token_logps, keep_graph=True)
+    if logp.dim() != 2 or logp.shape[0] == 0 or logp.shape[1] == 0:
+        raise GrpoInputError(
+            "per_token_logps", "a non-empty 2-D array (B rows, T tokens)", got=f"shape {tuple(logp.shape)}"
+        )
+    return logp if logp.is_floating_point() else logp.double()
+
+
+def _group_size(group_size: int | None, rows: int) -> int | None:
+    """``group_size`` as an int when it divides the rows, None when not given, else a GrpoInputError."""
+    if group_size is None:
+        return None
+    if (
+        isinstance(group_size, bool)
+        or not isinstance(group_size, int | np.integer)
+        or group_size < 1
+        or rows % group_size
+    ):
+        raise GrpoInputError("group_size", f"a positive divisor of the number of rows ({rows})", got=repr(group_size))
+    return int(group_size)
+
+
 def _canonical(given: Mapping[str, TensorLike], sampler_given: bool) -> dict[str, TensorLike]:
     """Extra fields under their table names (aliases accepted); a field named twice is an error."""
     out: dict[str, TensorLike] = {}
@@ -321,10 +328,13 @@ def _targets(
     return (values, None) if name == "advantages" else (None, values)
 
 
-def _token_rewards(value: TensorLike, logp: Tensor, mask: Tensor, weights: Tensor) -> Tensor:
+def _token_rewards(value: TensorLike, alone: bool, logp: Tensor, mask: Tensor, weights: Tensor) -> Tensor:
     """(B, T) rewards on tokens: finite, and 0 wherever a token does not count (verl's REINFORCE++ drops a reward
-    there while its other estimators sum it: placed only on counted tokens, the two agree)."""
+    there while its other estimators sum it: placed only on counted tokens, the two agree). ``alone``: neither
+    advantages nor rewards were given beside them."""
     name = "token_level_rewards"
+    if not alone:
+        raise GrpoInputError(name, "exactly one of advantages or rewards (or token_level_rewards)")
     values = _same_shape(name, _as_tensor(name, value, logp.dtype), logp)
     bad = ~mask & (values != 0)
     if bad.any():

@@ -17,20 +17,67 @@ message says why). Joined, the worst wins: error, differ, unchecked, match.
 from __future__ import annotations
 
 import math
-import multiprocessing
-import multiprocessing.pool
 import os
-import sys
-import threading
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Protocol, TypeGuard, TypeVar
+from dataclasses import replace
+from typing import Any, TypeGuard
 
-import torch
 from torch import Tensor
 
-from grpo._allocator import keep_freed_memory
+from grpo.check_pool import FILES_PER_TASK as FILES_PER_TASK
+from grpo.check_pool import FORK_UNSAFE_MODULES as FORK_UNSAFE_MODULES
+from grpo.check_pool import LocalPool as LocalPool
+from grpo.check_pool import Pool, start_worker
+from grpo.check_pool import check_pool as check_pool
+from grpo.check_pool import files_per_task as files_per_task
+from grpo.check_pool import fork_is_safe as fork_is_safe
+from grpo.check_results import (
+    DIFFER as DIFFER,
+)
+from grpo.check_results import (
+    ERROR as ERROR,
+)
+from grpo.check_results import (
+    MATCH as MATCH,
+)
+from grpo.check_results import (
+    UNCHECKED as UNCHECKED,
+)
+from grpo.check_results import (
+    VERDICTS as VERDICTS,
+)
+from grpo.check_results import (
+    MetricCheck as MetricCheck,
+)
+from grpo.check_results import (
+    MicroCheck as MicroCheck,
+)
+from grpo.check_results import (
+    MicroResult as MicroResult,
+)
+from grpo.check_results import (
+    RunCheck as RunCheck,
+)
+from grpo.check_results import (
+    StepCheck as StepCheck,
+)
+from grpo.check_results import (
+    StepItems as StepItems,
+)
+from grpo.check_results import compare, finite
+from grpo.check_results import (
+    joined_verdict as joined_verdict,
+)
+from grpo.check_results import (
+    metric_views as metric_views,
+)
+from grpo.check_results import (
+    settled as settled,
+)
+from grpo.check_results import (
+    verdict_of as verdict_of,
+)
+from grpo.check_text import format_check as format_check
 from grpo.config import LossConfig
 from grpo.corrections import SAMPLING_METRICS, SamplingSums, sampling_over_ranks
 from grpo.loss import Breakdown, evaluate
@@ -45,159 +92,6 @@ SCALING_FIELDS = (
     "sequence_normalizer",
     "entropy_accumulation_steps",
 )
-
-
-_R = TypeVar("_R")  # what a pool's function returns for each file
-
-MATCH, DIFFER, UNCHECKED, ERROR = "match", "differ", "unchecked", "error"
-VERDICTS = (MATCH, DIFFER, UNCHECKED, ERROR)
-_RANK = {MATCH: 0, UNCHECKED: 1, DIFFER: 2, ERROR: 3}  # joined, the worst wins
-
-
-def joined_verdict(verdicts: Iterable[str]) -> str:
-    """The verdict of several (a step of its micro-batches, a run of its steps): the worst; none is unchecked."""
-    return max(verdicts, key=_RANK.__getitem__, default=UNCHECKED)
-
-
-def verdict_of(compared: Iterable[bool], unchecked: list[str]) -> str:
-    """``differ`` when a compared number is past tolerance, else ``unchecked`` when something was left
-    uncompared (or nothing was compared at all), else ``match``."""
-    results = list(compared)
-    if not all(results):
-        return DIFFER
-    return UNCHECKED if unchecked or not results else MATCH
-
-
-@dataclass(frozen=True)
-class MetricCheck:
-    trainer: float
-    lens: float
-    diff: float
-    ok: bool
-
-
-@dataclass(frozen=True)
-class MicroCheck:
-    """One micro-batch: the trainer's loss and metrics against GRPO Lens's."""
-
-    step: int
-    micro: int
-    rank: int | None
-    file: str
-    trainer_loss: float | None
-    lens_loss: float | None
-    """None: the file could not be evaluated (``error``)."""
-    rel_error: float | None
-    """|lens - trainer| / max(|trainer|, sum of |per-token losses|)."""
-    num_tokens: int
-    """The micro-batch's counted tokens (its weight in the token-weighted step means)."""
-    metrics: dict[str, MetricCheck]
-    """Every metric both the trainer and GRPO Lens name, compared."""
-    ok: bool
-    """Nothing compared past tolerance, and the file was read (``verdict`` is match or unchecked)."""
-    verdict: str = MATCH
-    unchecked: list[str] = field(default_factory=list)
-    """What was not compared, and why ("the dump holds no loss", "metrics TRL gathers over 2 processes...")."""
-    error: str | None = None
-    """Why the file could not be read or evaluated (``verdict`` error)."""
-
-
-@dataclass(frozen=True)
-class StepCheck:
-    """One optimiser step: the sum of its micro-batch losses and its metrics as the trainer logs them."""
-
-    step: int
-    micro_batches: int
-    trainer_loss: float | None
-    """The sum of the trainer's returned micro-batch losses, over several ranks their mean (None: a
-    micro-batch did not record one)."""
-    lens_loss: float | None
-    logged: dict[str, float]
-    """What the trainer logged for the step (run.json ``logged``), when it was captured."""
-    lens_mean: dict[str, float]
-    """GRPO Lens's metrics as the trainer logs them: the plain mean over micro-batches."""
-    lens_token_weighted: dict[str, float]
-    """The same token-level metrics weighted by each micro-batch's counted tokens (not what trainers log)."""
-    metrics: dict[str, MetricCheck]
-    """The trainer's logged metrics against ``lens_mean`` (the logged loss keys joined as the trainer joins them)."""
-    ok: bool
-    """Nothing compared past tolerance (the step's micro-batches included) and every file read."""
-    ranks: int = 1
-    """The processes whose loss calls make the step. Several: the losses are joined as DDP joins them (each
-    rank's sum over its micro-batches, averaged over the ranks: what the trainer logs as the step's loss)."""
-    verdict: str = MATCH
-    unchecked: list[str] = field(default_factory=list)
-    """What of the step (its log, its micro-batches) was not compared, and why."""
-    logged_loss: MetricCheck | None = None
-    """The loss the trainer logged for this step against GRPO Lens's joined as the trainer logs it (TRL: each
-    rank's sum over the logging window's micro-batches, meaned over the ranks and the window's steps); ``diff``
-    relative to the size of the terms, as each micro-batch's."""
-
-
-@dataclass(frozen=True)
-class RunCheck:
-    run: str
-    rtol: float
-    metric_atol: float
-    micro: list[MicroCheck] = field(default_factory=list)
-    steps: list[StepCheck] = field(default_factory=list)
-    unchecked_run: list[str] = field(default_factory=list)
-    """What of the run as a whole was not compared (no step files; a capture that chose nothing)."""
-
-    @property
-    def verdict(self) -> str:
-        """The run's verdict: its steps' joined (a run without steps is unchecked)."""
-        return joined_verdict([s.verdict for s in self.steps] + ([UNCHECKED] if self.unchecked_run else []))
-
-    @property
-    def ok(self) -> bool:
-        """Nothing compared past tolerance and every file read (``verdict`` match or unchecked)."""
-        return self.verdict in (MATCH, UNCHECKED)
-
-    def counts(self) -> dict[str, int]:
-        """Micro-batches by verdict."""
-        out = dict.fromkeys(VERDICTS, 0)
-        for m in self.micro:
-            out[m.verdict] += 1
-        return out
-
-    def unchecked_reasons(self) -> list[tuple[str, int]]:
-        """Each reason something was not compared, with how many micro-batches give it (a step's own reason,
-        which none of its micro-batches gives: how many steps)."""
-        seen: dict[str, int] = dict.fromkeys(self.unchecked_run, 1)
-        given = [r for m in self.micro for r in m.unchecked]
-        own = [r for s in self.steps for r in s.unchecked if r not in given]
-        for reason in given + own:
-            seen[reason] = seen.get(reason, 0) + 1
-        return sorted(seen.items(), key=lambda kv: -kv[1])
-
-    def unchecked_items(self) -> list[dict[str, Any]]:
-        """``unchecked_reasons`` as JSON: each reason, its count, and what it counts (``of``: "micro-batches",
-        "steps", or "run" for the run's own)."""
-        given = {r for m in self.micro for r in m.unchecked}
-        of = {**dict.fromkeys(self.unchecked_run, "run"), **dict.fromkeys(given, "micro-batches")}
-        return [{"reason": r, "count": n, "of": of.get(r, "steps")} for r, n in self.unchecked_reasons()]
-
-    def to_dict(self) -> dict[str, Any]:
-        reasons = self.unchecked_items()
-        return {"verdict": self.verdict, **asdict(self), "ok": self.ok, "counts": self.counts(), "unchecked": reasons}
-
-
-def _finite(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-def _compare(trainer: dict[str, Any], lens: dict[str, float], atol: float) -> dict[str, MetricCheck]:
-    out = {}
-    for name, value in trainer.items():
-        t = _finite(value)
-        if t is None or name not in lens:
-            continue
-        diff = abs(lens[name] - t)
-        out[name] = MetricCheck(t, lens[name], diff, diff <= atol)
-    return out
 
 
 def replay_config(stored: LossConfig, overrides: dict[str, Any] | None) -> LossConfig:
@@ -218,7 +112,7 @@ def check_micro(ref: StepRef, bd: Breakdown, info: dict[str, Any], rtol: float, 
     meta = info["meta"] if isinstance(info.get("meta"), dict) else {}
     lens = float(bd.loss)
     given = meta.get("loss")
-    trainer, rel = _finite(given), None
+    trainer, rel = finite(given), None
     if trainer is not None:
         scale = max(abs(trainer), float(bd.tokens.loss.abs().sum()), 1e-30)
         rel = abs(lens - trainer) / scale
@@ -226,7 +120,7 @@ def check_micro(ref: StepRef, bd: Breakdown, info: dict[str, Any], rtol: float, 
         trainer = given
         rel = 0.0 if (math.isnan(given) and math.isnan(lens)) or given == lens else math.inf
     logged = meta.get("metrics")  # a trainer's log is free-form: only an object of numbers is compared
-    metrics = _compare(logged if isinstance(logged, dict) else {}, bd.metrics, atol)
+    metrics = compare(logged if isinstance(logged, dict) else {}, bd.metrics, atol)
     applied = info.get("trainer", {}).get("importance_sampling_ratio")
     if applied is not None:
         metrics[IS_WEIGHT_CHECK] = _weights_check(applied, bd, atol)
@@ -242,18 +136,6 @@ def cannot_check(meta: dict[str, Any]) -> list[str]:
     """What a step file says cannot be compared (an importer's ``cannot_check`` / ``unchecked`` sentences)."""
     reasons = [*(meta.get("cannot_check") or []), *(meta.get("unchecked") or [])]
     return [str(r) for r in reasons if isinstance(r, str)]
-
-
-def settled(check: MicroCheck, rtol: float, unchecked: list[str] | None = None) -> MicroCheck:
-    """``check`` with its verdict and ``ok`` from what it compares (its loss, its metrics) and ``unchecked``."""
-    if check.error is not None:
-        return replace(check, verdict=ERROR, ok=False)
-    reasons = check.unchecked if unchecked is None else unchecked
-    compared = [m.ok for m in check.metrics.values()]
-    if check.rel_error is not None:
-        compared.append(check.rel_error <= rtol)  # NaN: past tolerance
-    verdict = verdict_of(compared, reasons)
-    return replace(check, verdict=verdict, ok=verdict != DIFFER, unchecked=reasons)
 
 
 def failed_micro(ref: StepRef, exc: BaseException) -> MicroResult:
@@ -283,38 +165,6 @@ def _weights_check(applied: Tensor, bd: Breakdown, atol: float) -> MetricCheck:
 def step_views(bds: list[Breakdown]) -> tuple[dict[str, float], dict[str, float]]:
     """(plain mean over micro-batches, token-weighted mean) of each metric of a step's breakdowns."""
     return metric_views([(bd.metrics, float(bd.tokens.mask.sum())) for bd in bds])
-
-
-def metric_views(micro: list[tuple[dict[str, float], float]]) -> tuple[dict[str, float], dict[str, float]]:
-    """``step_views`` from each micro-batch's (metrics, counted tokens): what outlives its breakdown."""
-    names = set.intersection(*(set(metrics) for metrics, _ in micro))
-    mean = {k: sum(metrics[k] for metrics, _ in micro) / len(micro) for k in sorted(names)}
-    total = sum(n for _, n in micro) or 1.0
-    weighted = {k: sum(metrics[k] * n for metrics, n in micro) / total for k in TOKEN_MEANS if k in names}
-    return mean, weighted
-
-
-@dataclass(frozen=True)
-class MicroResult:
-    """What a step's check needs of one micro-batch once its breakdown is gone: small, so it crosses processes
-    and a check's memory stays flat however many files the run holds."""
-
-    check: MicroCheck
-    metrics: dict[str, float]
-    tokens: float
-    loss: float
-    sampling: SamplingSums | None = None
-    """The sums behind TRL's ``sampling/*`` (``Breakdown.sampling``), joined over the generation batch."""
-    rollout: tuple[int, int, int] | None = None
-    """(rollout, iteration, steps_per_generation) as the capture recorded them (None: not recorded)."""
-    scale: float = 0.0
-    """The sum of |per-token losses|: the size of the terms a joined loss's tolerance is taken against."""
-    processes: int | None = None
-    """The processes the trainer ran on, as the capture recorded them (None: not recorded)."""
-    parts: dict[str, float] = field(default_factory=dict)
-    """GRPO Lens's loss parts under verl's logged names (``actor/pg_loss``, ``actor/kl_loss``)."""
-    global_batch: bool = False
-    """The loss was normalised by global counts (verl's ``global_batch_info``): verl then sums its parts' metrics."""
 
 
 def micro_result(ref: StepRef, bd: Breakdown, info: dict[str, Any], rtol: float, metric_atol: float) -> MicroResult:
@@ -417,7 +267,7 @@ def run_check_from(
     gathered = source in GATHERING_SOURCES
     restricted = isinstance(capture, dict) and capture.get("ranks") is not None
     generated = {} if restricted else generation_metrics(by_step, logged_all, incomplete)
-    steps: list[_Step] = []
+    steps: list[StepItems] = []
     for step in run.step_numbers():
         items = by_step.pop(step)
         ranks = sorted({item.check.rank or 0 for item in items})
@@ -429,7 +279,7 @@ def run_check_from(
             reasons.append(_ranks_reason(world, ranks))
         elif gathered and len(ranks) > 1:
             items = joined_over_ranks(items, rtol, metric_atol)
-        steps.append(_Step(step, items, ranks, reasons, step == incomplete))
+        steps.append(StepItems(step, items, ranks, reasons, step == incomplete))
     logged_losses = logged_loss_checks(source, steps, logged_all, rtol)
     windows = window_means(steps, logged_all) if gathered else {}
     result = RunCheck(run.name, rtol, metric_atol, unchecked_run=run_reasons(run))
@@ -440,7 +290,7 @@ def run_check_from(
     return result
 
 
-def window_means(steps: list[_Step], logged: dict[str, Any]) -> dict[int, dict[str, float] | str]:
+def window_means(steps: list[StepItems], logged: dict[str, Any]) -> dict[int, dict[str, float] | str]:
     """Per logged step whose logging window spans several steps (``logging_steps`` > 1), GRPO Lens's loss-call
     metrics as TRL logs them there: the plain mean over every loss call since the last log (TRL appends each
     call's gathered metrics and averages them at the log); or why the window cannot be joined (a sentence)."""
@@ -468,77 +318,6 @@ def run_reasons(run: Run) -> list[str]:
     if isinstance(chose, str):
         out.append(f"the capture chose nothing: {chose}")
     return out
-
-
-@dataclass
-class _Step:
-    """One step's micro-batch results on their way to its ``StepCheck``."""
-
-    number: int
-    items: list[MicroResult]
-    ranks: list[int]
-    reasons: list[str]
-    incomplete: bool
-    """The capture's byte budget cut the step short."""
-
-    @property
-    def failed(self) -> list[str]:
-        return [item.check.file for item in self.items if item.check.error is not None]
-
-    def rank_losses(self, lens: bool = True) -> dict[int, list[float]]:
-        """Each rank's micro-batch losses in order (GRPO Lens's, or the trainer's returned ones)."""
-        out: dict[int, list[float]] = {}
-        for item in sorted(self.items, key=lambda i: i.check.micro):
-            value = item.loss if lens else item.check.trainer_loss
-            out.setdefault(item.check.rank or 0, []).append(math.nan if value is None else value)
-        return out
-
-    def firsts(self) -> list[MicroResult]:
-        """One entry per readable micro-batch of the step: over several ranks, their join (each rank holds it)."""
-        readable = [item for item in self.items if item.check.error is None]
-        return (
-            [item for item in readable if (item.check.rank or 0) == self.ranks[0]] if len(self.ranks) > 1 else readable
-        )
-
-    def check(
-        self,
-        logged_all: dict[str, Any],
-        generated: dict[str, float],
-        logged_loss: Any,
-        atol: float,
-        window: dict[str, float] | str | None = None,
-    ) -> StepCheck:
-        """The step's check; ``window``: the loss-call metrics as the trainer logged them over a window of several
-        steps (``window_means``), compared in place of the step's own, or why they cannot be."""
-        items, firsts = self.items, self.firsts()
-        checks = [item.check for item in items]
-        mean, weighted = metric_views([(item.metrics, item.tokens) for item in firsts]) if firsts else ({}, {})
-        trainer_loss, lens_loss = _step_losses(items, len(self.ranks))
-        # The metrics the loss calls logged (per micro-batch), as the trainer averaged them for the step;
-        # generation-batch metrics (reward, completions/*) are the trainer's own view of other rows.
-        per_call = set().union(*(c.metrics for c in checks))
-        step_log = {} if self.incomplete else logged_all.get(str(self.number)) or {}
-        logged = {k: v for k, v in step_log.items() if _finite(v) is not None}
-        calls = {k: v for k, v in logged.items() if k in per_call}
-        metrics = _compare(calls, window if isinstance(window, dict) else {} if window else mean, atol)
-        metrics |= _compare(logged, generated, atol)
-        reasons = list(self.reasons) + ([window] if isinstance(window, str) and calls else [])
-        if self.failed:
-            reasons.append(f"the step's joined numbers: {len(self.failed)} step file(s) could not be read")
-        if isinstance(logged_loss, str):
-            reasons.append(logged_loss)
-        loss_check = logged_loss if isinstance(logged_loss, MetricCheck) else None
-        compared = [m.ok for m in metrics.values()] + ([loss_check.ok] if loss_check else [])
-        own = verdict_of(compared, reasons)
-        # a step compares nothing of its own unless the trainer logged it: its micro-batches speak for it
-        verdict = joined_verdict([c.verdict for c in checks] + ([own] if compared or reasons else []))
-        ok = verdict in (MATCH, UNCHECKED)
-        unchecked = sorted({r for c in checks for r in c.unchecked} | set(reasons), key=str)
-        number, n = self.number, len(checks)
-        return StepCheck(
-            number, n, trainer_loss, lens_loss, logged, mean, weighted, metrics, ok, len(self.ranks),
-            verdict, unchecked, loss_check,
-        )  # fmt: skip
 
 
 def _processes(items: list[MicroResult], ranks: list[int]) -> int | None:
@@ -610,7 +389,7 @@ def joined_over_ranks(items: list[MicroResult], rtol: float, metric_atol: float)
             continue
         names = set.intersection(*(set(g.metrics) for g in group))
         joined = {k: _join(k, [(g.metrics[k], g.tokens) for g in group]) for k in names}
-        compared = _compare({k: m.trainer for k, m in item.check.metrics.items()}, joined, metric_atol)
+        compared = compare({k: m.trainer for k, m in item.check.metrics.items()}, joined, metric_atol)
         out.append(replace(item, check=settled(replace(item.check, metrics=compared), rtol), metrics=joined))
     return out
 
@@ -653,19 +432,9 @@ def generation_metrics(
     return out
 
 
-def _step_losses(items: list[MicroResult], ranks: int) -> tuple[float | None, float | None]:
-    """(trainer's, GRPO Lens's) loss of a step: the sum over its micro-batches, over several ranks the mean of
-    each rank's sum (DDP averages the ranks' gradients; the trainer logs the ranks' mean). None: a micro-batch
-    did not record the trainer's loss, or its file could not be read."""
-    losses = [item.check.trainer_loss for item in items]
-    trainer = None if any(v is None for v in losses) else sum(v for v in losses if v is not None) / ranks
-    lens = None if any(item.check.error is not None for item in items) else sum(item.loss for item in items) / ranks
-    return trainer, lens
-
-
 # --- the logged loss, joined as the trainer logs it --------------------------------------------------------
 def logged_loss_checks(
-    source: Any, steps: list[_Step], logged: dict[str, Any], rtol: float
+    source: Any, steps: list[StepItems], logged: dict[str, Any], rtol: float
 ) -> dict[int, MetricCheck | str]:
     """Per logged step, the trainer's logged loss against GRPO Lens's joined as the trainer logs it (a
     ``MetricCheck``), or why it cannot be (a sentence: a step of the logging window or a rank not captured, a
@@ -677,7 +446,7 @@ def logged_loss_checks(
     if source not in GATHERING_SOURCES:
         return {}
     out: dict[int, MetricCheck | str] = {}
-    logged_steps = sorted(int(k) for k, v in logged.items() if k.isdigit() and _finite((v or {}).get("loss")))
+    logged_steps = sorted(int(k) for k, v in logged.items() if k.isdigit() and finite((v or {}).get("loss")))
     for before, number in zip([0, *logged_steps], logged_steps, strict=False):
         window = range(before + 1, number + 1)
         if number not in by_number:
@@ -693,7 +462,7 @@ def logged_loss_checks(
     return out
 
 
-def _window_gap(window: range, by_number: dict[int, _Step]) -> str | None:
+def _window_gap(window: range, by_number: dict[int, StepItems]) -> str | None:
     """Why a logging window's loss cannot be joined from what was captured (None: it can)."""
     span = f"step {window[0]}" if len(window) == 1 else f"steps {window[0]}-{window[-1]}"
     what = f"the logged loss (the mean over {span})"
@@ -710,7 +479,7 @@ def _window_gap(window: range, by_number: dict[int, _Step]) -> str | None:
     return None
 
 
-def trl_logged_loss(window: list[_Step], before: int) -> float:
+def trl_logged_loss(window: list[StepItems], before: int) -> float:
     """The loss transformers 5's ``Trainer`` logs for a window of steps, from GRPO Lens's micro-batch losses: each
     rank adds every micro-batch's returned loss to its ``tr_loss`` (TRL's is already divided by gradient
     accumulation: ``loss_is_scaled_for_ga``); a non-finite one is replaced by ``tr_loss / (1 + global_step -
@@ -736,14 +505,16 @@ VERL_LOSS_KEYS = ("actor/pg_loss", "actor/kl_loss", "actor/entropy_loss")
 """What verl 0.9.1 logs of a step's loss: no total, each part apart (``verl.workers.utils.losses.ppo_loss``)."""
 
 
-def verl_logged_parts(by_number: dict[int, _Step], logged: dict[str, Any], rtol: float) -> dict[int, MetricCheck | str]:
+def verl_logged_parts(
+    by_number: dict[int, StepItems], logged: dict[str, Any], rtol: float
+) -> dict[int, MetricCheck | str]:
     """verl's logged loss parts against GRPO Lens's, joined as ``Metric.aggregate_dp`` joins them: the mean over
     the data-parallel ranks per micro-batch index, then summed over the micro-batches when the loss is normalised
     by the global batch (several ranks, or global token or row counts: verl's ``AggregationType.SUM``), else
     averaged. The worst part is the step's ``logged_loss``."""
     out: dict[int, MetricCheck | str] = {}
     for number, s in by_number.items():
-        given = {k: v for k, v in (logged.get(str(number)) or {}).items() if k in VERL_LOSS_KEYS and _finite(v)}
+        given = {k: v for k, v in (logged.get(str(number)) or {}).items() if k in VERL_LOSS_KEYS and finite(v)}
         if not given:
             continue
         gap = _window_gap(range(number, number + 1), by_number)
@@ -791,126 +562,5 @@ def _micro_results(
         yield micro_result(ref, bd, info, rtol, metric_atol)
 
 
-@contextmanager
-def check_pool(jobs: int = 1, ray_address: str | None = None) -> Iterator[Pool | None]:
-    """The pool ``check_run`` spreads a run's files over: None for one job; ``jobs`` processes on this machine
-    (each with its share of the cores for torch's threads); or, with ``ray_address`` ("auto",
-    "ray://host:port", or "local" to start one here), Ray's multiprocessing Pool over that cluster's workers
-    (the run must sit on a filesystem they all see, and grpo be importable there)."""
-    if ray_address is not None:
-        import ray  # optional: only --ray needs it
-        from ray.util.multiprocessing import Pool as RayPool
-
-        ray.init(address=None if ray_address == "local" else ray_address, ignore_reinit_error=True)
-        ray_pool = RayPool()
-        try:
-            yield ray_pool
-        finally:
-            ray_pool.terminate()  # type: ignore[no-untyped-call]
-        return
-    if jobs <= 1:
-        yield None
-        return
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    # one thread per worker (jobs = cores, the default): forked, as torch's DataLoader forks its workers, which
-    # then never use the parent's OpenMP pool; several threads each, or a process a fork is not safe in: spawned,
-    # importing torch afresh (seconds)
-    method = "fork" if threads == 1 and fork_is_safe() else "spawn"
-    with multiprocessing.get_context(method).Pool(jobs, initializer=_start_worker, initargs=(threads,)) as p:
-        yield LocalPool(p, jobs)
-
-
-def _start_worker(threads: int) -> None:
-    """A check pool's process: its share of the cores for torch's threads, and glibc keeping freed memory in
-    the heap (``keep_freed_memory``): each file's evaluate allocates dozens of (B, T) tensors, which without it
-    are page-faulted in afresh for every file (a forked worker inherits the setting when its parent made it;
-    a spawned one, or a pool a library caller opens, would not)."""
-    torch.set_num_threads(threads)
-    keep_freed_memory()
-
-
-FILES_PER_TASK = 8
-"""The most files a local pool hands a worker at once (``imap``'s chunksize): one file per task is a round trip
-through the pool's pipes and the parent's task and result threads per file (~0.3 ms of the parent's CPU beside
-~7 ms of a worker's for a 64 x 2048 file); a larger chunk leaves a worker idle longer at the end of the run."""
-
-
-@dataclass(frozen=True)
-class LocalPool:
-    """``check_pool``'s processes on this machine: ``imap`` in chunks of up to ``FILES_PER_TASK`` files,
-    fewer for a run too short to give every process four chunks."""
-
-    pool: multiprocessing.pool.Pool
-    jobs: int
-
-    def imap(self, func: Callable[[Any], _R], iterable: Iterable[Any]) -> Iterator[_R]:
-        items = list(iterable)
-        return self.pool.imap(func, items, chunksize=files_per_task(len(items), self.jobs))
-
-
-def files_per_task(files: int, jobs: int) -> int:
-    """A local pool's chunksize: ``FILES_PER_TASK``, or less so each of ``jobs`` processes gets >= 4 chunks."""
-    return max(1, min(FILES_PER_TASK, files // (4 * jobs)))
-
-
-FORK_UNSAFE_MODULES = ("ray", "grpc")
-"""Libraries that start native threads of their own (gRPC's event engine, Ray's core worker): one may hold a lock
-at the moment of a fork, which the forked child then waits on forever (a check-run in a Ray driver, or in a
-process that ran one, hung so)."""
-
-
-def fork_is_safe() -> bool:
-    """Whether this process may fork its check workers: no Python thread but the main one, and none of
-    ``FORK_UNSAFE_MODULES`` imported (their threads are native: ``threading`` does not see them)."""
-    return threading.active_count() == 1 and not any(name in sys.modules for name in FORK_UNSAFE_MODULES)
-
-
-class Pool(Protocol):
-    def imap(self, func: Callable[[Any], _R], iterable: Iterable[Any]) -> Iterator[_R]: ...
-
-
-def format_check(check: RunCheck) -> str:
-    """The check as a table: one line per micro-batch, then one per step, then the verdict and what was not
-    compared, with why."""
-    lines = [f"run {check.run}: rtol {check.rtol:g}, metrics to {check.metric_atol:g}"]
-    lines.append(
-        f"{'step':>6} {'micro':>5} {'trainer loss':>14} {'lens loss':>14} {'rel error':>10} {'max metric diff':>16}  "
-    )
-    for m in check.micro:
-        worst = max(m.metrics.items(), key=lambda kv: kv[1].diff, default=None)
-        worst_text = f"{worst[1].diff:.2e} {worst[0]}" if worst else "-"
-        rank = "" if m.rank is None else f" r{m.rank}"
-        lines.append(
-            f"{m.step:>6} {m.micro:>5}{rank} {_num(m.trainer_loss):>14} {_num(m.lens_loss):>14} "
-            f"{_sci(m.rel_error):>10} {worst_text:>16}  {m.verdict}"
-        )
-        if m.error is not None:
-            lines.append(f"{'':>13}error: {m.error}")
-    lines.append("")
-    lines.append(
-        f"{'step':>6} {'micros':>6} {'trainer loss':>14} {'lens loss':>14} {'logged loss':>14} "
-        f"{'logged metrics':>15} {'max diff':>9}"
-    )
-    for s in check.steps:
-        largest = max((v.diff for v in s.metrics.values()), default=None)
-        logged = _num(s.logged_loss.trainer) if s.logged_loss else "-"
-        lines.append(
-            f"{s.step:>6} {s.micro_batches:>6} {_num(s.trainer_loss):>14} {_num(s.lens_loss):>14} {logged:>14} "
-            f"{len(s.metrics):>15} {_sci(largest):>9}  {s.verdict}"
-        )
-    counts = check.counts()
-    said = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
-    lines.append(f"{len(check.micro)} micro-batches ({said or 'none'}), {len(check.steps)} steps: {check.verdict}")
-    reasons = check.unchecked_reasons()
-    if reasons:
-        lines.append("not compared:")
-        lines.extend(f"  - {reason} ({n})" for reason, n in reasons)
-    return "\n".join(lines)
-
-
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.8g}"
-
-
-def _sci(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2e}"
+_start_worker = start_worker  # a check pool's initializer, for callers that open a pool of their own
+_Step = StepItems  # a step's micro-batch results, under the private name the verdict tests build them by

@@ -13,37 +13,25 @@ The presets (``PRESETS``, built whole by ``grpo.presets``) and trainers' configs
 
 from __future__ import annotations
 
-import builtins
 import dataclasses
 import operator
 import types
 import typing
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import InitVar, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from grpo.advantages import ADVANTAGES
 from grpo.aggregation import AGGREGATIONS
 from grpo.corrections import CORRECTIONS, rs_criteria
 from grpo.errors import GrpoInputError
 from grpo.kl import KL_ESTIMATORS
-from grpo.objectives import (
-    CLIP_COV_LB,
-    CLIP_COV_RATIO,
-    CLIP_COV_UB,
-    KL_COV_RATIO,
-    OBJECTIVES,
-    PPO_KL_COEF,
-    SAPO_TEMPERATURE_NEG,
-    SAPO_TEMPERATURE_POS,
-    VESPO_K_NEG,
-    VESPO_K_POS,
-    VESPO_LAMBDA_NEG,
-    VESPO_LAMBDA_POS,
-)
+from grpo.objectives import OBJECTIVES
 from grpo.presets import PRESETS as PRESETS
 from grpo.presets import Preset as Preset
-from grpo.registry import Registry
+from grpo.registry import BOUNDS, TYPES, Choices, FieldSpec, Registry, Setting, Table, setting_spec
+from grpo.registry import MAX_INT as MAX_INT
+from grpo.registry import MAX_MAGNITUDE as MAX_MAGNITUDE
 from grpo.trainer_fields import TrainerFields, checked, trl_fields, verl_fields
 
 # One registry per independent choice, under the LossConfig field that picks from it.
@@ -53,9 +41,6 @@ REGISTRIES: dict[str, Registry[Any]] = {
     "kl_estimator": KL_ESTIMATORS,
     "aggregation": AGGREGATIONS,
 }
-MAX_MAGNITUDE = 1e30  # numbers past this overflow float32 once multiplied by a ratio or an advantage
-MAX_INT = 2**31 - 1
-Choices = Registry[Any] | tuple[str, ...]
 
 
 def _setting(default: Any, doc: str, group: str, *, choices: Choices | None = None, **bounds: float) -> Any:
@@ -63,6 +48,25 @@ def _setting(default: Any, doc: str, group: str, *, choices: Choices | None = No
     if choices is not None:
         meta["choices"] = choices
     return field(default=default, metadata=meta)
+
+
+def declared_settings() -> Iterator[Setting]:
+    """The settings the variants declare in their registrations (a plugin's included), first one of a name first."""
+    seen: set[str] = set()
+    for registry in (*REGISTRIES.values(), CORRECTIONS):
+        for setting in registry.settings():
+            if setting.name not in seen:
+                seen.add(setting.name)
+                yield setting
+
+
+def _declared(name: str) -> Any:
+    """The LossConfig field of a setting a built-in variant declares: its default, doc, group and bounds."""
+    setting = next(s for s in declared_settings() if s.name == name)
+    meta: dict[str, Any] = {"doc": setting.doc, "group": setting.group, "setting": setting, **setting.bounds()}
+    if setting.choices is not None:
+        meta["choices"] = setting.choices
+    return field(default=setting.default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -99,15 +103,9 @@ class LossConfig:
     delta: float | None = _setting(
         None, "TRL's delta (INTELLECT-2): the unclipped ratio is capped at delta (> 1). None = off.", "policy", gt=1.0
     )
-    cispo_bounds: str = _setting(
-        "absolute",
-        "CISPO weight bounds: absolute = min(ratio, epsilon_high) (TRL); relative = "
-        "clamp(ratio, 1 - epsilon_low, 1 + epsilon_high) (verl).",
-        "policy",
-        choices=("absolute", "relative"),
-    )
-    sapo_temperature_pos: float = _setting(SAPO_TEMPERATURE_POS, "SAPO gate temperature for A > 0.", "policy", gt=0.0)
-    sapo_temperature_neg: float = _setting(SAPO_TEMPERATURE_NEG, "SAPO gate temperature for A <= 0.", "policy", gt=0.0)
+    cispo_bounds: str = _declared("cispo_bounds")
+    sapo_temperature_pos: float = _declared("sapo_temperature_pos")
+    sapo_temperature_neg: float = _declared("sapo_temperature_neg")
     importance_sampling_level: str = _setting(
         "token",
         "Ratio per token, or one per sequence: exp(mean log-ratio) (GSPO).",
@@ -131,47 +129,17 @@ class LossConfig:
         gt=0.0,
         le=1.0,
     )
-    vespo_k_pos: float = _setting(VESPO_K_POS, "TRL vespo: the gamma weight's shape k for A >= 0.", "policy", ge=0.0)
-    vespo_lambda_pos: float = _setting(
-        VESPO_LAMBDA_POS,
-        "TRL vespo: the gamma weight's rate lambda for A >= 0 (TRL clamps it to at least 1e-4).",
-        "policy",
-    )
-    vespo_k_neg: float = _setting(VESPO_K_NEG, "TRL vespo: the gamma weight's shape k for A < 0.", "policy", ge=0.0)
-    vespo_lambda_neg: float = _setting(
-        VESPO_LAMBDA_NEG,
-        "TRL vespo: the gamma weight's rate lambda for A < 0 (TRL clamps it to at least 1e-4).",
-        "policy",
-    )
-    clip_cov_ratio: float = _setting(
-        CLIP_COV_RATIO,
-        "verl clip_cov: the share of counted tokens whose gradient is cut (at least one).",
-        "policy",
-        gt=0.0,
-        le=1.0,
-    )
-    clip_cov_lb: float = _setting(CLIP_COV_LB, "verl clip_cov: candidates have covariance above this.", "policy")
-    clip_cov_ub: float = _setting(CLIP_COV_UB, "verl clip_cov: candidates have covariance below this.", "policy")
-    clip_cov_seed: int = _setting(
-        0,
-        "verl clip_cov draws its tokens with torch.randperm: the seed of that draw (verl's process RNG state).",
-        "policy",
-        ge=0,
-    )
-    kl_cov_ratio: float = _setting(
-        KL_COV_RATIO,
-        "verl kl_cov: the share of counted tokens (the highest covariance, at least one) that get the |log-ratio| "
-        "penalty.",
-        "policy",
-        gt=0.0,
-        le=1.0,
-    )
-    ppo_kl_coef: float = _setting(
-        PPO_KL_COEF, "verl kl_cov: the coefficient of the |log-ratio| penalty.", "policy", ge=0.0
-    )
-    dro_beta: float | None = _setting(
-        None, "verl dro: the quadratic log-ratio penalty ½·dro_beta·(logp - old)²; required by dro.", "policy", gt=0.0
-    )
+    vespo_k_pos: float = _declared("vespo_k_pos")
+    vespo_lambda_pos: float = _declared("vespo_lambda_pos")
+    vespo_k_neg: float = _declared("vespo_k_neg")
+    vespo_lambda_neg: float = _declared("vespo_lambda_neg")
+    clip_cov_ratio: float = _declared("clip_cov_ratio")
+    clip_cov_lb: float = _declared("clip_cov_lb")
+    clip_cov_ub: float = _declared("clip_cov_ub")
+    clip_cov_seed: int = _declared("clip_cov_seed")
+    kl_cov_ratio: float = _declared("kl_cov_ratio")
+    ppo_kl_coef: float = _declared("ppo_kl_coef")
+    dro_beta: float | None = _declared("dro_beta")
     log_ratio_clamp: float | None = _setting(
         None, "Clamp the token log-ratio to [-c, c] before exp (verl: 20). None = off.", "policy", gt=0.0
     )
@@ -369,10 +337,15 @@ class LossConfig:
     device: str = _setting(
         "auto", "Where to compute: auto (the input's device), cpu or cuda.", "runtime", choices=("auto", "cpu", "cuda")
     )
+    plugin_settings: InitVar[tuple[tuple[str, Any], ...]] = ()
+    """The values of the settings plugins' variants declare, as (name, value) pairs: given by name (resolve,
+    from_preset, replace), read as attributes (a setting not given has its declared default). Not a field:
+    LossConfig's fields are its own settings; equality, hashing, replace and to_dict include these."""
 
-    def __post_init__(self) -> None:
-        for spec in FIELDS:
+    def __post_init__(self, plugin_settings: tuple[tuple[str, Any], ...]) -> None:
+        for spec in OWN_FIELDS:
             spec.check(getattr(self, spec.name))
+        object.__setattr__(self, "plugin_settings", _checked_plugin_settings(plugin_settings))
         if self.rollout_rs is not None:  # the criteria and their thresholds, checked once here
             rs_criteria(self.rollout_rs, self.rollout_rs_threshold)
         low, high = self.rollout_is_min, self.rollout_is_max
@@ -387,7 +360,7 @@ class LossConfig:
         unknown = sorted(set(overrides) - set(FIELD_NAMES))
         if unknown:
             raise GrpoInputError(unknown[0], f"a LossConfig field: one of {', '.join(FIELD_NAMES)}")
-        return cls(**{**PRESETS[name].settings, "preset": name, **overrides})
+        return cls(**_routed({**PRESETS[name].settings, "preset": name, **overrides}))
 
     @classmethod
     def resolve(
@@ -412,7 +385,7 @@ class LossConfig:
         if unknown:
             raise GrpoInputError(unknown[0], f"a LossConfig field: one of {', '.join(FIELD_NAMES)}")
         if preset is None and base is not None:
-            config = dataclasses.replace(base, **given)
+            config = base.replace(**given)
         else:
             config = cls.from_preset("article" if preset is None else preset, **given)
             if base is not None:
@@ -440,85 +413,44 @@ class LossConfig:
         return cls(**found.settings, preset=found.recipe if found.recipe in PRESETS else None)
 
     def replace(self, **changes: Any) -> LossConfig:
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes`` (LossConfig fields or plugins' settings, by name)."""
+        return dataclasses.replace(self, **_routed(changes, self._plugin_values()))
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field by name, a plugin's settings among them (what ``resolve`` takes back)."""
+        given = dict(self._plugin_values())
+        return dataclasses.asdict(self) | {name: given.get(name, spec.default) for name, spec in PLUGIN_FIELDS.items()}
 
+    def _plugin_values(self) -> tuple[tuple[str, Any], ...]:
+        values: tuple[tuple[str, Any], ...] = self.__dict__.get("plugin_settings", ())
+        return values
 
-TYPES = {str: "string", float: "number", int: "integer", bool: "boolean"}
-BOUNDS = {"ge": (operator.ge, ">="), "gt": (operator.gt, ">"), "le": (operator.le, "<=")}
+    def _key(self) -> tuple[Any, ...]:
+        return (_FIELD_VALUES(self), self.__dict__.get("plugin_settings", ()))
 
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, LossConfig)
+        return self._key() == other._key()
 
-@dataclass(frozen=True)
-class FieldSpec:
-    """One LossConfig field as the checks, the request model and the page see it."""
+    def __hash__(self) -> int:
+        return hash(self._key())
 
-    name: str
-    type: str
-    """string, number, integer or boolean."""
-    python_type: builtins.type[Any]
-    nullable: bool
-    default: Any
-    doc: str
-    group: str
-    bounds: dict[str, float]
-    """ge / gt / le, from the field's metadata."""
-    choices: Choices | None
+    if not TYPE_CHECKING:  # a plugin's objective reads its setting as config.<name>; typed code reads fields
 
-    def choice_names(self) -> tuple[str, ...]:
-        """The valid names now (a registry's grow as plugins register)."""
-        choices = self.choices
-        return choices.names() if isinstance(choices, Registry) else tuple(choices or ())
-
-    def check(self, value: Any) -> None:
-        """Raise GrpoInputError naming the field unless ``value`` has its type and range."""
-        if self.choices is not None:
-            if value not in self.choice_names():
-                raise GrpoInputError(self.name, f"one of {', '.join(self.choice_names())}", got=repr(value))
-            return
-        if value is None:
-            if not self.nullable:
-                raise GrpoInputError(self.name, f"a value of type {self.python_type.__name__}", got="None")
-            return
-        if self.type == "string":
-            if not isinstance(value, str):
-                raise GrpoInputError(self.name, "a string", got=repr(value))
-            return
-        if self.type == "boolean":
-            if not isinstance(value, bool):
-                raise GrpoInputError(self.name, "true or false", got=repr(value))
-            return
-        if isinstance(value, bool) or not isinstance(value, int | float) or not abs(value) <= MAX_MAGNITUDE:
-            # NaN fails the comparison too; the bound keeps every value finite in float32 arithmetic
-            raise GrpoInputError(self.name, f"a finite number within ±{MAX_MAGNITUDE:g}", got=repr(value))
-        if self.type == "integer" and not (float(value).is_integer() and value <= MAX_INT):
-            raise GrpoInputError(self.name, f"an integer up to {MAX_INT}", got=repr(value))
-        for bound, limit in self.bounds.items():
-            holds, words = BOUNDS[bound]
-            if not holds(value, limit):
-                raise GrpoInputError(self.name, f"a number {words} {limit}", got=repr(value))
-
-    def describe(self) -> dict[str, Any]:
-        """What /api/v1/options lists for this field."""
-        entry: dict[str, Any] = {
-            "name": self.name,
-            "doc": self.doc,
-            "group": self.group,
-            "default": self.default,
-            "nullable": self.nullable,
-            "type": "choice" if self.choices is not None else self.type,
-        }
-        if self.choices is not None:
-            entry["choices"] = list(self.choice_names())
-        return entry | self.bounds
+        def __getattr__(self, name: str) -> Any:
+            spec = PLUGIN_FIELDS.get(name)
+            if spec is None:
+                raise AttributeError(f"'LossConfig' object has no attribute {name!r}")
+            return dict(self._plugin_values()).get(name, spec.default)
 
 
 def _spec(f: dataclasses.Field[Any], hint: Any) -> FieldSpec:
     args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
     base = next(a for a in args if a is not type(None))
     meta = f.metadata
-    return FieldSpec(
+    spec = FieldSpec(
         name=f.name,
         type=TYPES[base],
         python_type=base,
@@ -529,11 +461,81 @@ def _spec(f: dataclasses.Field[Any], hint: Any) -> FieldSpec:
         bounds={k: meta[k] for k in BOUNDS if k in meta},
         choices=meta.get("choices"),
     )
+    declared = meta.get("setting")
+    if declared is None:
+        return spec
+    if (declared.type, declared.nullable) != (base, spec.nullable):
+        raise TypeError(f"LossConfig.{f.name} is typed {hint}, its declaration {declared.type.__name__}")
+    return dataclasses.replace(spec, trl=declared.trl, verl=declared.verl)
 
 
 _HINTS = typing.get_type_hints(LossConfig)
-FIELDS: tuple[FieldSpec, ...] = tuple(_spec(f, _HINTS[f.name]) for f in dataclasses.fields(LossConfig))
-FIELD_NAMES: tuple[str, ...] = tuple(spec.name for spec in FIELDS)
+OWN_FIELDS: tuple[FieldSpec, ...] = tuple(_spec(f, _HINTS[f.name]) for f in dataclasses.fields(LossConfig))
+_OWN_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(LossConfig))
+_FIELD_VALUES = operator.attrgetter(*_OWN_NAMES)  # the fields' values as one tuple, in C (hashing, equality)
+
+
+class PluginFields(Mapping[str, FieldSpec]):
+    """The settings plugins' variants declare that LossConfig has no field of, by name; read afresh when a
+    registry has grown (a plugin registers after this module is imported)."""
+
+    def __init__(self) -> None:
+        self._seen = -1
+        self._specs: dict[str, FieldSpec] = {}
+
+    def current(self) -> dict[str, FieldSpec]:
+        """The table now (read again only when something was registered since)."""
+        if Registry.registrations != self._seen:
+            found = (setting_spec(s) for s in declared_settings() if s.name not in _OWN_NAMES)
+            self._specs, self._seen = {spec.name: spec for spec in found}, Registry.registrations
+        return self._specs
+
+    def __getitem__(self, name: str) -> FieldSpec:
+        return self.current()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.current())
+
+    def __len__(self) -> int:
+        return len(self.current())
+
+
+PLUGIN_FIELDS = PluginFields()
+
+
+FIELDS: Sequence[FieldSpec] = Table(lambda: (*OWN_FIELDS, *PLUGIN_FIELDS.values()))
+"""Every setting: LossConfig's fields, then the settings plugins declare (what the checks, the API's request
+model, the CLI and /api/v1/options read)."""
+FIELD_NAMES: Sequence[str] = Table(lambda: (*_OWN_NAMES, *PLUGIN_FIELDS))
+
+
+def _routed(changes: Mapping[str, Any], current: tuple[tuple[str, Any], ...] = ()) -> dict[str, Any]:
+    """``changes`` with the plugins' settings among them gathered into plugin_settings, over ``current``."""
+    declared = PLUGIN_FIELDS.current()
+    if not declared:
+        return dict(changes)
+    own = {k: v for k, v in changes.items() if k not in declared}
+    plugin = {k: v for k, v in changes.items() if k in declared}
+    if plugin:
+        before = own.get("plugin_settings", current)
+        own["plugin_settings"] = tuple({**dict(_checked_plugin_settings(before)), **plugin}.items())
+    return own
+
+
+def _checked_plugin_settings(pairs: Any) -> tuple[tuple[str, Any], ...]:
+    """``pairs`` sorted by name, once each name is a plugin's declared setting and each value in its range."""
+    if pairs == ():
+        return ()
+    expected = "(name, value) pairs of the settings plugins declare"
+    if not isinstance(pairs, tuple | list) or not all(isinstance(p, tuple | list) and len(p) == 2 for p in pairs):
+        raise GrpoInputError("plugin_settings", expected, got=repr(pairs)[:80])
+    checked_pairs = {}
+    for name, value in pairs:
+        if name not in PLUGIN_FIELDS:
+            raise GrpoInputError("plugin_settings", f"{expected}: one of {', '.join(PLUGIN_FIELDS)}", got=repr(name))
+        PLUGIN_FIELDS[name].check(value)
+        checked_pairs[name] = value
+    return tuple(sorted(checked_pairs.items()))
 
 
 def _check_preset(preset: Preset) -> Preset:

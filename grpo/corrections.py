@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from grpo.errors import GrpoInputError
-from grpo.registry import Registry
+from grpo.registry import CorrectionRegistry
 
 # What the correction did to each token, as int codes (the breakdown's ``correction``).
 CORRECTION_CODES: tuple[str, ...] = (
@@ -88,7 +88,9 @@ class Weights:
 
 
 Correction = Callable[[Tensor, Tensor, CorrectionSettings], Weights]
-CORRECTIONS: Registry[Correction] = Registry("rollout_correction")
+ACTION_CODES = {"truncate": TRUNCATED, "mask": MASKED}
+"""The code of a token whose correction acted, by the action its entry declares."""
+CORRECTIONS: CorrectionRegistry[Correction] = CorrectionRegistry("rollout_correction")
 
 
 def outside(ratio: Tensor, settings: CorrectionSettings) -> Tensor:
@@ -134,7 +136,7 @@ def no_correction(log_ratio: Tensor, mask: Tensor, settings: CorrectionSettings)
     return Weights(ones, ones, torch.zeros_like(log_ratio), KEPT)
 
 
-@CORRECTIONS.register("token_truncate", label="token IS, truncated")
+@CORRECTIONS.register("token_truncate", label="token IS, truncated", level="token", action="truncate")
 def token_truncate(log_ratio: Tensor, mask: Tensor, settings: CorrectionSettings) -> Weights:
     """Per-token weight clamp(exp(old - sampler), rollout_is_min, rollout_is_max) on the policy term (TIS).
 
@@ -146,7 +148,7 @@ def token_truncate(log_ratio: Tensor, mask: Tensor, settings: CorrectionSettings
     return truncated(clamped_exp(log_ratio, settings), settings)
 
 
-@CORRECTIONS.register("token_mask", label="token IS, masked")
+@CORRECTIONS.register("token_mask", label="token IS, masked", level="token", action="mask")
 def token_mask(log_ratio: Tensor, mask: Tensor, settings: CorrectionSettings) -> Weights:
     """Per-token weight exp(old - sampler), zeroed outside [rollout_is_min, rollout_is_max] (MIS / IcePop).
 
@@ -157,7 +159,7 @@ def token_mask(log_ratio: Tensor, mask: Tensor, settings: CorrectionSettings) ->
     return masked(clamped_exp(log_ratio, settings), settings)
 
 
-@CORRECTIONS.register("sequence_truncate", label="sequence IS, truncated")
+@CORRECTIONS.register("sequence_truncate", label="sequence IS, truncated", level="sequence", action="truncate")
 def sequence_truncate(log_ratio: Tensor, mask: Tensor, settings: CorrectionSettings) -> Weights:
     """One weight per row, clamp(exp(Σ_t (old - sampler)), rollout_is_min, rollout_is_max), on every token.
 
@@ -168,7 +170,7 @@ def sequence_truncate(log_ratio: Tensor, mask: Tensor, settings: CorrectionSetti
     return truncated(sequence_ratio(log_ratio, settings), settings)
 
 
-@CORRECTIONS.register("sequence_mask", label="sequence IS, masked")
+@CORRECTIONS.register("sequence_mask", label="sequence IS, masked", level="sequence", action="mask")
 def sequence_mask(log_ratio: Tensor, mask: Tensor, settings: CorrectionSettings) -> Weights:
     """One weight per row, exp(Σ_t (old - sampler)), zeroed outside [rollout_is_min, rollout_is_max].
 

@@ -14,10 +14,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from grpo.registry import Registry
+from grpo.registry import KLEstimatorRegistry
 
 KLEstimator = Callable[[Tensor], Tensor]
-KL_ESTIMATORS: Registry[KLEstimator] = Registry("kl_estimator")
+KL_ESTIMATORS: KLEstimatorRegistry[KLEstimator] = KLEstimatorRegistry("kl_estimator")
 
 
 @KL_ESTIMATORS.register("k1", label="k1: log ratio")

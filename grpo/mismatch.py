@@ -22,6 +22,7 @@ from torch import Tensor
 
 from grpo.config import LossConfig
 from grpo.corrections import (
+    ACTION_CODES,
     CORRECTION_CODES,
     CORRECTIONS,
     KEPT,
@@ -114,12 +115,12 @@ def _join(items: list[str]) -> str:
 
 
 def _level(config: LossConfig) -> tuple[str | None, int]:
-    """(level, code): the chosen correction's level ("token", "sequence", None for none) and what acting
-    means (TRUNCATED or MASKED), from its registry entry run on one row of two tokens."""
-    probe = CORRECTIONS.get(config.rollout_correction)(torch.zeros(1, 2), torch.ones(1, 2), config)
-    if probe.code == KEPT:
+    """(level, code): the chosen correction's declared level ("token", "sequence", None for none) and what
+    acting means (TRUNCATED or MASKED; KEPT when it does nothing)."""
+    entry = CORRECTIONS.entry(config.rollout_correction)
+    if entry.level is None or entry.action is None:
         return None, KEPT
-    return ("sequence" if probe.weight.shape[-1] == 1 else "token"), probe.code
+    return entry.level, ACTION_CODES[entry.action]
 
 
 def mismatch_view(bd: Breakdown) -> dict[str, Any] | None:

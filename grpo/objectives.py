@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -23,7 +23,7 @@ from torch import Tensor
 
 from grpo.errors import GrpoInputError
 from grpo.marks import mark
-from grpo.registry import Reduction, Registry, Why
+from grpo.registry import ObjectiveEntry, Reduction, Registry, Setting, Why
 
 # Region codes of a token: which branch of the objective is active.
 REGIONS: tuple[str, ...] = ("masked", "trust", "clip_low", "clip_high", "dual_clip")
@@ -42,6 +42,109 @@ CLIP_COV_LB = 1.0
 CLIP_COV_UB = 5.0
 KL_COV_RATIO = 0.0002
 PPO_KL_COEF = 0.1
+
+# The objectives' own settings, declared in their registrations below; LossConfig offers each under its name.
+CISPO_SETTINGS = (
+    Setting(
+        "cispo_bounds",
+        "absolute",
+        "CISPO weight bounds: absolute = min(ratio, epsilon_high) (TRL); relative = "
+        "clamp(ratio, 1 - epsilon_low, 1 + epsilon_high) (verl).",
+        str,
+        choices=("absolute", "relative"),
+    ),
+)
+SAPO_SETTINGS = (
+    Setting(
+        "sapo_temperature_pos",
+        SAPO_TEMPERATURE_POS,
+        "SAPO gate temperature for A > 0.",
+        gt=0.0,
+        trl="sapo_temperature_pos",
+        verl="tau_pos",
+    ),
+    Setting(
+        "sapo_temperature_neg",
+        SAPO_TEMPERATURE_NEG,
+        "SAPO gate temperature for A <= 0.",
+        gt=0.0,
+        trl="sapo_temperature_neg",
+        verl="tau_neg",
+    ),
+)
+VESPO_SETTINGS = (
+    Setting("vespo_k_pos", VESPO_K_POS, "TRL vespo: the gamma weight's shape k for A >= 0.", ge=0.0, trl="vespo_k_pos"),
+    Setting(
+        "vespo_lambda_pos",
+        VESPO_LAMBDA_POS,
+        "TRL vespo: the gamma weight's rate lambda for A >= 0 (TRL clamps it to at least 1e-4).",
+        trl="vespo_lambda_pos",
+    ),
+    Setting("vespo_k_neg", VESPO_K_NEG, "TRL vespo: the gamma weight's shape k for A < 0.", ge=0.0, trl="vespo_k_neg"),
+    Setting(
+        "vespo_lambda_neg",
+        VESPO_LAMBDA_NEG,
+        "TRL vespo: the gamma weight's rate lambda for A < 0 (TRL clamps it to at least 1e-4).",
+        trl="vespo_lambda_neg",
+    ),
+)
+CLIP_COV_SETTINGS = (
+    Setting(
+        "clip_cov_ratio",
+        CLIP_COV_RATIO,
+        "verl clip_cov: the share of counted tokens whose gradient is cut (at least one).",
+        gt=0.0,
+        le=1.0,
+        verl="policy_loss.clip_cov_ratio",
+    ),
+    Setting(
+        "clip_cov_lb",
+        CLIP_COV_LB,
+        "verl clip_cov: candidates have covariance above this.",
+        verl="policy_loss.clip_cov_lb",
+    ),
+    Setting(
+        "clip_cov_ub",
+        CLIP_COV_UB,
+        "verl clip_cov: candidates have covariance below this.",
+        verl="policy_loss.clip_cov_ub",
+    ),
+    Setting(
+        "clip_cov_seed",
+        0,
+        "verl clip_cov draws its tokens with torch.randperm: the seed of that draw (verl's process RNG state).",
+        int,
+        ge=0,
+    ),
+)
+KL_COV_SETTINGS = (
+    Setting(
+        "kl_cov_ratio",
+        KL_COV_RATIO,
+        "verl kl_cov: the share of counted tokens (the highest covariance, at least one) that get the |log-ratio| "
+        "penalty.",
+        gt=0.0,
+        le=1.0,
+        verl="policy_loss.kl_cov_ratio",
+    ),
+    Setting(
+        "ppo_kl_coef",
+        PPO_KL_COEF,
+        "verl kl_cov: the coefficient of the |log-ratio| penalty.",
+        ge=0.0,
+        verl="policy_loss.ppo_kl_coef",
+    ),
+)
+DRO_SETTINGS = (
+    Setting(
+        "dro_beta",
+        None,
+        "verl dro: the quadratic log-ratio penalty ½·dro_beta·(logp - old)²; required by dro.",
+        nullable=True,
+        gt=0.0,
+        verl="policy_loss.dro_beta",
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -159,8 +262,16 @@ class ObjectiveRegistry(Registry[Objective]):
     ``fn(ratio, logp, advantages, settings)``) is registered behind an adapter that drops ``inputs``,
     so every entry is called the same way."""
 
-    def register(self, name: str, **entry: Any) -> Callable[[Objective], Objective]:
-        add = super().register(name, **entry)
+    entry_type = ObjectiveEntry
+
+    def entry(self, name: str) -> ObjectiveEntry[Objective]:
+        return self.typed(name, ObjectiveEntry)
+
+    def entries(self) -> Iterator[ObjectiveEntry[Objective]]:
+        return (self.entry(name) for name in self.names())
+
+    def register(self, name: str, *, label: str | None = None, **facts: Any) -> Callable[[Objective], Objective]:
+        add = super().register(name, label=label, **facts)
 
         def decorate(fn: Objective) -> Objective:
             if len(inspect.signature(fn).parameters) >= 5:
@@ -421,6 +532,7 @@ CISPO_WHY = Why(
     metrics={"cispo_clip_ratio": "trl", "actor/pg_clipfrac": "tokens"},
     warnings=cispo_warnings,
     why=CISPO_WHY,
+    settings=CISPO_SETTINGS,
 )
 def cispo(
     ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None
@@ -450,7 +562,7 @@ def cispo(
     return ObjectiveTerms(surrogate, weight, region, flags, zero_outside=zero_outside(inputs))
 
 
-@OBJECTIVES.register("sapo", label="SAPO", axis=PER_UNIT_A)
+@OBJECTIVES.register("sapo", label="SAPO", axis=PER_UNIT_A, settings=SAPO_SETTINGS)
 def sapo(
     ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None
 ) -> ObjectiveTerms:
@@ -620,6 +732,7 @@ def clip_cov_selection(cov: Tensor, mask: Tensor, config: ObjectiveSettings, lik
     flat="clipped or cut: the token's term is flat (PPO clip) or 0 (picked by Clip-Cov), so no policy gradient",
     metrics={"actor/pg_clipfrac": "tokens"},
     why=CLIP_COV_WHY,
+    settings=CLIP_COV_SETTINGS,
 )
 def clip_cov(
     ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None
@@ -681,6 +794,7 @@ KL_COV_WHY = Why(
     label="KL-Cov",
     axis=PER_UNIT_A,
     why=KL_COV_WHY,
+    settings=KL_COV_SETTINGS,
 )
 def kl_cov(
     ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None
@@ -818,7 +932,7 @@ def dro_warnings(config: ObjectiveSettings, longest_row: int) -> list[str]:
     return [] if config.dro_beta is not None else ["dro needs dro_beta (verl raises ValueError without it)."]
 
 
-@OBJECTIVES.register("dro", label="DRO", axis=WEIGHT_ON_A_LOGP, warnings=dro_warnings)
+@OBJECTIVES.register("dro", label="DRO", axis=WEIGHT_ON_A_LOGP, warnings=dro_warnings, settings=DRO_SETTINGS)
 def dro(
     ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None
 ) -> ObjectiveTerms:
@@ -842,7 +956,11 @@ VESPO_LOG_CLAMP = 20.0  # TRL's bound on each token's log-ratio (±) and the seq
 
 
 @OBJECTIVES.register(
-    "vespo", label="VESPO (gamma weights)", axis=WEIGHT_ON_A_LOGP, metrics={"vespo/phi_seq_mean": "trl"}
+    "vespo",
+    label="VESPO (gamma weights)",
+    axis=WEIGHT_ON_A_LOGP,
+    metrics={"vespo/phi_seq_mean": "trl"},
+    settings=VESPO_SETTINGS,
 )
 def vespo(
     ratio: Tensor, logp: Tensor, advantages: Tensor, config: ObjectiveSettings, inputs: ObjectiveInputs | None = None

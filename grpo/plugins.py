@@ -2,9 +2,11 @@
 
 ``GRPO_LENS_PLUGINS=my_pkg.my_objective,other_module`` makes ``import grpo`` import each module
 after the built-in registries and presets exist. A plugin registers with the registries'
-decorators (``@grpo.OBJECTIVES.register("name", label=..., axis=...)``) and adds presets with
-``grpo.register_preset(grpo.Preset(...))``; LossConfig, evaluate, the API's options and the page
-then offer them. Importing a module the user named is the only effect.
+decorators (``@grpo.OBJECTIVES.register("name", label=..., axis=..., settings=(Setting(...),))``,
+``@CORRECTIONS.register("mode", label=..., level="token", action="truncate")``) and adds presets with
+``grpo.register_preset(grpo.Preset(...))``; LossConfig (its field table grows with the declared
+settings), evaluate, the API, the CLI's ``--set``, the API's options and the page's controls then offer
+them. Importing a module the user named is the only effect.
 """
 
 from __future__ import annotations

@@ -21,18 +21,15 @@ from typing import Any
 from grpo.advantages import ADVANTAGES
 from grpo.corrections import CORRECTIONS, SAFETY_BOUND, rs_criteria
 from grpo.errors import GrpoInputError
-from grpo.objectives import (
-    CLIP_COV_LB,
-    CLIP_COV_RATIO,
-    CLIP_COV_UB,
-    KL_COV_RATIO,
-    PPO_KL_COEF,
-    SAPO_TEMPERATURE_NEG,
-    SAPO_TEMPERATURE_POS,
-    VESPO_K_NEG,
-    VESPO_K_POS,
-    VESPO_LAMBDA_NEG,
-    VESPO_LAMBDA_POS,
+from grpo.objectives import OBJECTIVES
+
+# The objectives' own settings by the trainer config field they map from (their registrations declare it):
+# TRL GRPOConfig fields, verl actor fields, and verl's actor.policy_loss fields.
+TRL_DECLARED = {s.trl: s for s in OBJECTIVES.settings() if s.trl is not None}
+VERL_ACTOR_DECLARED = {s.verl: s for s in OBJECTIVES.settings() if s.verl is not None and "." not in s.verl}
+VERL_POLICY_LOSS_PREFIX = "policy_loss."
+VERL_POLICY_LOSS_DECLARED = tuple(
+    s for s in OBJECTIVES.settings() if s.verl is not None and s.verl.startswith(VERL_POLICY_LOSS_PREFIX)
 )
 
 # TRL 1.16.0 GRPOConfig defaults for the fields that matter to the loss (spec §1.11); a dict given to
@@ -46,12 +43,7 @@ TRL_DEFAULTS: dict[str, Any] = {
     "importance_sampling_level": "token",
     "scale_rewards": "group",
     "max_completion_length": 512,
-    "sapo_temperature_pos": SAPO_TEMPERATURE_POS,
-    "sapo_temperature_neg": SAPO_TEMPERATURE_NEG,
-    "vespo_k_pos": VESPO_K_POS,
-    "vespo_lambda_pos": VESPO_LAMBDA_POS,
-    "vespo_k_neg": VESPO_K_NEG,
-    "vespo_lambda_neg": VESPO_LAMBDA_NEG,
+    **{name: s.default for name, s in TRL_DECLARED.items()},
     "use_bias_correction_kl": True,
     "gradient_accumulation_steps": 1,
     "top_entropy_quantile": 1.0,
@@ -88,9 +80,7 @@ TRL_MAPPED: dict[str, str] = {
     "importance_sampling_level": "importance_sampling_level",
     "scale_rewards": "advantage",
     "max_completion_length": "max_completion_length",
-    "sapo_temperature_pos": "sapo_temperature_pos",
-    "sapo_temperature_neg": "sapo_temperature_neg",
-    **{name: name for name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")},
+    **{name: s.name for name, s in TRL_DECLARED.items()},
 }
 # Loss types whose returned loss is divided by gradient_accumulation_steps (spec §1.8); the others
 # (dapo, cispo) divide by a token count over the generation batch instead (token_normalizer).
@@ -203,9 +193,7 @@ def trl_fields(args: Any) -> TrainerFields:
         "advantage_epsilon": 1e-4,
         "max_completion_length": int(a["max_completion_length"]),
         "skip_empty_rows": False,
-        "sapo_temperature_pos": float(a["sapo_temperature_pos"]),
-        "sapo_temperature_neg": float(a["sapo_temperature_neg"]),
-        **{name: float(a[name]) for name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")},
+        **{s.name: s.type(a[name]) for name, s in TRL_DECLARED.items()},
         "gradient_accumulation_steps": int(a["gradient_accumulation_steps"]) if loss_type in TRL_DIVIDED_BY_GA else 1,
     }
     mapped |= TRL_MAPPED | {
@@ -330,8 +318,7 @@ VERL_MAPPED: dict[str, str] = {
     "rollout_is_weights, which grpo.capture.verl reports as unsupported when a call passes them",
     "use_kl_loss": "beta (0 when off)",
     "kl_loss_coef": "beta",
-    "tau_pos": "sapo_temperature_pos",
-    "tau_neg": "sapo_temperature_neg",
+    **{name: s.name for name, s in VERL_ACTOR_DECLARED.items()},
 }
 # Loss modes verl refuses without a setting PolicyLossConfig leaves None: loss_mode -> {LossConfig field: why}
 VERL_LOSS_MODE_NEEDS: dict[str, dict[str, str]] = {
@@ -339,12 +326,7 @@ VERL_LOSS_MODE_NEEDS: dict[str, dict[str, str]] = {
 }
 # verl 0.9.1 PolicyLossConfig's own settings (its defaults, not the loss functions' fallbacks) -> LossConfig
 VERL_POLICY_LOSS_FIELDS: dict[str, tuple[str, Any]] = {
-    "clip_cov_ratio": ("clip_cov_ratio", CLIP_COV_RATIO),
-    "clip_cov_lb": ("clip_cov_lb", CLIP_COV_LB),
-    "clip_cov_ub": ("clip_cov_ub", CLIP_COV_UB),
-    "kl_cov_ratio": ("kl_cov_ratio", KL_COV_RATIO),
-    "ppo_kl_coef": ("ppo_kl_coef", PPO_KL_COEF),
-    "dro_beta": ("dro_beta", None),
+    str(s.verl).removeprefix(VERL_POLICY_LOSS_PREFIX): (s.name, s.default) for s in VERL_POLICY_LOSS_DECLARED
 }
 VERL_KL_TYPES: dict[str, dict[str, Any]] = {
     "low_var_kl": {"kl_estimator": "k3", "kl_log_ratio_clamp": SAFETY_BOUND, "kl_clamp": 10.0},
@@ -533,8 +515,7 @@ def verl_fields(actor_config: Any, algorithm: Any = None) -> TrainerFields:
         "beta": float(a.get("kl_loss_coef", 0.001)) if use_kl else 0.0,
         "kl_estimator": "k3",
         "kl_gradient": "estimator",
-        "sapo_temperature_pos": float(a.get("tau_pos", SAPO_TEMPERATURE_POS)),
-        "sapo_temperature_neg": float(a.get("tau_neg", SAPO_TEMPERATURE_NEG)),
+        **{s.name: s.type(a.get(name, s.default)) for name, s in VERL_ACTOR_DECLARED.items()},
         "advantage": "group",
         "advantage_epsilon": 1e-6,
         **VERL_LOSS_MODES[loss_mode],

@@ -141,3 +141,41 @@ def test_no_private_name_is_imported_across_modules() -> None:
         if alias.name.startswith("_") and not alias.name.startswith("__")
     ]
     assert private == []
+
+
+# The page's view-model (grpo.view) and the names its modules were imported by before it had a package.
+VIEW_MODULES = ("answer", "explain", "glossary", "curves", "pooling", "examples", "experiments", "token_fields")
+VIEW = {"grpo.view", *(f"grpo.{m}" for m in VIEW_MODULES)}
+# What may read the view: the view itself, its old names, and what shows a breakdown (the CLI, the HTML report).
+VIEW_READERS = {"__main__.py", "report.py", "report_figures.py", *(f"{m}.py" for m in VIEW_MODULES)}
+
+
+def view_imports(path: Path) -> list[str]:
+    """The view modules ``path``'s import statements name (``from grpo import answer`` included)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = [alias.name for alias in node.names] if isinstance(node, ast.Import | ast.ImportFrom) else []
+        if isinstance(node, ast.ImportFrom) and node.module in ("grpo", "grpo.view"):
+            names = [f"{node.module}.{name}" for name in names]
+        if isinstance(node, ast.ImportFrom):
+            names.append(node.module or "")
+        found += [n for n in names if any(n == v or n.startswith(f"{v}.") for v in VIEW)]
+    return found
+
+
+def test_the_math_never_imports_the_view() -> None:
+    grpo = ROOT / "grpo"
+    math = [p for p in sorted(grpo.rglob("*.py")) if "view" not in p.relative_to(grpo).parts[:1]]
+    math = [p for p in math if p.parent != grpo or p.name not in VIEW_READERS]
+    assert {"loss.py", "objectives.py", "advantages.py", "config.py"} <= {p.name for p in math}
+    offending = [f"{p.relative_to(ROOT)} imports {m}" for p in math for m in view_imports(p)]
+    assert offending == []
+
+
+def test_the_view_scan_sees_every_form(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text(
+        "import grpo.loss\nfrom grpo import answer, loss\nfrom grpo.view.pooling import pool_factors\n"
+        "def f():\n    import grpo.explain\n"
+    )
+    assert sorted(view_imports(source)) == ["grpo.answer", "grpo.explain", "grpo.view.pooling"]

@@ -13,13 +13,11 @@ The loss: ``ClippedPGLossFn`` in ``nemo_rl/algorithms/loss/loss_functions.py``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import os
 import re
-import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +31,8 @@ from grpo.config import LossConfig
 from grpo.corrections import SAFETY_BOUND
 from grpo.errors import GrpoInputError
 from grpo.fields import BATCH_FIELDS
+from grpo.importers.nemo_rl_config import loss_fn_fields
+from grpo.importers.nemo_rl_config import read_config as read_config
 from grpo.trainer_config import TrainerMapping
 
 READ = "NeMo RL 0.6.0 (NVIDIA-NeMo/RL commit 7ea279a, 2026-08-22)"
@@ -77,68 +77,13 @@ def map_nemo_rl(cfg: Any = None) -> TrainerMapping:
     config, or a config file's path, read by ``read_config`` as NeMo RL's loader reads it; missing fields take
     its defaults) as a LossConfig, with where each field went, like ``map_trl``. A setting NeMo RL itself
     refuses is refused here, naming it."""
-    given = _fields(cfg)
+    given = loss_fn_fields(cfg)
     a = {**NEMO_RL_DEFAULTS, **given}
-    mapped: dict[str, str] = {}
-    captured: dict[str, str] = {}
+    settings = _direct_settings(a)
+    mapped = dict(DIRECT)
+    captured = {name: COUNTS for name in ("global_valid_toks", "global_valid_seqs")}
     unsupported: dict[str, str] = {}
-    kl_type = a["reference_policy_kl_type"]
-    if kl_type not in KL_TYPES:
-        raise GrpoInputError("reference_policy_kl_type", f"one of {', '.join(KL_TYPES)}", got=repr(kl_type))
-    token_level = bool(a["token_level_loss"])
-    penalty = a["reference_policy_kl_penalty"]
-    settings: dict[str, Any] = {
-        "preset": None,
-        "objective": "clip",
-        "epsilon_low": common.number("ratio_clip_min", a["ratio_clip_min"]),
-        "epsilon_high": common.number("ratio_clip_max", a["ratio_clip_max"]),
-        "dual_clip": common.optional_number("ratio_clip_c", a["ratio_clip_c"]),
-        "importance_sampling_level": "sequence" if a["sequence_level_importance_ratios"] else "token",
-        "beta": 0.0 if a["use_kl_in_reward"] else common.number("reference_policy_kl_penalty", penalty),
-        "kl_estimator": kl_type,
-        "kl_log_ratio_clamp": common.optional_number("kl_input_clamp_value", a["kl_input_clamp_value"]),
-        "kl_clamp": common.optional_number("kl_output_clamp_value", a["kl_output_clamp_value"]),
-        # token level: the mean over mask = token_mask * sample_mask; else the mean over tokens of each row,
-        # then over rows with sample_mask 1 (a masked-out row has no counted token: skipped, as NeMo RL)
-        "aggregation": "token-mean" if token_level else "seq-mean-token-mean",
-        "skip_empty_rows": True,
-        "length_epsilon": MASKED_MEAN_EPSILON,  # its masked_mean: Σ / (count + 1e-8), each row's too
-    }
-    mapped |= {
-        "ratio_clip_min": "epsilon_low",
-        "ratio_clip_max": "epsilon_high",
-        "ratio_clip_c": "dual_clip",
-        "sequence_level_importance_ratios": "importance_sampling_level (exp of the row's mean log-ratio, unclamped)",
-        "reference_policy_kl_penalty": "beta",
-        "reference_policy_kl_type": "kl_estimator",
-        "kl_input_clamp_value": "kl_log_ratio_clamp",
-        "kl_output_clamp_value": "kl_clamp",
-        "use_kl_in_reward": "beta = 0 when on (the KL is in the rewards, so in the advantages)",
-        "token_level_loss": "aggregation (token-mean, or seq-mean-token-mean)",
-    }
-    captured["global_valid_toks"] = captured["global_valid_seqs"] = (
-        "the step's counts (+ 1e-8), which the import sets per step as token_normalizer and sequence_normalizer: "
-        "Σ token_mask · sample_mask and Σ sample_mask, a sample kept with no token included (step_config)"
-    )
-    forced = bool(a["force_on_policy_ratio"])
-    if a["use_cispo"]:
-        if forced:  # ClippedPGLossFn.__init__ asserts it
-            raise GrpoInputError("use_cispo", "off with force_on_policy_ratio (NeMo RL refuses the pair)", got="true")
-        settings |= {"objective": "cispo", "cispo_bounds": "relative"}
-        mapped["use_cispo"] = "objective cispo, clamp(ratio, 1 - ratio_clip_min, 1 + ratio_clip_max)"
-    if a["disable_ppo_ratio"] and not forced:
-        settings["objective"] = "gpg"
-        mapped["disable_ppo_ratio"] = "objective gpg (REINFORCE: A * logp, no ratio)"
-        if a["ratio_clip_c"] is not None:
-            unsupported["ratio_clip_c"] = "NeMo RL caps -A * logp at -A * c for A < 0 when the ratio is off"
-    if forced:
-        captured["force_on_policy_ratio"] = (
-            "the ratio is 1 (old = current, as NeMo RL sets prev_logprobs = curr_logprobs.detach()); its dump's "
-            "prev_logprobs are then zeros (the forward is skipped unless grpo.seq_logprob_error_threshold is set), "
-            "so the run's log-probs are the sampler's and the trainer-vs-sampler mismatch is not recorded"
-        )
-        if a["disable_ppo_ratio"]:
-            mapped["disable_ppo_ratio"] = "nothing: force_on_policy_ratio takes precedence in NeMo RL (ratio 1)"
+    _ratio_variants(a, settings, mapped, captured, unsupported)
     if settings["beta"] > 0:
         unsupported["reference_policy_kl_penalty"] = (
             "NeMo RL multiplies the KL by exp(logp - sg(logp)) (value 1): the KL's value is reproduced, not its "
@@ -166,6 +111,80 @@ def map_nemo_rl(cfg: Any = None) -> TrainerMapping:
     return TrainerMapping(LossConfig(**settings), mapped, captured, unsupported, unused)
 
 
+DIRECT = {
+    "ratio_clip_min": "epsilon_low",
+    "ratio_clip_max": "epsilon_high",
+    "ratio_clip_c": "dual_clip",
+    "sequence_level_importance_ratios": "importance_sampling_level (exp of the row's mean log-ratio, unclamped)",
+    "reference_policy_kl_penalty": "beta",
+    "reference_policy_kl_type": "kl_estimator",
+    "kl_input_clamp_value": "kl_log_ratio_clamp",
+    "kl_output_clamp_value": "kl_clamp",
+    "use_kl_in_reward": "beta = 0 when on (the KL is in the rewards, so in the advantages)",
+    "token_level_loss": "aggregation (token-mean, or seq-mean-token-mean)",
+}
+"""The settings ``_direct_settings`` maps, and where each went."""
+COUNTS = (
+    "the step's counts (+ 1e-8), which the import sets per step as token_normalizer and sequence_normalizer: "
+    "Σ token_mask · sample_mask and Σ sample_mask, a sample kept with no token included (step_config)"
+)
+
+
+def _direct_settings(a: Mapping[str, Any]) -> dict[str, Any]:
+    """The LossConfig fields that NeMo RL's settings give one for one (``DIRECT``)."""
+    kl_type = a["reference_policy_kl_type"]
+    if kl_type not in KL_TYPES:
+        raise GrpoInputError("reference_policy_kl_type", f"one of {', '.join(KL_TYPES)}", got=repr(kl_type))
+    token_level = bool(a["token_level_loss"])
+    penalty = a["reference_policy_kl_penalty"]
+    return {
+        "preset": None,
+        "objective": "clip",
+        "epsilon_low": common.number("ratio_clip_min", a["ratio_clip_min"]),
+        "epsilon_high": common.number("ratio_clip_max", a["ratio_clip_max"]),
+        "dual_clip": common.optional_number("ratio_clip_c", a["ratio_clip_c"]),
+        "importance_sampling_level": "sequence" if a["sequence_level_importance_ratios"] else "token",
+        "beta": 0.0 if a["use_kl_in_reward"] else common.number("reference_policy_kl_penalty", penalty),
+        "kl_estimator": kl_type,
+        "kl_log_ratio_clamp": common.optional_number("kl_input_clamp_value", a["kl_input_clamp_value"]),
+        "kl_clamp": common.optional_number("kl_output_clamp_value", a["kl_output_clamp_value"]),
+        # token level: the mean over mask = token_mask * sample_mask; else the mean over tokens of each row,
+        # then over rows with sample_mask 1 (a masked-out row has no counted token: skipped, as NeMo RL)
+        "aggregation": "token-mean" if token_level else "seq-mean-token-mean",
+        "skip_empty_rows": True,
+        "length_epsilon": MASKED_MEAN_EPSILON,  # its masked_mean: Σ / (count + 1e-8), each row's too
+    }
+
+
+def _ratio_variants(
+    a: Mapping[str, Any],
+    settings: dict[str, Any],
+    mapped: dict[str, str],
+    captured: dict[str, str],
+    unsupported: dict[str, str],
+) -> None:
+    """CISPO, a loss without the ratio (GPG) and the forced on-policy ratio, into ``settings`` and the notes."""
+    forced = bool(a["force_on_policy_ratio"])
+    if a["use_cispo"]:
+        if forced:  # ClippedPGLossFn.__init__ asserts it
+            raise GrpoInputError("use_cispo", "off with force_on_policy_ratio (NeMo RL refuses the pair)", got="true")
+        settings |= {"objective": "cispo", "cispo_bounds": "relative"}
+        mapped["use_cispo"] = "objective cispo, clamp(ratio, 1 - ratio_clip_min, 1 + ratio_clip_max)"
+    if a["disable_ppo_ratio"] and not forced:
+        settings["objective"] = "gpg"
+        mapped["disable_ppo_ratio"] = "objective gpg (REINFORCE: A * logp, no ratio)"
+        if a["ratio_clip_c"] is not None:
+            unsupported["ratio_clip_c"] = "NeMo RL caps -A * logp at -A * c for A < 0 when the ratio is off"
+    if forced:
+        captured["force_on_policy_ratio"] = (
+            "the ratio is 1 (old = current, as NeMo RL sets prev_logprobs = curr_logprobs.detach()); its dump's "
+            "prev_logprobs are then zeros (the forward is skipped unless grpo.seq_logprob_error_threshold is set), "
+            "so the run's log-probs are the sampler's and the trainer-vs-sampler mismatch is not recorded"
+        )
+        if a["disable_ppo_ratio"]:
+            mapped["disable_ppo_ratio"] = "nothing: force_on_policy_ratio takes precedence in NeMo RL (ratio 1)"
+
+
 IS_SETTINGS = (
     "use_importance_sampling_correction",
     "truncated_importance_sampling_type",
@@ -186,6 +205,34 @@ def importance_sampling(a: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
     log; ``tis`` clamps w to [min (default 0), max], ``icepop`` zeroes it outside [min, max], ``seq-mask-tis``
     keeps the untruncated token weights of the rows whose exp(mean log w) is inside [min, max] and zeroes the
     others. Its own checks (``__init__``'s asserts, ``__call__``'s ValueError) refuse here too, by name."""
+    kind, low, high = _is_bounds(a)
+    if not a["use_importance_sampling_correction"]:
+        return {}, {}
+    if a["force_on_policy_ratio"]:  # NeMo RL's prev = curr.detach(): the weights need the current log-probs
+        raise GrpoInputError(
+            "use_importance_sampling_correction",
+            "off with force_on_policy_ratio: NeMo RL then weighs by exp(current - generation), and the dump holds no "
+            "current log-probs",
+            got="true",
+        )
+    sequence = bool(a["sequence_level_importance_ratios"])
+    level = "sequence" if sequence else "token"
+    weight = "exp(Σ_t (prev - generation)) per row" if sequence else "exp(prev - generation) per token"
+    fields: dict[str, Any]
+    if kind is None:
+        fields = {"rollout_correction": f"{level}_truncate", "rollout_is_min": None, "rollout_is_max": None}
+        note = f"rollout_correction {level}_truncate without bounds: the policy term weighted by {weight}"
+        return fields, {"use_importance_sampling_correction": note}
+    fields, note = _truncation(kind, level, weight, low, high)
+    names = ("truncated_importance_sampling_type", "truncated_importance_sampling_ratio")
+    notes = {"use_importance_sampling_correction": note} | dict.fromkeys(names, note)
+    if low is not None or kind == "tis":
+        notes["truncated_importance_sampling_ratio_min"] = note
+    return fields, notes
+
+
+def _is_bounds(a: Mapping[str, Any]) -> tuple[str | None, float | None, float | None]:
+    """The truncation's (type, min, max), refused as NeMo RL's asserts and ValueError refuse them."""
     kind = a["truncated_importance_sampling_type"]
     on = bool(a["use_importance_sampling_correction"])
     high = common.optional_number("truncated_importance_sampling_ratio", a["truncated_importance_sampling_ratio"])
@@ -206,25 +253,16 @@ def importance_sampling(a: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
         raise GrpoInputError("truncated_importance_sampling_ratio_min", f"at most the ratio ({high})", got=repr(low))
     if kind in ("icepop", "seq-mask-tis") and low is None:
         raise GrpoInputError("truncated_importance_sampling_ratio_min", f"a number with {kind}", got="null")
-    sequence = bool(a["sequence_level_importance_ratios"])
-    if kind == "seq-mask-tis" and sequence:
+    if kind == "seq-mask-tis" and a["sequence_level_importance_ratios"]:
         raise GrpoInputError("truncated_importance_sampling_type", "tis or icepop with sequence-level ratios", got=kind)
-    if not on:
-        return {}, {}
-    if a["force_on_policy_ratio"]:  # NeMo RL's prev = curr.detach(): the weights need the current log-probs
-        raise GrpoInputError(
-            "use_importance_sampling_correction",
-            "off with force_on_policy_ratio: NeMo RL then weighs by exp(current - generation), and the dump holds no "
-            "current log-probs",
-            got="true",
-        )
-    level = "sequence" if sequence else "token"
-    weight = "exp(Σ_t (prev - generation)) per row" if sequence else "exp(prev - generation) per token"
+    return kind, low, high
+
+
+def _truncation(
+    kind: str, level: str, weight: str, low: float | None, high: float | None
+) -> tuple[dict[str, Any], str]:
+    """A truncation type as GRPO Lens's rollout correction: (LossConfig fields, what it became)."""
     fields: dict[str, Any]
-    if kind is None:
-        fields = {"rollout_correction": f"{level}_truncate", "rollout_is_min": None, "rollout_is_max": None}
-        note = f"rollout_correction {level}_truncate without bounds: the policy term weighted by {weight}"
-        return fields, {"use_importance_sampling_correction": note}
     bounds = {"rollout_is_min": 0.0 if low is None else low, "rollout_is_max": high}
     if kind == "tis":
         fields = {"rollout_correction": f"{level}_truncate", **bounds}
@@ -246,264 +284,7 @@ def importance_sampling(a: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
             f"rollout_correction token_truncate without bounds ({weight}) and rollout_rs {SEQ_MASK_RS} with "
             "bounds 1/max and 1/min: a row whose exp(mean log w) is outside [min, max] leaves the policy term"
         )
-    names = ("truncated_importance_sampling_type", "truncated_importance_sampling_ratio")
-    notes = {"use_importance_sampling_correction": note} | dict.fromkeys(names, note)
-    if low is not None or kind == "tis":
-        notes["truncated_importance_sampling_ratio_min"] = note
-    return fields, notes
-
-
-# --- NeMo RL's config file, composed as its own loader does (nemo_rl/utils/config.py) ----------------------
-CONFIG_MAX_BYTES = 16 * 2**20
-"""A config file (and each one it inherits) past this many bytes is refused before it is read."""
-DEFAULTS_MAX_DEPTH = 64
-"""How deep ``defaults`` may chain (a cycle is refused by name before that)."""
-CONFIG_MAX_NODES = 1_000_000
-"""Values one config file may hold once its YAML aliases are expanded (an alias bomb is refused, not expanded)."""
-MISSING = "???"  # OmegaConf's mandatory value: a merge keeps the value it would replace
-OVERRIDE = "_override_"  # NeMo RL's marker: this top-level section replaces the inherited one
-# NeMo RL's register_omegaconf_resolvers(), which its run scripts call before resolving a config
-RESOLVERS: dict[str, Callable[[Any, Any], Any]] = {
-    "add": lambda a, b: a + b,
-    "mul": lambda a, b: a * b,
-    "div": lambda a, b: a / b,
-    "max": lambda a, b: max(a, b),
-}
-# OmegaConf's YAML float (its _yaml.get_yaml_loader): 1e-6 is a float, as NeMo RL reads it (YAML 1.1 says a string)
-YAML_FLOAT = re.compile(
-    r"""^(?:
-     [-+]?[0-9]+(?:_[0-9]+)*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-    |[-+]?[0-9]+(?:_[0-9]+)*(?:[eE][-+]?[0-9]+)
-    |\.[0-9]+(?:_[0-9]+)*(?:[eE][-+][0-9]+)?
-    |[-+]?[0-9]+(?:_[0-9]+)*(?::[0-5]?[0-9])+\.[0-9_]*
-    |[-+]?\.(?:inf|Inf|INF)
-    |\.(?:nan|NaN|NAN))$""",
-    re.X,
-)
-
-
-def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A NeMo RL config file as its ``load_config`` composes it (``nemo_rl/utils/config.py`` at 7ea279a), as plain
-    data: ``defaults`` (a path, or a list of paths, relative to the file's directory) are each composed the same way
-    and merged in order, then the file itself; a top-level section holding ``_override_: true`` replaces the
-    inherited one instead of merging into it; a ``???`` (OmegaConf's mandatory value) keeps the value it would
-    replace; lists are replaced whole. The loss settings' ``${...}`` interpolations are resolved as NeMo RL's run
-    scripts do (OmegaConf, with its resolvers add, mul, div, max) when OmegaConf is installed, else refused by name.
-    ``.json`` is read as JSON, anything else as YAML the way OmegaConf reads it (needs PyYAML)."""
-    return _resolved(_composed(Path(path), ()))
-
-
-def _composed(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
-    """``load_config_with_inheritance``: the file's defaults merged in order, then the file."""
-    real = path.resolve()
-    if real in chain:
-        cycle = " -> ".join(p.name for p in (*chain, real))
-        raise GrpoInputError("defaults", "a chain of config files without a cycle", got=cycle)
-    if len(chain) >= DEFAULTS_MAX_DEPTH:
-        raise GrpoInputError("defaults", f"at most {DEFAULTS_MAX_DEPTH} files deep", got=path.name)
-    config = _config_file(path)
-    if "defaults" not in config:
-        return config
-    parents = config.pop("defaults")
-    if isinstance(parents, str):
-        parents = [parents]
-    if not isinstance(parents, list) or any(isinstance(p, dict | list) or p is None for p in parents):
-        raise GrpoInputError("defaults", f"a path or a list of paths (in {path.name})", got=repr(parents)[:80])
-    base: dict[str, Any] = {}
-    for parent in map(str, parents):  # NeMo RL: each relative to the directory of the file that names it
-        parent_path = Path(parent) if parent.startswith("/") else path.parent / parent
-        base = _merge_with_override(base, _composed(parent_path, (*chain, real)))
-    return _merge_with_override(base, config)
-
-
-def _config_file(path: Path) -> dict[str, Any]:
-    """One config file's mapping (OmegaConf.load: an empty file is {}), its aliases expanded within bounds."""
-    with path.open("rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size > CONFIG_MAX_BYTES:
-            raise GrpoInputError(path.name, f"a config file of at most {CONFIG_MAX_BYTES} bytes", got=f"{size} bytes")
-        text = f.read().decode("utf-8", errors="replace")
-    if path.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except (ValueError, RecursionError) as exc:
-            raise GrpoInputError(path.name, "valid JSON", got=str(exc)[:120]) from exc
-    else:
-        data = _yaml(text, path.name)
-    data = {} if data is None else data
-    if not isinstance(data, dict):  # NeMo RL asserts a DictConfig
-        raise GrpoInputError("config", f"a mapping at the top of {path.name}", got=type(data).__name__)
-    copied: dict[str, Any] = _copied(data, [CONFIG_MAX_NODES], path.name)
-    return copied
-
-
-def _copied(value: Any, budget: list[int], name: str) -> Any:
-    """``value`` with every shared (aliased) part copied, counting the values against ``budget``."""
-    budget[0] -= 1
-    if budget[0] < 0:
-        raise GrpoInputError(name, f"at most {CONFIG_MAX_NODES} values once its aliases are expanded", got="more")
-    if isinstance(value, dict):
-        return {k: _copied(v, budget, name) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_copied(v, budget, name) for v in value]
-    return value
-
-
-@functools.cache
-def _yaml_loader() -> Any:
-    import yaml  # optional: only a YAML config needs it
-
-    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser when there, as OmegaConf's
-
-    class Loader(base):  # type: ignore[misc,valid-type]
-        """PyYAML's safe loader with OmegaConf's differences: its float, no timestamps, duplicate keys refused."""
-
-        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            seen: set[Any] = set()
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":  # << merges: their keys may be repeated
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                if isinstance(key, str | int | float | bool):
-                    if key in seen:
-                        raise yaml.constructor.ConstructorError(
-                            None, None, f"found duplicate key {key}", key_node.start_mark
-                        )
-                    seen.add(key)
-            return super().construct_mapping(node, deep=deep)
-
-    Loader.add_implicit_resolver("tag:yaml.org,2002:float", YAML_FLOAT, list("-+0123456789."))
-    Loader.yaml_implicit_resolvers = {
-        key: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-        for key, resolvers in Loader.yaml_implicit_resolvers.items()
-    }
-    return Loader
-
-
-def _yaml(text: str, name: str) -> Any:
-    try:
-        import yaml
-    except ImportError as exc:
-        raise GrpoInputError(name, "a JSON config (.json): PyYAML is not installed to read YAML") from exc
-    try:
-        return yaml.load(text, Loader=_yaml_loader())  # a SafeLoader
-    except (yaml.YAMLError, RecursionError) as exc:
-        raise GrpoInputError(name, "valid YAML", got=str(exc).splitlines()[0][:120]) from exc
-
-
-def _merge_with_override(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """NeMo RL's ``merge_with_override``: a top-level section of ``override`` marked ``_override_: true`` (the marker
-    removed) replaces ``base``'s instead of merging into it; then OmegaConf's merge."""
-    base = dict(base)
-    for key, value in override.items():
-        if value != MISSING and isinstance(value, dict) and value.get(OVERRIDE, False):
-            value.pop(OVERRIDE)
-            base.pop(key, None)
-    return _merge(base, override)
-
-
-def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """``OmegaConf.merge`` of two plain configs: mappings merge key by key, ``???`` keeps the value it would replace,
-    anything else (a list, a scalar, null, an interpolation) replaces; a list over a mapping or the reverse is an
-    error there (refused here, naming the key)."""
-    out = dict(base)
-    for key, value in override.items():
-        old = out.get(key)
-        if value == MISSING and key in out:
-            continue
-        if isinstance(value, dict) and isinstance(old, dict):
-            out[key] = _merge(old, value)
-        elif (isinstance(value, dict) and isinstance(old, list)) or (isinstance(value, list) and isinstance(old, dict)):
-            raise GrpoInputError(
-                str(key),
-                "the same kind of value as the config it inherits (OmegaConf cannot merge a list with a mapping)",
-                got=type(value).__name__,
-            )
-        else:
-            out[key] = value
-    return out
-
-
-def _interpolations(value: Any, path: str) -> list[tuple[str, str]]:
-    """(dotted key, value) of every string holding ``${`` in ``value``."""
-    if isinstance(value, str):
-        return [(path, value)] if "${" in value else []
-    if isinstance(value, dict):
-        return [hit for k, v in value.items() for hit in _interpolations(v, f"{path}.{k}")]
-    if isinstance(value, list):
-        return [hit for i, v in enumerate(value) for hit in _interpolations(v, f"{path}[{i}]")]
-    return []
-
-
-def _resolved(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` with its ``loss_fn`` section's interpolations resolved through OmegaConf (its run scripts'
-    ``OmegaConf.to_container(config, resolve=True)``, NeMo RL's resolvers registered for the call and removed after),
-    or refused by name when OmegaConf is not installed or a value does not resolve. Other sections' stay as written:
-    the import reads only ``loss_fn``."""
-    needs = _interpolations(config.get("loss_fn"), "loss_fn")
-    if not needs:
-        return config
-    key, value = needs[0]
-    try:
-        from omegaconf import OmegaConf
-    except ImportError:
-        raise GrpoInputError(
-            key,
-            "a value: NeMo RL resolves this interpolation with OmegaConf, not installed here (pip install "
-            "omegaconf, NeMo RL's own dependency, resolves it)",
-            got=repr(value)[:80],
-        ) from None
-    added = [name for name in RESOLVERS if not OmegaConf.has_resolver(name)]
-    with warnings.catch_warnings():  # OmegaConf 2.4 calls its register_new_resolver (NeMo RL's call) deprecated
-        warnings.simplefilter("ignore", UserWarning)
-        for name in added:
-            OmegaConf.register_new_resolver(name, RESOLVERS[name])
-    try:
-        loss = OmegaConf.to_container(OmegaConf.create(config).loss_fn, resolve=True)
-    except Exception as exc:  # OmegaConf's many errors: each a value that does not resolve
-        raise GrpoInputError(
-            key,
-            "an interpolation that resolves (NeMo RL resolves it with OmegaConf)",
-            got=f"{value!r}: {str(exc).splitlines()[0]}"[:160],
-        ) from exc
-    finally:
-        for name in added:
-            OmegaConf.clear_resolver(name)
-    return config | {"loss_fn": loss}
-
-
-def _fields(cfg: Any) -> dict[str, Any]:
-    if cfg is None:
-        return {}
-    if isinstance(cfg, str | os.PathLike):
-        cfg = read_config(cfg)
-    if hasattr(cfg, "model_dump"):  # NeMo RL's pydantic ClippedPGLossConfig
-        cfg = cfg.model_dump()
-    if not isinstance(cfg, Mapping):
-        raise GrpoInputError("config", "NeMo RL's loss_fn settings: a mapping", got=type(cfg).__name__)
-    if "defaults" in cfg:  # inheritance needs the file's directory: read_config composes it
-        raise GrpoInputError(
-            "defaults",
-            "a config read from its file (--config FILE, or read_config), which NeMo RL's loader "
-            "composes relative to it",
-            got=repr(cfg["defaults"])[:80],
-        )
-    section = "loss_fn." if "loss_fn" in cfg else ""
-    if "loss_fn" in cfg:  # the whole master config
-        if not isinstance(cfg["loss_fn"], Mapping):
-            raise GrpoInputError("loss_fn", "a mapping of ClippedPGLossConfig's fields", got=repr(cfg["loss_fn"])[:80])
-        cfg = cfg["loss_fn"]
-    out = {str(k): v for k, v in cfg.items() if k != OVERRIDE}  # a root file's own marker stays in NeMo RL (unread)
-    for name, value in out.items():
-        if value == MISSING:
-            raise GrpoInputError(f"{section}{name}", "a value (??? is mandatory: no file or override gave it)")
-        if hits := _interpolations(value, f"{section}{name}"):
-            raise GrpoInputError(
-                hits[0][0],
-                "a value: resolve the interpolation (read_config does, with OmegaConf)",
-                got=repr(hits[0][1])[:80],
-            )
-    return out
+    return fields, note
 
 
 # --- the dump ------------------------------------------------------------------------------------
@@ -536,7 +317,7 @@ class Reading:
 
 def reading(cfg: Any = None) -> Reading:
     """What ``read_step`` needs of these settings (``map_nemo_rl`` has refused those it cannot reproduce)."""
-    a = {**NEMO_RL_DEFAULTS, **_fields(cfg)}
+    a = {**NEMO_RL_DEFAULTS, **loss_fn_fields(cfg)}
     on = bool(a["use_importance_sampling_correction"])
     level = ("sequence" if a["sequence_level_importance_ratios"] else "token") if on else None
     seq_mask = on and a["truncated_importance_sampling_type"] == "seq-mask-tis"
@@ -629,6 +410,73 @@ def _weights_in_range(log_ratio: Tensor, mask: Tensor, reading: Reading, where: 
         )
 
 
+@dataclass
+class _Columns:
+    """A dump file's samples, row by row, as the loss reads them (position 0, never scored, dropped)."""
+
+    prev: list[Tensor] = dataclasses.field(default_factory=list)
+    gen: list[Tensor] = dataclasses.field(default_factory=list)
+    masks: list[Tensor] = dataclasses.field(default_factory=list)
+    advs: list[Tensor] = dataclasses.field(default_factory=list)
+    rewards: list[float | None] = dataclasses.field(default_factory=list)
+    kept: list[float] = dataclasses.field(default_factory=list)
+    more: dict[str, list[Any]] = dataclasses.field(default_factory=dict)  # the other registered fields
+    zeros: bool = True  # every prev_logprobs value 0: NeMo RL's placeholder when force_on_policy_ratio skips it
+    nbytes: int = 0
+
+
+def _sample(line: str, where: str) -> dict[str, Any]:
+    try:
+        sample = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise GrpoInputError(where, "one complete JSON object per line", got=str(exc)[:80]) from exc
+    if not isinstance(sample, dict):
+        raise GrpoInputError(where, "a JSON object", got=type(sample).__name__)
+    return sample
+
+
+def _add_sample(columns: _Columns, sample: dict[str, Any], where: str) -> None:
+    rows = {k: _token_row(sample, k, where) for k in PER_TOKEN}
+    widths = {k: len(v) for k, v in rows.items()}
+    if len(set(widths.values())) != 1:
+        got = ", ".join(f"{k} {w}" for k, w in widths.items())
+        raise GrpoInputError(where, "per-token lists of one length", got=got)
+    columns.zeros = columns.zeros and not bool(rows["prev_logprobs"].any())
+    keep = _row_number(sample, "sample_loss_mask", 1.0, where)
+    columns.kept.append(keep or 0.0)
+    # the loss reads [:, 1:]: position 0 (the first prompt token) is never scored
+    columns.prev.append(rows["prev_logprobs"][1:])
+    columns.gen.append(rows["generation_logprobs"][1:])
+    columns.masks.append(rows["token_loss_mask"][1:] * (keep or 0.0))
+    columns.advs.append(rows["advantages"][1:])
+    columns.rewards.append(_row_number(sample, "rewards", None, where))
+    for name, key in step_schema.dumped_fields(sample, TAKEN).items():
+        if BATCH_FIELDS[name].shape == "token":  # aligned with token_ids, as the loss reads it: [1:]
+            values = _token_row(sample, key, where)
+            if len(values) != len(rows["prev_logprobs"]):
+                raise GrpoInputError(key, f"one value per token like prev_logprobs ({where})", got=str(len(values)))
+            columns.more.setdefault(name, []).append(values[1:])
+        else:
+            number = _row_number(sample, key, None, where)
+            columns.more.setdefault(name, []).append(math.nan if number is None else number)
+
+
+def _columns(path: Path) -> _Columns:
+    """Every sample line of a dump file, checked, streamed within ``common.regular_file``'s and
+    ``common.bounded_lines``'s bounds."""
+    columns = _Columns()
+    f, columns.nbytes = common.regular_file(path)
+    with f:
+        for n, raw in common.bounded_lines(f, path.name):
+            line = raw.decode("utf-8", errors="replace")
+            if line.strip():
+                where = f"{path.name} line {n}"
+                _add_sample(columns, _sample(line, where), where)
+    if not columns.prev:
+        raise GrpoInputError(path.name, "at least one sample line", got="none")
+    return columns
+
+
 def read_step(
     path: Path, step: int, config: LossConfig | None = None, how: Reading | None = None
 ) -> common.ImportedStep:
@@ -636,51 +484,9 @@ def read_step(
     ``config``, the step's own (``step_config``). The file is streamed line by line within the bounds of
     ``common.regular_file`` and ``common.bounded_lines``, and refused before any grid larger than it justifies."""
     how = how or Reading()
-    prev, gen, masks, advs, rewards, kept = [], [], [], [], [], []
-    more: dict[str, list[Any]] = {}  # the other registered fields, by the lines that hold them
-    zeros = True  # every prev_logprobs value 0: NeMo RL's placeholder when force_on_policy_ratio skips the forward
-    f, nbytes = common.regular_file(path)
-    with f:
-        for n, raw in common.bounded_lines(f, path.name):
-            line = raw.decode("utf-8", errors="replace")
-            if not line.strip():
-                continue
-            where = f"{path.name} line {n}"
-            try:
-                sample = json.loads(line)
-            except (ValueError, RecursionError) as exc:
-                raise GrpoInputError(where, "one complete JSON object per line", got=str(exc)[:80]) from exc
-            if not isinstance(sample, dict):
-                raise GrpoInputError(where, "a JSON object", got=type(sample).__name__)
-            rows = {k: _token_row(sample, k, where) for k in PER_TOKEN}
-            widths = {k: len(v) for k, v in rows.items()}
-            if len(set(widths.values())) != 1:
-                got = ", ".join(f"{k} {w}" for k, w in widths.items())
-                raise GrpoInputError(where, "per-token lists of one length", got=got)
-            zeros = zeros and not bool(rows["prev_logprobs"].any())
-            keep = _row_number(sample, "sample_loss_mask", 1.0, where)
-            kept.append(keep or 0.0)
-            # the loss reads [:, 1:]: position 0 (the first prompt token) is never scored
-            prev.append(rows["prev_logprobs"][1:])
-            gen.append(rows["generation_logprobs"][1:])
-            masks.append(rows["token_loss_mask"][1:] * (keep or 0.0))
-            advs.append(rows["advantages"][1:])
-            rewards.append(_row_number(sample, "rewards", None, where))
-            for name, key in step_schema.dumped_fields(sample, TAKEN).items():
-                if BATCH_FIELDS[name].shape == "token":  # aligned with token_ids, as the loss reads it: [1:]
-                    values = _token_row(sample, key, where)
-                    if len(values) != len(rows["prev_logprobs"]):
-                        raise GrpoInputError(
-                            key, f"one value per token like prev_logprobs ({where})", got=str(len(values))
-                        )
-                    more.setdefault(name, []).append(values[1:])
-                else:
-                    number = _row_number(sample, key, None, where)
-                    more.setdefault(name, []).append(math.nan if number is None else number)
-    if not prev:
-        raise GrpoInputError(path.name, "at least one sample line", got="none")
-    common.grid_bound(len(prev), max(len(r) for r in prev), nbytes, path.name)
-    placeholder = zeros and any(len(r) for r in prev)
+    c = _columns(path)
+    common.grid_bound(len(c.prev), max(len(r) for r in c.prev), c.nbytes, path.name)
+    placeholder = c.zeros and any(len(r) for r in c.prev)
     if placeholder and not how.force_on_policy_ratio:
         raise GrpoInputError(
             f"{path.name}: prev_logprobs",
@@ -688,23 +494,23 @@ def read_step(
             "skips their forward (pass the run's config: --config with loss_fn.force_on_policy_ratio true)",
             got="0 everywhere",
         )
-    mask = common.grid(masks)
-    sampler = common.grid(gen, fill=float("nan"))
+    mask = common.grid(c.masks)
+    sampler = common.grid(c.gen, fill=float("nan"))
     # force_on_policy_ratio's placeholder: the run's current and old log-probs are the sampler's (the ratio is 1
     # either way), and the sampler is not also given as such (a gap of 0 would be a number NeMo RL never had)
-    logps = common.grid(gen if placeholder else prev)
+    logps = common.grid(c.gen if placeholder else c.prev)
     _weights_in_range(torch.where(mask > 0, logps - torch.nan_to_num(sampler), 0.0), mask, how, path.name)
     tensors = {
         "per_token_logps": logps,
         "old_per_token_logps": logps.clone(),
         "completion_mask": mask,
-        "advantages": common.row_advantages(common.grid(advs), mask, path.name),
+        "advantages": common.row_advantages(common.grid(c.advs), mask, path.name),
     }
-    if all(r is not None for r in rewards):
-        tensors["row_rewards"] = torch.tensor(rewards, dtype=torch.float32)
+    if all(r is not None for r in c.rewards):
+        tensors["row_rewards"] = torch.tensor(c.rewards, dtype=torch.float32)
     if not placeholder:  # the sampler's log-probs
-        tensors[common.SAMPLER_FIELD] = common.grid(gen)
-    tensors |= step_schema.sample_tensors(more, len(prev), path.name)
+        tensors[common.SAMPLER_FIELD] = common.grid(c.gen)
+    tensors |= step_schema.sample_tensors(c.more, len(c.prev), path.name)
     common.checked(tensors, path.name)
     meta = {
         "imported_from": path.name,
@@ -712,7 +518,7 @@ def read_step(
         "cannot_check": [*CANNOT_CHECK, NOT_RECORDED] if placeholder else CANNOT_CHECK,
         "sampler_vs_old": {"not_recorded": NOT_RECORDED} if placeholder else common.mismatch(logps, sampler, mask),
     }
-    own = None if config is None else step_config(config, mask, torch.tensor(kept, dtype=torch.float64))
+    own = None if config is None else step_config(config, mask, torch.tensor(c.kept, dtype=torch.float64))
     return common.ImportedStep(step, None, tensors, meta, own)
 
 

@@ -87,11 +87,16 @@ function buildControl(field, onChange) {
   inputs.set(field.name, input);
   inputs.set(`${field.name}:touched`, touched);
   inputs.set(`${field.name}:label`, label);
-  // a correction control names the verl and TRL settings it stands for, visibly (the tooltip alone hid them)
-  const maps = CORRECTION_SETTINGS[field.name]
-    ? el("div", { class: "maps-to muted", id: `${id}-maps`, text: CORRECTION_SETTINGS[field.name] })
-    : null;
+  // a control names the verl and TRL settings it stands for, visibly (the tooltip alone hid them): a
+  // correction's from the labels, a variant's own setting from its declaration (field.verl, field.trl)
+  const mapsTo = CORRECTION_SETTINGS[field.name] || declaredNames(field);
+  const maps = mapsTo ? el("div", { class: "maps-to muted", id: `${id}-maps`, text: mapsTo }) : null;
   return el("div", { class: "control" }, label, widget, desc, touched, ...(maps ? [maps] : []));
+}
+
+function declaredNames(field) {
+  const names = [field.verl && `verl: ${field.verl}`, field.trl && `TRL: ${field.trl}`];
+  return names.filter(Boolean).join(" · ");
 }
 
 // Show the resolved config of a response: values, which differ from the preset, clamp counts.

@@ -79,15 +79,7 @@ export const CORRECTION_SETTINGS = {
   off_policy_mask_threshold: "TRL: off_policy_mask_threshold (DeepSeek-V3.2's mask) · verl: none",
 };
 
-export const HEATMAP_TITLES = {
-  ratio: "Importance ratio π/π_old (white at 1; the colour saturates outside 0 to 2)",
-  surrogate: "Surrogate: each token's objective term (white at 0)",
-  kl: "KL estimate to the reference (white at 0; blue = negative, which only k1 can be)",
-  loss: "Weighted loss share (sums to the loss; white at 0)",
-  grad: "Gradient ∂loss/∂logp (white at 0; blue, negative: descent raises the log-prob)",
-};
-
-// A pooled heatmap (app/responses.py pools grids with more cells than pixels) says so.
+// A pooled heatmap (the server pools grids with more cells than pixels: grpo.view.answer) says so.
 export const POOLED = {
   title: (title, rows, positions, mid) =>
     `${title.replace(/ \(.*\)$/, "")} · pooled by ${rows === 1 ? "" : `${rows} rows × `}${positions} positions: each cell its token farthest from ${mid}`,
@@ -105,7 +97,6 @@ export const HOVER = {
   why: (code, text) => `why: <b>${code}</b>, ${text}`,
   token: (text) => `token: <b>${text}</b> · `,
   entropy: (value) => ` · entropy ${value}`,
-  grad: "∂loss/∂logp (negative: descent raises the log-prob)",
 };
 
 // Summary cards: [API field, label].
