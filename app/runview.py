@@ -143,7 +143,11 @@ def rollout_story(step: int, rollouts: list[Any], first_steps: dict[int, int]) -
             "and pass this step was is not recorded"
         )
         return {"rollout": None, "iteration": None, "iterations": n, "text": text}
-    text = "rollout unknown: this run was captured before GRPO Lens recorded the rollout of each step"
+    text = (
+        "rollout unknown: this run's step files do not record which rollout and pass each step trained on (GRPO "
+        "Lens's TRL capture and its lab record both, its verl capture the passes per rollout; an import, an "
+        "upload or a writer that adds no rollout record neither)"
+    )
     return {"rollout": None, "iteration": None, "iterations": None, "text": text}
 
 
@@ -251,17 +255,37 @@ def charts(steps: list[dict[str, Any]], pairs: list[dict[str, Any]]) -> list[dic
     return out
 
 
+def _first_steps(facts: dict[int, StepFacts]) -> dict[int, int]:
+    """Rollout number -> the first step that trained on it."""
+    first_steps: dict[int, int] = {}
+    for number in sorted(facts):
+        for r in facts[number].rollouts:
+            if isinstance(r, dict) and isinstance(r.get("rollout"), int):
+                first_steps.setdefault(r["rollout"], number)
+    return first_steps
+
+
+def _mismatches(micro: list[Any]) -> list[dict[str, Any]]:
+    """The micro-batches whose loss or a metric differs from the trainer's: where, by how much, which metrics."""
+    return [
+        {
+            "micro": m.micro,
+            "rank": m.rank,
+            "rel_error": m.rel_error,
+            "metrics": sorted(k for k, v in m.metrics.items() if not v.ok),
+        }
+        for m in micro
+        if not m.ok
+    ]
+
+
 def run_overview(run: Run, rtol: float = DEFAULT_RTOL, metric_atol: float = DEFAULT_METRIC_ATOL) -> dict[str, Any]:
     """Per step: the trainer's loss and logged metrics beside GRPO Lens's, mismatches flagged, the rollout
     and zero-std stories, and the charts the Runs view draws (each micro-batch evaluated once)."""
     facts: dict[int, StepFacts] = {}
     check = check_run(run, rtol, metric_atol, seen=lambda *a: gather(facts, *a))
     aggregation = str((run.info.get("config") or {}).get("aggregation") or "the run's aggregation")
-    first_steps: dict[int, int] = {}
-    for number in sorted(facts):
-        for r in facts[number].rollouts:
-            if isinstance(r, dict) and isinstance(r.get("rollout"), int):
-                first_steps.setdefault(r["rollout"], number)
+    first_steps = _first_steps(facts)
     lab = run.info.get("source") == "lab"
     by_step: dict[int, list[Any]] = defaultdict(list)
     for m in check.micro:
@@ -289,16 +313,7 @@ def run_overview(run: Run, rtol: float = DEFAULT_RTOL, metric_atol: float = DEFA
                 "unchecked": s.unchecked,
                 "logged_loss": None if s.logged_loss is None else asdict(s.logged_loss),
                 "errors": [{"file": m.file, "error": m.error} for m in micro if m.error is not None],
-                "mismatches": [
-                    {
-                        "micro": m.micro,
-                        "rank": m.rank,
-                        "rel_error": m.rel_error,
-                        "metrics": sorted(k for k, v in m.metrics.items() if not v.ok),
-                    }
-                    for m in micro
-                    if not m.ok
-                ],
+                "mismatches": _mismatches(micro),
                 "logged": {k: v for k, v in logged.items() if _number(v) is not None},
                 "lens_mean": {k: s.lens_mean[k] for k in SERIES_METRICS if k in s.lens_mean},
                 "lens_token_weighted": s.lens_token_weighted,

@@ -36,11 +36,11 @@ from app.ingest import (
 )
 from app.schemas import BatchRequest, CompareRequest, LossRequest, UploadForm
 from app.settings import Settings
-from grpo.answer import breakdown_to_json, dumps
 from grpo.export import FORMATS, export_batch, file_bytes
 from grpo.io import INPUT_DTYPES, UPLOAD_FORMATS, file_name, precision_notes
-from grpo.marks import parts_of
 from grpo.requests import batch_from_request
+from grpo.view.answer import add_warnings, breakdown_to_json, compare_notes, dumps
+from grpo.view.token_fields import compare_fields
 
 
 @dataclass
@@ -153,9 +153,10 @@ def compare(body: bytes, settings: Settings) -> dict[str, Any]:
             raise config_error(["body", "configs", i], exc) from exc
         full = breakdown_to_json(bd, lengths, None, max_tokens=settings.full_token_limit)
         tokens = full["tokens"]
-        full["tokens"] = {k: tokens[k] for k in ("weight", "grad", "grad_policy", "grad_kl", "loss", "region")}
+        full["tokens"] = {k: tokens[k] for k in (*compare_fields(), "region")}
         results.append(full)
-    return {"results": results, "lengths": lengths, "text": request.tokens}
+    notes = compare_notes(batch.sampling_per_token_logps is not None, configs)
+    return {"results": results, "lengths": lengths, "text": request.tokens, "notes": notes}
 
 
 def export(body: bytes, fmt: str, settings: Settings) -> Reply:
@@ -241,13 +242,6 @@ def _upload(fields: dict[str, Any], texts: dict[str, Any], settings: Settings) -
     ignored_notes = [f"Ignored {name!r} in the file: not a batch field." for name in ignored]
     add_warnings(result, ignored_notes + precision_notes(input_dtypes, config.dtype))
     return result
-
-
-def add_warnings(answer: dict[str, Any], sentences: list[str]) -> None:
-    """``sentences`` added to an answer's ``warnings`` and, as parts, to its ``warning_parts``: the two lists
-    stay one for one, and the page, which draws the parts, shows every warning."""
-    answer["warnings"] += sentences
-    answer["warning_parts"] += [parts_of(s) for s in sentences]
 
 
 def _dtype(config: Any) -> str:

@@ -37,8 +37,14 @@ def breakdown_warnings(
     rows, the chosen variants' own warnings, overflows."""
     adv = inp.adv
     out = []
-    if batch.old_per_token_logps is None:
+    if batch.old_per_token_logps is None and batch.sampling_per_token_logps is None:
         out.append("No old_per_token_logps: on-policy, so the ratio is 1 everywhere and nothing can clip.")
+    elif batch.old_per_token_logps is None:  # π_old = π, but the sampler's log-probs differ from both
+        out.append(
+            "No old_per_token_logps: π_old is the current policy, so the ratio π/π_old is 1 everywhere and nothing "
+            "can clip; the sampler's log-probs (sampling_per_token_logps) still differ, and the rollout correction "
+            "compares π_old with the sampler."
+        )
     if batch.ref_per_token_logps is None:
         out.append("No ref_per_token_logps: the reference is the current policy, so the KL is 0.")
     elif config.beta == 0:

@@ -133,6 +133,14 @@ async function renderCompare(data) {
     ...(lengths.length ? [el("li", { class: "head", text: COMPARE.lengthsHead })] : []),
     ...lengths.map(([n, t]) => el("li", {}, el("strong", { text: `${n}: ` }), t)),
   );
+  // What a column leaves out of the batch's off-policy part (the library's notes: a preset without the
+  // rollout correction, or corrections that differ), shown above the table.
+  let notes = $("#compare-notes");
+  if (!notes) {
+    notes = el("ul", { id: "compare-notes", class: "explanation" });
+    table.closest(".table-wrap").before(notes);
+  }
+  clear(notes).append(...(data.notes || []).map((note) => el("li", { "data-preset": note.preset, text: note.text })));
   await redraw.publish("compare", data);
   document.body.dataset.compared = String((Number(document.body.dataset.compared) || 0) + 1);
 }

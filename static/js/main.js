@@ -36,7 +36,9 @@ async function fetchLoss() {
   if (runStep) {
     // a run's step: evaluated where its batch is, under the page's settings (one request, the batch not sent)
     const data = await runs.fetchStep(runStep, state.config, state.row);
-    return data && views.stepBreakdown(data);
+    if (!data) return data;
+    state.ui.recordedRows = views.recordedRows(data);
+    return data.breakdown;
   }
   if (uploadFile && !state.input) {
     const form = new FormData();
@@ -127,7 +129,7 @@ function exportCSV() {
   const { last } = state.ui;
   if (!last) return;
   const t = last.tokens;
-  const fields = ["ratio", "clipped_ratio", "surrogate", "kl", "weight", "loss", "grad", "grad_policy", "grad_kl"];
+  const fields = state.ui.options.token_fields.filter((f) => f.csv).map((f) => f.name); // the server's table
   const quote = (s) => `"${String(s).replace(/"/g, '""')}"`;
   const lines = [["row", "position", "token", "region", ...fields].join(",")];
   last.token_rows.forEach((row, k) =>
@@ -248,7 +250,7 @@ function sameJSON(a, b) {
 function loadStep(data, runStep, title = "", note = "") {
   const { config, ...fields } = data.request;
   load(
-    { scenario: "", input: fields, config, runStep, answer: views.stepBreakdown(data) },
+    { scenario: "", input: fields, config, runStep, answer: data.breakdown, recordedRows: views.recordedRows(data) },
     { kind: "step", name: title, note },
   );
 }

@@ -17,6 +17,7 @@ export const state = {
     linkedStep: null, // a run's step named by the URL (run, step, micro, rank): opened once the Runs view is set up
     drawCount: 0, // how many times the views were drawn (tests and the benchmark wait on it)
     rowSort: { key: null, dir: 1 }, // the rows table's sort column and direction
+    recordedRows: {}, // a run step's rows as its file recorded them (group, reward): shown in the rows table
     origin: { kind: "scenario", name: "" }, // what is loaded: scenario, edited, json, import (name: file), upload (name: file), step (name: the run's step, note)
     failed: false, // the latest request failed: what is on screen is from before it
   },
@@ -150,6 +151,7 @@ export function load(batch, origin) {
   state.input = batch.input ?? null;
   state.ui.uploadFile = batch.file ?? null;
   state.ui.runStep = batch.runStep ?? null;
+  state.ui.recordedRows = batch.recordedRows ?? {};
   // a run's own config (an import's, a verl capture's) has no preset, and keeps none
   if (batch.config)
     state.config = { ...batch.config, preset: batch.config.preset || (batch.runStep ? null : "article") };

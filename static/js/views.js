@@ -35,8 +35,8 @@ export function renderSummary(data) {
     );
   clear($("#summary-cards")).append(...SUMMARY_CARDS.map(([key, label]) => card(key, label)));
   clear($("#explanation")).append(...data.explanation_parts.map((parts) => sentence(parts)));
-  // the warnings with each number tagged with its quantity, as the explanation's
-  clear($("#warnings")).append(...data.warning_parts.map((parts) => sentence(parts)));
+  // the warnings (the engine's and the upload's) with each number tagged with its quantity, as the explanation's
+  clear($("#warnings")).append(...data.warning_sentences.map((s) => sentence(s.parts)));
   // Each metric's meaning under this config (the server's, with the config's numbers); a meaning
   // shared by several keys is written on its first row. Only the metrics the config's trainer logs
   // (metrics_logged, from the objectives' registry entries): metrics holds every objective's, 0 where not its own.
@@ -93,24 +93,29 @@ function fillRowPickers(data) {
   }
 }
 
-// Hover data is built once per response and shared by the five heatmaps.
+// Hover data is built once per response and shared by the heatmaps.
 const hoverCache = new WeakMap();
 function hoverOf(data) {
-  if (!hoverCache.has(data)) hoverCache.set(data, charts.hoverData(data));
+  if (!hoverCache.has(data)) hoverCache.set(data, charts.hoverData(data, state.ui.options.token_fields));
   return hoverCache.get(data);
+}
+
+// A heatmap per token field with a centre (the server's table, options.token_fields).
+function heatmapViews() {
+  const fields = state.ui.options.token_fields;
+  return charts.heatmapSpecs(fields).map((spec) => [
+    `heat-${spec.field}`,
+    (data) =>
+      plot(
+        `heat-${spec.field}`,
+        charts.heatmap(data, spec, () => hoverOf(data), fields),
+      ),
+  ]);
 }
 
 // The chart views of a /api/v1/loss response: element id -> how it is drawn.
 // [element id, draw(answer), the section to make the element in when templates/index.html has none]
 const CHART_VIEWS = [
-  ...charts.HEATMAPS.map((spec) => [
-    `heat-${spec.field}`,
-    (data) =>
-      plot(
-        `heat-${spec.field}`,
-        charts.heatmap(data, spec, () => hoverOf(data)),
-      ),
-  ]),
   ["contrib-rows", (data) => plot("contrib-rows", charts.contributionRows(data))],
   ["contrib-tokens", (data) => plot("contrib-tokens", charts.contributionTokens(data, tokenRowsShown(data)))],
   ["grad-tokens", (data) => plot("grad-tokens", charts.gradientTokens(data, tokenRowsShown(data)))],
@@ -121,8 +126,9 @@ export function setup(h) {
   hooks = h;
   setupRowsTable();
   const host = $("#heatmaps");
-  for (const spec of charts.HEATMAPS) host.append(el("div", { class: "chart heatmap", id: `heat-${spec.field}` }));
-  for (const [id, draw, within] of CHART_VIEWS) {
+  const heatmaps = heatmapViews();
+  for (const [id] of heatmaps) host.append(el("div", { class: "chart heatmap", id }));
+  for (const [id, draw, within] of [...heatmaps, ...CHART_VIEWS]) {
     // a chart the page's template does not hold gets its element here, at the end of its section
     if (within && !document.getElementById(id)) $(within).append(el("div", { class: "chart", id }));
     redraw.register(id, "loss", draw);
@@ -148,17 +154,15 @@ const OVERSCAN = 15; // rows drawn beyond each edge of the window
 
 const rowsView = { data: null, columns: [], order: [], first: -1, rowHeight: 0, scheduled: false };
 
-// A run step's answer as the views draw it: its breakdown (/api/v1/loss's answer for the step's batch), each
-// row's group and reward the ones the run recorded (`row_groups`, `row_rewards`: the batch carries the trainer's
-// advantages, not its rewards and groups, so the breakdown's own are "–" and group 0 for every row). A step whose
-// files hold none keeps the breakdown's.
-export function stepBreakdown(step) {
-  const { breakdown } = step;
-  const rows = { ...breakdown.rows };
-  const recorded = (values) => values && values.length === rows.loss.length;
-  if (recorded(step.row_groups)) rows.group = step.row_groups;
-  if (recorded(step.row_rewards)) rows.reward = step.row_rewards;
-  return { ...breakdown, rows };
+// A run step's rows as the run recorded them (its groups and rewards, display data of the step file), for the
+// rows table: the breakdown is drawn as /api/v1/loss answers it, which knows neither. `step`: the step endpoint's
+// answer; a list that does not cover every row is left out.
+export function recordedRows(step) {
+  const n = step.breakdown.rows.loss.length;
+  const out = {};
+  if (step.row_groups?.length === n) out.group = step.row_groups;
+  if (step.row_rewards?.length === n) out.reward = step.row_rewards;
+  return out;
 }
 
 // A token's region as the page names it: which bound of the objective acted on it, by the server's why codes
@@ -170,7 +174,8 @@ export function regionName(data, k, j) {
   return data.why.names[(t.bound ?? t.why)[k][j]];
 }
 
-export function renderRowsTable(data) {
+export function renderRowsTable(answer) {
+  const data = { ...answer, rows: { ...answer.rows, ...state.ui.recordedRows } };
   const sort = state.ui.rowSort;
   const wrap = $("#rows-wrap");
   // Kept across a redraw. Only a virtual table scrolls in its own box: reading a small one's geometry
@@ -190,7 +195,7 @@ export function renderRowsTable(data) {
     });
     const resort = () => {
       state.ui.rowSort = { key, dir: sort.key === key ? -sort.dir : 1 };
-      renderRowsTable(data);
+      renderRowsTable(answer);
     };
     th.addEventListener("click", resort);
     th.addEventListener("keydown", (e) => {
