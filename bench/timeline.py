@@ -8,14 +8,17 @@ page cache, --repeat times, alternated:
   anomalies found, the answer and the files' facts written beside the run;
 and prints their medians and the ratio timeline / check-run (the target: <= 1.5x). Then the warm answer: the
 timeline asked again with the run unchanged (served from the kept file: no step file read), its median time.
+Then (--extend N) a live run's cost: ``extend`` after each of N new step files added one at a time, median per
+file, on a 100-step run and on a copy of the bench's run, and their ratio (1x: independent of the run's length).
 Run: .venv/bin/python bench/timeline.py [--steps 40000] [--rows 4] [--width 16] [--jobs 1] [--repeat 3]
-[--run DIR] (--quick: 400 steps, one repeat: a smoke test of the code path, not a figure)
+[--run DIR] [--extend 5] (--quick: 400 steps, one repeat: a smoke test of the code path, not a figure)
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -34,12 +37,13 @@ from grpo.runs import RunWriter, load_run  # noqa: E402
 from grpo.timeline import KEPT, KEPT_FILES, extend  # noqa: E402
 
 
-def generate(run_dir: Path, steps: int, rows: int, width: int) -> None:
-    """``steps`` one-file steps; each file records the loss GRPO Lens computes for its batch as the trainer's."""
+def generate(run_dir: Path, steps: int, rows: int, width: int, first: int = 1) -> None:
+    """``steps`` one-file steps from step ``first`` (a run resumed when it is past 1); each file records the
+    loss GRPO Lens computes for its batch as the trainer's."""
     config = grpo.LossConfig.from_preset("trl-dapo")
-    writer = RunWriter(run_dir, "trl", config)
-    g = torch.Generator().manual_seed(0)
-    for step in range(1, steps + 1):
+    writer = RunWriter(run_dir, "trl", config, resume=first > 1)
+    g = torch.Generator().manual_seed(first)
+    for step in range(first, first + steps):
         lengths = torch.randint(1, width + 1, (rows,), generator=g)
         old = -torch.rand(rows, width, generator=g) * 3 - 0.3
         tensors = {
@@ -74,6 +78,31 @@ def timed_timeline(run_dir: Path, jobs: int, fresh: bool) -> float:
     return elapsed
 
 
+def timed_extensions(run_dir: Path, new: int, rows: int, width: int) -> float:
+    """The median time of ``extend`` after one new step file, over ``new`` files added one at a time to a run
+    whose timeline this process built (what the live watch asks after each poll)."""
+    extend(run_dir)
+    times = []
+    for _ in range(new):
+        generate(run_dir, 1, rows, width, first=max(load_run(run_dir).step_numbers()) + 1)
+        start = time.perf_counter()
+        done = extend(run_dir)
+        times.append(time.perf_counter() - start)
+        assert done.evaluated == 1 and done.answer["verdict"] == "match"
+    return statistics.median(times)
+
+
+def extension_figure(run_dir: Path, small_dir: Path, new: int, rows: int, width: int) -> None:
+    """``extend`` per new file on a 100-step run and on the bench's run (its own copy: the run stays as it was)."""
+    generate(small_dir, 100, rows, width)
+    copy = small_dir.parent / "extended"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns(KEPT, KEPT_FILES))
+    small, large = timed_extensions(small_dir, new, rows, width), timed_extensions(copy, new, rows, width)
+    files = len(load_run(copy).steps) - new
+    print(f"extend per new file: 100 steps {small * 1e3:8.1f} ms, {files} steps {large * 1e3:8.1f} ms")
+    print(f"ratio {files} / 100 steps: {large / small:.2f}x (independent of the run's length: 1x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=40_000)
@@ -83,6 +112,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--run", type=Path, default=None, help="the run's directory: generated there if absent")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--extend", type=int, default=5, help="new files timed one at a time (0: none)")
     args = parser.parse_args()
     if args.quick:
         args.steps, args.repeat = 400, 1
@@ -106,6 +136,8 @@ def main() -> None:
         print(f"timeline   median {timeline_s:8.2f} s  (min {min(timelines):.2f})")
         print(f"ratio timeline / check-run: {timeline_s / check_s:.2f}x (target <= 1.5x)")
         print(f"warm (kept) answer median {statistics.median(warm):8.3f} s; load average {os.getloadavg()[0]:.2f}")
+        if args.extend:
+            extension_figure(run_dir, Path(tmp) / "small", args.extend, args.rows, args.width)
 
 
 if __name__ == "__main__":

@@ -86,13 +86,14 @@ def _where(spot: Spot) -> str:
 
 
 def anomaly(
-    step: int, kind: str, value: float, baseline: float | None, spot: Spot | None, sentence: str
+    step: int, kind: str, value: float, baseline: float | None, spot: Spot | None, sentence: str, series: str = "loss"
 ) -> dict[str, Any]:
+    """One anomaly; ``series``: the timeline series it is marked on ("loss" for the loss's own kinds)."""
     tokens = [] if spot is None else [[int(r), int(c)] for r, c, _ in spot.tokens]
     return {
         "step": step, "kind": kind, "value": value, "baseline": baseline,
         "micro": None if spot is None else spot.micro, "rank": None if spot is None else spot.rank,
-        "rows": sorted({r for r, _ in tokens}), "tokens": tokens, "sentence": sentence,
+        "rows": sorted({r for r, _ in tokens}), "tokens": tokens, "sentence": sentence, "series": series,
     }  # fmt: skip
 
 
@@ -115,13 +116,21 @@ class StepView:
 
 
 def find_anomalies(
-    steps: list[StepView], check: RunCheck, t: AnomalyThresholds, labels: dict[str, str]
+    steps: list[StepView],
+    check: RunCheck,
+    t: AnomalyThresholds,
+    labels: dict[str, str],
+    start: int = 0,
+    earlier: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every anomaly of the run, by step, then kind; ``labels`` names the series as the answer does."""
+    """Every anomaly of the run, by step, then kind; ``labels`` names the series as the answer does.
+    ``earlier``: the anomalies of the steps before index ``start``, found before (a step's anomalies read only
+    the steps before it, and the mismatch's the first ``window``): only the steps from ``start`` are looked at."""
+    earlier = earlier or []
     losses = [s.loss for s in steps]
     series = {name: [v.series.get(name) for v in steps] for name in (*CLIP_SERIES, "kl", "entropy")}
     found: list[dict[str, Any]] = []
-    for i, s in enumerate(steps):
+    for i, s in enumerate(steps[start:], start):
         found += _spike(s, rolling(losses, i, t), t)
         found += _few_tokens(s, t)
         found += _clip_jump(s, [(n, rolling(series[n], i, t)) for n in CLIP_SERIES], t, labels)
@@ -129,8 +138,9 @@ def find_anomalies(
         found += _entropy(s, rolling(series["entropy"], i, t), t)
         if s.verdict == DIFFER:
             found.append(differ_anomaly(s, check))
-    found += _mismatch(steps, t)
-    return sorted(found, key=lambda a: (a["step"], KINDS.index(a["kind"])))
+    if not any(a["kind"] == "mismatch_growth" for a in earlier):
+        found += _mismatch(steps, t, start)
+    return earlier + sorted(found, key=lambda a: (a["step"], KINDS.index(a["kind"])))
 
 
 KINDS = ("differ", "loss_spike", "few_tokens", "kl_blowup", "clip_jump", "mismatch_growth", "entropy_collapse")
@@ -189,7 +199,7 @@ def _clip_jump(
         f"Step {s.step}'s {labels.get(name, name)} jumped {way} to {number(value)} from a mean of "
         f"{number(mean)} over the {n} steps before it (a change of {number(abs(value - mean))}){marked}."
     )
-    return [{**anomaly(s.step, "clip_jump", value, mean, spot, sentence), "series": name}]
+    return [anomaly(s.step, "clip_jump", value, mean, spot, sentence, name)]
 
 
 def _kl(s: StepView, base: tuple[float, float, int] | None, t: AnomalyThresholds) -> list[dict[str, Any]]:
@@ -203,7 +213,7 @@ def _kl(s: StepView, base: tuple[float, float, int] | None, t: AnomalyThresholds
         f"Step {s.step}'s KL {number(value)} is {number((value - mean) / std, 2)} standard deviations above the "
         f"mean of the {n} steps before it ({number(mean)} ± {number(std)}){marked}."
     )
-    return [anomaly(s.step, "kl_blowup", value, mean, spot, sentence)]
+    return [anomaly(s.step, "kl_blowup", value, mean, spot, sentence, "kl")]
 
 
 def _entropy(s: StepView, base: tuple[float, float, int] | None, t: AnomalyThresholds) -> list[dict[str, Any]]:
@@ -217,18 +227,18 @@ def _entropy(s: StepView, base: tuple[float, float, int] | None, t: AnomalyThres
         f"Step {s.step}'s entropy {number(value)} fell to {number(100 * value / mean, 3)}% of its mean over the "
         f"{n} steps before it ({number(mean)}){marked}."
     )
-    return [anomaly(s.step, "entropy_collapse", value, mean, spot, sentence)]
+    return [anomaly(s.step, "entropy_collapse", value, mean, spot, sentence, "entropy")]
 
 
-def _mismatch(steps: list[StepView], t: AnomalyThresholds) -> list[dict[str, Any]]:
+def _mismatch(steps: list[StepView], t: AnomalyThresholds, start: int = 0) -> list[dict[str, Any]]:
     """The first step, after the first ``window`` steps, whose mismatch mean reached ``mismatch_growth`` times
-    theirs."""
+    theirs (from index ``start`` on: the steps before it did not)."""
     first = [s.series.get("mismatch_mean") for s in steps[: t.window]]
     known = [v for v in first if v is not None]
     base = math.fsum(known) / len(known) if known else 0.0
     if len(known) < t.min_history or base <= 0:
         return []
-    for s in steps[t.window :]:
+    for s in steps[max(t.window, start) :]:
         value = s.series.get("mismatch_mean")
         if value is None or value < t.mismatch_growth * base:
             continue
@@ -238,7 +248,7 @@ def _mismatch(steps: list[StepView], t: AnomalyThresholds) -> list[dict[str, Any
             f"Step {s.step}'s mean training/sampler mismatch |old − sampler| {number(value)} is "
             f"{number(value / base, 3)} times its mean over the first {len(known)} steps ({number(base)}){marked}."
         )
-        return [anomaly(s.step, "mismatch_growth", value, base, spot, sentence)]
+        return [anomaly(s.step, "mismatch_growth", value, base, spot, sentence, "mismatch_mean")]
     return []
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo.check import ERROR, UNCHECKED, check_pool, check_run, evaluate_ref
+from grpo.check import evaluate_ref
 from grpo.errors import GrpoInputError
 from grpo.loss import Breakdown
 from grpo.marks import number, plain
@@ -151,7 +151,7 @@ def _e(value: Any) -> str:
 
 def verdict_html(answer: dict[str, Any]) -> str:
     """The run's verdict, its steps by verdict, what was not compared with why and the files that could not be
-    read (as check-run says them: ``check_words``)."""
+    read, as check-run says them (the timeline's ``unchecked`` and ``errors``)."""
     verdict = answer["verdict"]
     counts: dict[str, int] = {}
     for s in answer["steps"]:
@@ -161,11 +161,11 @@ def verdict_html(answer: dict[str, Any]) -> str:
         f'<p><span class="verdict verdict-{_e(verdict)}" id="verdict">{_e(verdict)}</span> '
         f"{len(answer['steps'])} steps ({_e(said)})</p>"
     ]
-    reasons = answer.get("unchecked") or []
+    reasons = answer["unchecked"]
     if reasons:
         items = "".join(f"<li>{_e(r['reason'])} ({r['count']} {_e(r['of'])})</li>" for r in reasons)
         parts.append(f'<p>not compared:</p><ul id="unchecked">{items}</ul>')
-    errors = answer.get("errors") or []
+    errors = answer["errors"]
     if errors:
         items = "".join(f"<li>step {e['step']}, {_e(e['file'])}: {_e(e['error'])}</li>" for e in errors)
         parts.append(f'<p>could not be read or evaluated:</p><ul id="errors">{items}</ul>')
@@ -232,21 +232,6 @@ def report_html(answer: dict[str, Any], run: Run, worst: list[dict[str, Any]], p
 """
 
 
-def check_words(answer: dict[str, Any], run: Run, jobs: int) -> dict[str, list[dict[str, Any]]]:
-    """What check-run says beside the verdict: what was not compared and why (``unchecked``, as
-    ``RunCheck.unchecked_items``) and the files that could not be read (``errors``: file, step, error). The
-    timeline's where its answer carries them; else the check's own, evaluated again only for a run whose verdict
-    is unchecked or error (a run that matches or differs has no such words to say it by)."""
-    if "unchecked" in answer and "errors" in answer:
-        return {"unchecked": answer["unchecked"], "errors": answer["errors"]}
-    if answer["verdict"] not in (UNCHECKED, ERROR):
-        return {"unchecked": answer.get("unchecked", []), "errors": answer.get("errors", [])}
-    with check_pool(min(jobs, len(run.steps)) or 1) as pool:
-        check = check_run(run, pool=pool)
-    errors = [{"file": m.file, "step": m.step, "error": m.error} for m in check.micro if m.error is not None]
-    return {"unchecked": check.unchecked_items(), "errors": errors}
-
-
 def _version() -> str:
     try:
         return importlib.metadata.version("grpo-lens")
@@ -273,7 +258,6 @@ def write_report(
         write_atomic(Path(json_path), json.dumps(answer, allow_nan=False).encode())
     if html_path is not None and js is not None:
         chosen = worst_step_figures(run, worst_steps(answer, worst))
-        said = {**answer, **check_words(answer, run, jobs)}
-        page = report_html(said, run, chosen, js.read_text(encoding="utf-8"))
+        page = report_html(answer, run, chosen, js.read_text(encoding="utf-8"))
         write_atomic(Path(html_path), page.encode())
     return answer

@@ -12,9 +12,9 @@ from typing import Any
 
 from torch import Tensor
 
-from grpo.answer import HEATMAP_MAX_ROWS, HEATMAP_MAX_TOKENS
 from grpo.loss import Breakdown
-from grpo.pooling import pool_extreme, pool_factors
+from grpo.view.answer import HEATMAP_MAX_ROWS, HEATMAP_MAX_TOKENS
+from grpo.view.pooling import pool_extreme, pool_factors
 
 RECOMPUTED_COLOR = "#1f77b4"
 LOGGED_COLOR = "#ff7f0e"
@@ -81,7 +81,7 @@ def anomaly_markers(anomalies: list[dict[str, Any]], value_at: dict[int, Any]) -
 
 def loss_figure(answer: dict[str, Any]) -> dict[str, Any]:
     """The loss per step: recomputed beside the trainer's logged loss, each rank's where there are several,
-    every anomaly marked at its step."""
+    the anomalies marked on the loss (their ``series``) at their step."""
     steps = answer["steps"]
     x = [s["step"] for s in steps]
     recomputed = [s["loss"]["recomputed"] for s in steps]
@@ -93,7 +93,8 @@ def loss_figure(answer: dict[str, Any]) -> dict[str, Any]:
         for rank in answer["ranks"]:
             by_rank = [(s.get("ranks") or {}).get(str(rank), {}).get("loss") for s in steps]
             data.append(_line(f"loss, rank {rank}", x, by_rank, "#7f7f7f", RANK_DASH) | {"visible": "legendonly"})
-    markers = anomaly_markers(answer["anomalies"], dict(zip(x, recomputed, strict=True)))
+    about = [a for a in answer["anomalies"] if a["series"] == "loss"]
+    markers = anomaly_markers(about, dict(zip(x, recomputed, strict=True)))
     if markers:
         data.append(markers)
     return {"data": data, "layout": step_axis(base_layout("loss", "step", "loss"), x)}
@@ -112,7 +113,7 @@ def series_figure(answer: dict[str, Any], series: dict[str, Any]) -> dict[str, A
     if any(v is not None for v in logged):
         trainer = series.get("trainer_name") or name
         data.append(_line(f"{trainer}, logged by the trainer", x, logged, LOGGED_COLOR, "dash"))
-    about = [a for a in answer["anomalies"] if a.get("series") == name]
+    about = [a for a in answer["anomalies"] if a["series"] == name]
     markers = anomaly_markers(about, dict(zip(x, values, strict=True)))
     if markers:
         data.append(markers)

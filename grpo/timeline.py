@@ -16,12 +16,10 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+import threading
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-
-import torch
-from torch import Tensor
 
 from grpo.anomalies import AnomalyThresholds, Spot, StepView, find_anomalies
 from grpo.check import (
@@ -39,151 +37,13 @@ from grpo.check import (
     replay_config,
     run_check_from,
 )
-from grpo.corrections import MASKED, NOT_SCORED, REJECTED, SEQUENCE_MASKED, SamplingSums
+from grpo.corrections import SamplingSums
 from grpo.errors import GrpoInputError
-from grpo.loss import Breakdown, evaluate
-from grpo.objectives import CLIP_HIGH, CLIP_LOW, DUAL_CLIP
+from grpo.loss import evaluate
 from grpo.run_directory import Run, StepRef, load_run, load_step, read_regular, write_atomic
+from grpo.timeline_facts import LABELS, SERIES, TOP_TOKENS, FileFacts, file_facts, series_of
 
-TOP_TOKENS = 16
-"""Tokens each file keeps of each kind (its largest |loss|, KL, mismatch; its clipped; its lowest entropy)."""
-
-
-@dataclass(frozen=True)
-class Series:
-    name: str
-    label: str
-    description: str
-    trainer: dict[str, str] = field(default_factory=dict)
-    """The trainer's logged name for it, by run source."""
-    metric: str | None = None
-    """The breakdown metric it is (the trainer's name where the breakdown carries it), else computed here."""
-
-
-SERIES: tuple[Series, ...] = (
-    Series("policy_loss", "policy part of the loss", "The policy term's part of the step's loss, joined as the loss."),
-    Series("kl_loss", "KL part of the loss", "beta times the aggregated KL: the KL term's part of the step's loss."),
-    Series("kl", "KL to the reference", "The mean KL estimate over counted tokens.", {"trl": "kl"}, "kl"),
-    Series(
-        "clip_low", "clip fraction, low side", "Share of counted tokens clipped below 1 - epsilon_low with A < 0.",
-        {"trl": "clip_ratio/low_mean"}, "clip_ratio/low_mean",
-    ),
-    Series(
-        "clip_high", "clip fraction, high side", "Share of counted tokens clipped above 1 + epsilon_high with A > 0.",
-        {"trl": "clip_ratio/high_mean"}, "clip_ratio/high_mean",
-    ),
-    Series(
-        "clip_region", "clip fraction, either side", "Share of counted tokens whose ratio the clip bounded.",
-        {"trl": "clip_ratio/region_mean", "verl": "actor/pg_clipfrac"}, "clip_ratio/region_mean",
-    ),
-    Series(
-        "clip_dual", "dual-clip fraction", "Share of counted tokens with A < 0 capped by the dual clip c.",
-        {"verl": "actor/pg_clipfrac_lower"}, "actor/pg_clipfrac_lower",
-    ),
-    Series("correction_masked", "correction: masked share", "Share of counted tokens the rollout correction masked."),
-    Series(
-        "correction_reweighted", "correction: reweighted share",
-        "Share of counted tokens the rollout correction kept with an importance weight other than 1.",
-    ),
-    Series("correction_mean_weight", "correction: mean weight", "Mean importance weight over the tokens it kept."),
-    Series(
-        "mismatch_mean", "training/sampler mismatch, mean", "Mean |old - sampler| log-prob over counted scored tokens.",
-        {"trl": "sampling/sampling_logp_difference/mean"},
-    ),
-    Series(
-        "mismatch_max", "training/sampler mismatch, max", "Largest |old - sampler| log-prob over counted tokens.",
-        {"trl": "sampling/sampling_logp_difference/max"},
-    ),
-    Series(
-        "mismatch_kl", "training/sampler KL", "verl's KL between the training and the sampler's policies.",
-        {"verl": "rollout_corr/kl"}, "rollout_corr/kl",
-    ),
-    Series(
-        "entropy", "entropy", "Mean entropy over counted tokens.",
-        {"trl": "entropy", "verl": "actor/entropy"}, "entropy",
-    ),
-    Series("advantage_std", "advantage spread", "Standard deviation (unbiased) of the rows' advantages."),
-    Series("zero_advantage_rows", "rows with zero advantage", "Share of the step's rows whose advantage is 0."),
-    Series("length_mean", "response length, mean", "Mean counted tokens per row."),
-    Series("length_max", "response length, max", "Most counted tokens in a row."),
-)  # fmt: skip
-LABELS = {s.name: s.label for s in SERIES}
-
-
-@dataclass(frozen=True)
-class FileFacts:
-    """What the timeline keeps of one step file once its breakdown is gone."""
-
-    counted: int
-    total: int
-    rows: int
-    policy_loss: float
-    kl_loss: float
-    abs_loss: float
-    metrics: dict[str, float]
-    """The file's own values of the series that are breakdown metrics."""
-    correction: list[float] | None
-    """(masked, reweighted, weight sum, weight count) over counted tokens; None: the batch has no sampler log-probs."""
-    mismatch: list[float] | None
-    """(sum, count, max) of |old - sampler| over counted scored tokens; None: no sampler log-probs."""
-    advantage: list[float]
-    """(rows, mean, sum of squared deviations, zero rows) of the rows' advantages."""
-    lengths: list[int]
-    """(sum, max) of the rows' counted tokens."""
-    top: dict[str, list[list[Any]]]
-    """[row, col, value] of the file's largest tokens: ``loss``, ``kl``, ``mismatch``, ``clipped``, ``entropy``."""
-
-
-def _top(values: Tensor, where: Tensor, k: int, largest: bool = True) -> list[list[Any]]:
-    """[row, col, value] of the ``k`` positions of ``where`` with the largest |value| (or smallest value)."""
-    keyed = values.abs() if largest else -values
-    if largest:  # a token that adds nothing carries nothing
-        where = where & (values != 0)
-    n = min(k, int(where.sum()))
-    if n == 0:
-        return []
-    idx = torch.topk(keyed.masked_fill(~where, -math.inf).flatten(), n).indices
-    width = values.shape[1]
-    return [[i // width, i % width, v] for i, v in zip(idx.tolist(), values.flatten()[idx].tolist(), strict=True)]
-
-
-def file_facts(bd: Breakdown, k: int) -> FileFacts:
-    t = bd.tokens
-    counted = t.mask
-    n = int(counted.sum())
-    clipped = counted & ((t.region == CLIP_LOW) | (t.region == CLIP_HIGH) | (t.region == DUAL_CLIP))
-    top = {"loss": _top(t.loss, counted, k), "kl": _top(t.kl, counted, k), "clipped": _top(t.log_ratio, clipped, k)}
-    correction = mismatch = None
-    if bd.rollout_logps is not None:
-        masked = counted & ((t.correction == MASKED) | (t.correction == SEQUENCE_MASKED) | (t.correction == REJECTED))
-        kept = counted & ~masked
-        reweighted = kept & (t.is_weight != 1)
-        correction = [
-            int(masked.sum()),
-            int(reweighted.sum()),
-            float(t.is_weight[kept].double().sum()),
-            int(kept.sum()),
-        ]
-    if bd.sampled:
-        scored = counted & (t.correction != NOT_SCORED)
-        gap = t.sampler_log_ratio.abs()[scored].double()
-        mismatch = [float(gap.sum()), gap.numel(), float(gap.max()) if gap.numel() else 0.0]
-        top["mismatch"] = _top(t.sampler_log_ratio, scored, k)
-    if bd.entropies is not None:
-        top["entropy"] = _top(bd.entropies, counted, k, largest=False)
-    adv = bd.advantages.double()
-    mean = float(adv.mean())
-    lengths = bd.rows.length
-    names = [s.metric for s in SERIES if s.metric is not None and s.metric in bd.metrics]
-    if bd.config.dual_clip is None and bd.config.delta is None and "actor/pg_clipfrac_lower" in names:
-        names.remove("actor/pg_clipfrac_lower")  # no dual clip: the series cannot exist, never a 0
-    return FileFacts(
-        n, t.mask.numel(), int(adv.numel()), float(bd.policy_loss), float(bd.kl_loss),
-        float(t.loss.double().abs().sum()),
-        {m: float(bd.metrics[m]) for m in names}, correction, mismatch,
-        [int(adv.numel()), mean, float(((adv - mean) ** 2).sum()), int((adv == 0).sum())],
-        [int(lengths.sum()), int(lengths.max())], top,
-    )  # fmt: skip
+__all__ = ["SERIES", "TOP_TOKENS", "Extension", "FileFacts", "build_answer", "extend", "timeline"]
 
 
 def evaluate_file(args: tuple[StepRef, StepRef | None, int]) -> tuple[MicroResult, FileFacts | None]:
@@ -225,59 +85,6 @@ def _clean(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_clean(v) for v in value]
     return value
-
-
-def _ratio(a: float, b: float) -> float | None:
-    return a / b if b else None
-
-
-def _advantage_std(parts: list[list[float]]) -> float | None:
-    """The unbiased std of every row's advantage, from each file's (rows, mean, squared deviations) (Chan et al.)."""
-    n, mean, m2 = 0.0, 0.0, 0.0
-    for rows, m, sq, _ in parts:
-        total = n + rows
-        if total:
-            delta = m - mean
-            mean, m2 = mean + delta * rows / total, m2 + sq + delta * delta * n * rows / total
-        n = total
-    return math.sqrt(m2 / (n - 1)) if n > 1 else None
-
-
-def series_of(facts: list[FileFacts], ranks: int, joined: dict[str, float] | None, source: Any) -> dict[str, Any]:
-    """A step's (or a rank's) series from its files' facts; ``joined``: the breakdown metrics joined as the
-    trainer logs them (the check's ``lens_mean``), else each metric's plain mean over the files."""
-    if not facts:
-        return dict.fromkeys((s.name for s in SERIES), None)
-    out: dict[str, Any] = {}
-    for s in SERIES:
-        if s.metric is None:
-            continue
-        name = s.trainer.get(source, s.metric) if all(s.trainer.get(source) in f.metrics for f in facts) else s.metric
-        values = [f.metrics.get(name) for f in facts]
-        plain = None if None in values else sum(v for v in values if v is not None) / len(values)
-        out[s.name] = plain if joined is None or plain is None else joined.get(name, plain)
-    counted = sum(f.counted for f in facts)
-    out["policy_loss"] = sum(f.policy_loss for f in facts) / ranks
-    out["kl_loss"] = sum(f.kl_loss for f in facts) / ranks
-    cor = [f.correction for f in facts]
-    if None in cor:
-        out |= dict.fromkeys(("correction_masked", "correction_reweighted", "correction_mean_weight"), None)
-    else:
-        masked, reweighted, weights, kept = (sum(c[i] for c in cor if c is not None) for i in range(4))
-        out["correction_masked"], out["correction_reweighted"] = _ratio(masked, counted), _ratio(reweighted, counted)
-        out["correction_mean_weight"] = _ratio(weights, kept)
-    gaps = [f.mismatch for f in facts]
-    if None in gaps:
-        out["mismatch_mean"] = out["mismatch_max"] = None
-    else:
-        out["mismatch_mean"] = _ratio(sum(g[0] for g in gaps if g), sum(g[1] for g in gaps if g))
-        out["mismatch_max"] = max(g[2] for g in gaps if g is not None)
-    rows = sum(f.rows for f in facts)
-    out["advantage_std"] = _advantage_std([f.advantage for f in facts])
-    out["zero_advantage_rows"] = _ratio(sum(f.advantage[3] for f in facts), rows)
-    out["length_mean"] = _ratio(sum(f.lengths[0] for f in facts), rows)
-    out["length_max"] = max(f.lengths[1] for f in facts)
-    return {s.name: out[s.name] for s in SERIES}
 
 
 def _rank_losses(items: list[Item]) -> dict[int, float | None]:
@@ -355,31 +162,96 @@ def step_view(entry: dict[str, Any], items: list[Item], n: int) -> StepView:
     return StepView(entry["step"], loss, series, entry["verdict"], counted, abs_loss, _top_loss(items), spots)
 
 
+@dataclass(frozen=True)
+class Built:
+    """An answer, and what a later extension reuses of it: the run's check, each step's view, the run.json read."""
+
+    answer: dict[str, Any]
+    check: RunCheck
+    views: list[StepView]
+    info: dict[str, Any]
+
+
 def build_answer(run: Run, items: list[Item], thresholds: AnomalyThresholds) -> dict[str, Any]:
     """The timeline of ``run`` from each of its files' (ref, result, facts), in the run's file order."""
-    check: RunCheck = run_check_from(run, [result for _, result, _ in items])
+    return build(run, items, thresholds).answer
+
+
+def _logged_steps(info: dict[str, Any], loss: bool = False) -> list[int]:
+    logged = info.get("logged") or {}
+    return sorted(int(k) for k, v in logged.items() if k.isdigit() and v and (not loss or _finite(v.get("loss"))))
+
+
+def rejoin_from(run: Run, before: Built, changed: set[int]) -> int | None:
+    """The first step to join again when the steps ``changed`` (a file new or changed, or its log), the steps
+    before it taken from ``before``: the step after the last step logged with a loss ahead of them, so that no
+    logging window starts before it and ends after. None: the whole run is joined again (the run's source or
+    capture changed; a capture's restrictions; no such boundary)."""
+    if not run.steps or any(run.info.get(k) != before.info.get(k) for k in ("source", "capture")):
+        return None  # what the join reads of run.json besides the log (its status, attempts: nothing)
+    old, new = before.info.get("logged") or {}, run.info.get("logged") or {}
+    changed = changed | {int(k) for k in {*old, *new} if k.isdigit() and old.get(k) != new.get(k)}
+    if isinstance(run.info.get("capture"), dict) or not changed:
+        return None
+    first = min(changed)
+    bounds = [n for n in _logged_steps(run.info, loss=True) if n < first]
+    if bounds:
+        return bounds[-1] + 1
+    return first if not _logged_steps(run.info) else None
+
+
+def _joinable_from(items: list[Item], cut: int) -> bool:
+    """Whether the files from step ``cut`` on join alone as they do in the run: the same ranks, and no rollout
+    (TRL's generation batch, whose sampling metrics are logged over its steps) on both sides of it."""
+    ranks = {ref.rank or 0 for ref, _, _ in items}
+    after = {ref.rank or 0 for ref, _, _ in items if ref.step >= cut}
+    rollouts = {r.rollout[0] for ref, r, _ in items if ref.step < cut and r.rollout is not None}
+    return ranks == after and not any(r.rollout and r.rollout[0] in rollouts for ref, r, _ in items if ref.step >= cut)
+
+
+def build(run: Run, items: list[Item], thresholds: AnomalyThresholds, since: tuple[Built, int] | None = None) -> Built:
+    """``build_answer``, keeping what an extension reuses; ``since``: (an earlier build, the step ``rejoin_from``
+    gave): the steps before it are taken from that build (their entries, checks and anomalies), the rest joined
+    again. Equal to a build of the whole run (``rejoin_from`` and ``_joinable_from`` say when it is)."""
+    before, cut = since if since is not None and _joinable_from(items, since[1]) else (None, 0)
+    part = run if before is None else Run(run.name, run.path, run.info, tuple(r for r in run.steps if r.step >= cut))
+    rejoined = run_check_from(part, [result for ref, result, _ in items if ref.step >= cut])
+    kept = 0 if before is None else sum(1 for s in before.check.steps if s.step < cut)
+    check = rejoined
+    if before is not None:
+        micro = [m for m in before.check.micro if m.step < cut] + rejoined.micro
+        steps = before.check.steps[:kept] + rejoined.steps
+        check = RunCheck(run.name, rejoined.rtol, rejoined.metric_atol, micro, steps, rejoined.unchecked_run)
     by_step: dict[int, list[Item]] = {}
     for item in items:
         by_step.setdefault(item[0].step, []).append(item)
     source = str(run.info.get("source"))
-    entries = [step_entry(s, by_step[s.step], source) for s in check.steps]
-    logged_steps = sorted(int(k) for k, v in (run.info.get("logged") or {}).items() if k.isdigit() and v)
-    windows = {n: list(range(before + 1, n + 1)) for before, n in zip([0, *logged_steps], logged_steps, strict=False)}
-    for entry in entries:
+    entries = [step_entry(s, by_step[s.step], source) for s in rejoined.steps]
+    logged_steps = _logged_steps(run.info)
+    windows = {n: list(range(b + 1, n + 1)) for b, n in zip([0, *logged_steps], logged_steps, strict=False)}
+    old = [] if before is None else before.answer["steps"][:kept]
+    cumulative = old[-1]["tokens"]["cumulative"] if old else 0
+    for entry in entries:  # the run's counted tokens up to and including the step, every rank
+        cumulative += entry["tokens"]["counted"]
+        entry["tokens"]["cumulative"] = cumulative
         if entry["logged"] or entry["loss"]["logged"] is not None:
             entry["logged_over"] = windows.get(entry["step"], [entry["step"]])
+    entries = _clean(entries)
     views = [step_view(e, by_step[e["step"]], thresholds.few_tokens) for e in entries]
-    anomalies = find_anomalies(views, check, thresholds, LABELS)
+    views = views if before is None else before.views[:kept] + views
+    earlier = [] if before is None else [a for a in before.answer["anomalies"] if a["step"] < cut]
+    anomalies = find_anomalies(views, check, thresholds, LABELS, start=kept, earlier=earlier)
     series = [
         {"name": s.name, "label": s.label, "trainer_name": s.trainer.get(source), "description": s.description}
         for s in SERIES
     ]
     answer = {
         "format": 1, "run": run.name, "verdict": check.verdict, "thresholds": asdict(thresholds), "series": series,
-        "ranks": sorted({ref.rank or 0 for ref in run.steps}), "steps": entries, "anomalies": anomalies,
+        "ranks": sorted({ref.rank or 0 for ref in run.steps}), "steps": old + entries,
+        "anomalies": earlier + _clean(anomalies[len(earlier):]), "unchecked": check.unchecked_items(),
+        "errors": [{"file": m.file, "step": m.step, "error": m.error} for m in check.micro if m.error is not None],
     }  # fmt: skip
-    cleaned: dict[str, Any] = _clean(answer)
-    return cleaned
+    return Built(answer, check, views, run.info)
 
 
 # --- keeping: the answer and each file's facts beside the run, with the state they come from ---------------
@@ -446,7 +318,7 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 
 def _header(thresholds: AnomalyThresholds) -> dict[str, Any]:
-    return {"format": 1, "version": _version(), "thresholds": asdict(thresholds)}
+    return {"format": 2, "version": _version(), "thresholds": asdict(thresholds)}
 
 
 def _encode(item: Item) -> dict[str, Any]:
@@ -482,6 +354,37 @@ class Extension:
     """Where the answer is kept (None: neither the run directory nor ``cache_dir`` could be written)."""
 
 
+@dataclass
+class _Memo:
+    """This process's last build of a run, trusted while its kept files are as it wrote them (``stamp``)."""
+
+    header: dict[str, Any]
+    state: dict[str, list[int]]
+    files: dict[str, tuple[MicroResult, FileFacts | None]]
+    built: Built
+    kept: Path
+    stamp: list[list[int]]
+    lines: int
+    """Entries in the kept files' list (appended, some superseded)."""
+
+
+_MEMO: dict[tuple[Path, ...], _Memo] = {}
+"""By the places a run's answer may be kept (``_places``); the ``MEMO_RUNS`` runs extended last."""
+MEMO_RUNS = 4
+_LOCKS: dict[tuple[Path, ...], threading.Lock] = {}
+_LOCK = threading.Lock()
+
+
+def _stamp(kept: Path) -> list[list[int]]:
+    try:
+        return [
+            [st.st_size, st.st_mtime_ns]
+            for st in (os.stat(kept), os.stat(kept.with_name(kept.name[:-5] + "-files.json")))
+        ]
+    except OSError:
+        return []
+
+
 def extend(
     run_dir: str | os.PathLike[str],
     thresholds: AnomalyThresholds | None = None,
@@ -490,33 +393,57 @@ def extend(
     jobs: int = 1,
 ) -> Extension:
     """The run's timeline, evaluating only the step files the kept one does not hold (new, or changed since),
-    and which steps they are: what a live view of a run being captured asks after each poll."""
+    and which steps they are: what a live view of a run being captured asks after each poll. In one process,
+    the last build of the run is reused while its kept files are unchanged: only the steps from the last
+    logging window before the new files are joined again, and the new files' facts appended to the kept list."""
     t = thresholds or AnomalyThresholds()
     run = load_run(run_dir)
-    state, header = run_state(run), _header(t)
     places = _places(run, cache_dir)
-    for place in places:
-        kept = _read(_kept_path(place, run, KEPT))
-        same = kept is not None and kept.get("header") == header and kept.get("state") == state
-        if same and kept is not None and isinstance(kept.get("answer"), dict):
-            return Extension(kept["answer"], [], 0, _kept_path(place, run, KEPT))
-    known = _known_files(run, places, header, state)
-    todo = [ref for ref in run.steps if _rel(run, ref) not in known]
+    with _LOCK:
+        lock = _LOCKS.setdefault(tuple(places), threading.Lock())
+    with lock:  # one extension of a run at a time (the live watch and the endpoint)
+        return _extend(run, t, places, jobs)
+
+
+def _extend(run: Run, t: AnomalyThresholds, places: list[Path], jobs: int) -> Extension:
+    state, header = run_state(run), _header(t)
+    with _LOCK:
+        memo = _MEMO.get(tuple(places))
+    if memo is not None and (memo.header != header or _stamp(memo.kept) != memo.stamp):
+        memo = None
+    if memo is not None and memo.state == state:
+        return Extension(memo.built.answer, [], 0, memo.kept)
+    if memo is None:
+        for place in places:
+            kept = _read(_kept_path(place, run, KEPT))
+            same = kept is not None and kept.get("header") == header and kept.get("state") == state
+            if same and kept is not None and isinstance(kept.get("answer"), dict):
+                return Extension(kept["answer"], [], 0, _kept_path(place, run, KEPT))
+    known = _known_files(run, places, header, state) if memo is None else {
+        n: v for n, v in memo.files.items() if memo.state.get(n) == state.get(n)
+    }  # fmt: skip
+    names = [_rel(run, ref) for ref in run.steps]
+    todo = [ref for ref, name in zip(run.steps, names, strict=True) if name not in known]
     fresh = iter(evaluate_files(todo, t.few_tokens, jobs))
     items: list[Item] = []
-    for ref in run.steps:
-        result, facts = known[_rel(run, ref)] if _rel(run, ref) in known else next(fresh)
+    for ref, name in zip(run.steps, names, strict=True):
+        result, facts = known[name] if name in known else next(fresh)
         items.append((ref, result, facts))
+    since = None
+    if memo is not None and all(n in state for n in memo.state):  # no file gone: the build before stands
+        cut = rejoin_from(run, memo.built, {ref.step for ref in todo})
+        since = None if cut is None else (memo.built, cut)
     try:
-        answer = build_answer(run, items, t)
+        built = build(run, items, t, since)
     except Exception:  # a kept result that decoded but does not join: never trusted, the run evaluated afresh
         if not known:
             raise
         pairs = evaluate_files(list(run.steps), t.few_tokens, jobs)
         items = [(ref, *pair) for ref, pair in zip(run.steps, pairs, strict=True)]
-        todo, answer = list(run.steps), build_answer(run, items, t)
-    where = _keep(run, places, header, state, answer, items)
-    return Extension(answer, sorted({ref.step for ref in todo}), len(todo), where)
+        todo, built, memo = list(run.steps), build(run, items, t), None
+    new = {_rel(run, ref) for ref in todo}
+    where = _keep(run, places, (header, state), built, list(zip(names, items, strict=True)), memo, new)
+    return Extension(built.answer, sorted({ref.step for ref in todo}), len(todo), where)
 
 
 def _rel(run: Run, ref: StepRef) -> str:
@@ -524,39 +451,90 @@ def _rel(run: Run, ref: StepRef) -> str:
     return f"steps/{ref.path.name}"
 
 
+def _line(body: dict[str, Any]) -> bytes:
+    """One entry of the kept files' list: its JSON behind the SHA-256 of its text, so a torn one is told."""
+    text = json.dumps(body, allow_nan=True, separators=(",", ":")).encode()
+    return hashlib.sha256(text).hexdigest().encode() + b" " + text + b"\n"
+
+
+def _read_lines(path: Path) -> list[dict[str, Any]] | None:
+    """The kept files' list: its header, then each file's entry; None when missing or when any entry is not
+    what ``_line`` wrote (an append cut short included: the list is then not trusted, every file evaluated)."""
+    try:
+        data = read_regular(path)
+    except (OSError, GrpoInputError):
+        return None
+    if not data.endswith(b"\n"):
+        return None
+    out = []
+    for line in data[:-1].split(b"\n"):
+        digest, _, text = line.partition(b" ")
+        if hashlib.sha256(text).hexdigest().encode() != digest:
+            return None
+        try:
+            out.append(json.loads(text))
+        except ValueError:
+            return None
+    return out if isinstance(out[0], dict) and "header" in out[0] else None
+
+
 def _known_files(
     run: Run, places: list[Path], header: dict[str, Any], state: dict[str, list[int]]
 ) -> dict[str, tuple[MicroResult, FileFacts | None]]:
     """The kept results of the step files whose size and mtime are unchanged (none from a garbled file)."""
     for place in places:
-        kept = _read(_kept_path(place, run, KEPT_FILES))
-        if kept is None or kept.get("header") != header or not isinstance(kept.get("files"), dict):
+        lines = _read_lines(_kept_path(place, run, KEPT_FILES))
+        if lines is None or lines[0].get("header") != header:
             continue
         try:
-            return {
-                name: _decode(entry)
-                for name, entry in kept["files"].items()
-                if name in state and entry.get("state") == state[name]
-            }
+            entries = {e["name"]: e for e in lines[1:]}  # a file's later entry replaces its earlier one
+            return {n: _decode(e) for n, e in entries.items() if n in state and e.get("state") == state[n]}
         except (TypeError, KeyError, ValueError, AttributeError):
             continue
     return {}
 
 
 def _keep(
-    run: Run, places: list[Path], header: dict[str, Any], state: dict[str, list[int]], answer: Any, items: list[Item]
+    run: Run,
+    places: list[Path],
+    said: tuple[dict[str, Any], dict[str, list[int]]],
+    built: Built,
+    named: list[tuple[str, Item]],
+    memo: _Memo | None,
+    new: set[str],
 ) -> Path | None:
-    """Write the answer and the files' results in the first place that takes them; where that was."""
-    files = {_rel(run, item[0]): {"state": state[_rel(run, item[0])], **_encode(item)} for item in items}
+    """Write the answer, and the files' results (appended: only the ``new`` ones, to the list ``memo`` wrote
+    while it is not mostly superseded entries), in the first place that takes them; where that was."""
+    header, state = said
+    files = {name: (result, facts) for name, (_, result, facts) in named}
     for place in places:
+        kept, listed = _kept_path(place, run, KEPT), _kept_path(place, run, KEPT_FILES)
         try:
             place.parent.mkdir(parents=True, exist_ok=True)
-            _write(_kept_path(place, run, KEPT_FILES), {"header": header, "files": files})
-            _write(_kept_path(place, run, KEPT), {"header": header, "state": state, "answer": answer})
-            return _kept_path(place, run, KEPT)
+            if memo is not None and memo.kept == kept and memo.lines + len(new) <= 2 * len(named) + 16:
+                lines = memo.lines + len(new)
+                with open(listed, "ab") as out:
+                    out.write(b"".join(_entry(name, item, state) for name, item in named if name in new))
+            else:
+                lines = len(named)
+                body = _line({"header": header}) + b"".join(_entry(name, item, state) for name, item in named)
+                write_atomic(listed, body)
+            _write(kept, {"header": header, "state": state, "answer": built.answer})
+            with _LOCK:
+                _MEMO.pop(tuple(places), None)
+                _MEMO[tuple(places)] = _Memo(header, state, files, built, kept, _stamp(kept), lines)
+                while len(_MEMO) > MEMO_RUNS:
+                    _MEMO.pop(next(iter(_MEMO)))
+            return kept
         except OSError:
             continue
+    with _LOCK:
+        _MEMO.pop(tuple(places), None)
     return None
+
+
+def _entry(name: str, item: Item, state: dict[str, list[int]]) -> bytes:
+    return _line({"name": name, "state": state[name], **_encode(item)})
 
 
 def timeline(

@@ -154,14 +154,13 @@ def test_two_runs_side_by_side(page: Page, timeline_server: str) -> None:
     assert kl["calm: recomputed"]["y"] == [s["series"]["kl"] for s in calm["steps"]]
     shoot(page, "run-timeline", "timeline-two-runs.png")
     axes = page.page.evaluate("[...document.querySelectorAll('#timeline-x option')].map(o => o.value)")
-    if "cumulative" in axes:  # aligned by the counted tokens so far, as each answer carries them
-        page.page.select_option("#timeline-x", "cumulative")
-        page.wait_for("document.getElementById('run-timeline').dataset.axis === 'cumulative'")
-        loss = traces(page, "loss")
-        assert loss["calm: recomputed"]["x"] == [s["tokens"]["cumulative"] for s in calm["steps"]]
-        shoot(page, "run-timeline", "timeline-two-runs-by-tokens.png")
-    else:
-        assert axes == ["step"]
+    assert axes == ["step", "cumulative"]  # every answer carries its cumulative counted tokens
+    page.page.select_option("#timeline-x", "cumulative")  # aligned by the counted tokens so far
+    page.wait_for("document.getElementById('run-timeline').dataset.axis === 'cumulative'")
+    loss = traces(page, "loss")
+    assert loss["calm: recomputed"]["x"] == [s["tokens"]["cumulative"] for s in calm["steps"]]
+    assert loss["spiked: recomputed"]["x"] == [s["tokens"]["cumulative"] for s in spiked["steps"]]
+    shoot(page, "run-timeline", "timeline-two-runs-by-tokens.png")
     page.page.select_option("#timeline-other", "")
     page.wait_for("document.getElementById('run-timeline').dataset.beside === ''")
     assert list(traces(page, "loss")) == ["recomputed", "logged by the trainer", "anomalies"]

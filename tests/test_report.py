@@ -21,7 +21,9 @@ from test_layering import BLOCK_WEB
 from test_runs import CONFIG, step_tensors
 
 import grpo
+import grpo.check
 import grpo.report
+import grpo.timeline
 from grpo.__main__ import main
 from grpo.check import check_run, evaluate_ref
 from grpo.report import REPORT_EXTRA, severity, worst_steps
@@ -133,6 +135,35 @@ def test_an_unchecked_run_says_why_as_check_run_does(tmp_path: Path) -> None:
     assert reasons
     for reason, count in reasons:
         assert html.escape(reason) in page and f"({count} " in page
+
+
+def test_an_unchecked_run_is_evaluated_once_and_says_the_timelines_reasons(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The verdict's words come from the timeline's answer: each step file is evaluated once by the timeline
+    (no second check of the run), and the report's heatmaps evaluate only the worst steps' files."""
+    run = write_run(tmp_path, "no-losses", steps=3, losses=False)
+    check = check_run(load_run(run))  # before counting: the reference the page is held to
+    counted = {"timeline": 0, "heatmaps": 0, "check": 0}
+
+    def counting(where: str, inner: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counted[where] += 1
+            return inner(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(grpo.timeline, "evaluate", counting("timeline", grpo.timeline.evaluate))
+    monkeypatch.setattr(grpo.report, "evaluate_ref", counting("heatmaps", grpo.report.evaluate_ref))
+    monkeypatch.setattr(grpo.check, "check_run", counting("check", grpo.check.check_run))
+    page, _ = report_of(run)
+    answer = timeline(run)  # kept: answered without evaluating a file
+    worst = worst_steps(answer, grpo.report.DEFAULT_WORST)
+    files = sum(len(load_run(run).micro_batches(w.step)) if w.micro is None else 1 for w in worst)
+    assert counted == {"timeline": 6, "heatmaps": files, "check": 0}  # 3 steps x 2 micro-batches, each once
+    assert answer["unchecked"] == check.unchecked_items() and answer["errors"] == []
+    for item in answer["unchecked"]:
+        assert f"<li>{html.escape(item['reason'])} ({item['count']} {item['of']})</li>" in page
 
 
 def test_a_file_that_cannot_be_read_is_named_with_check_runs_error(tmp_path: Path) -> None:

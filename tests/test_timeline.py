@@ -127,6 +127,8 @@ def test_each_step_is_the_checks_join_and_its_series_are_the_loops(tmp_path: Pat
         assert parts == pytest.approx(entry["loss"]["recomputed"], rel=1e-6, abs=1e-7)
         expected = loop_series(breakdowns(tmp_path / "r", entry["step"]))
         assert entry["tokens"]["counted"] == expected.pop("counted") == 4 * sum(LENGTHS)
+        # every step so far counts 4 files (2 ranks x 2 micro-batches) of sum(LENGTHS) counted tokens each
+        assert entry["tokens"]["cumulative"] == entry["step"] * 4 * sum(LENGTHS)
         assert entry["tokens"]["total"] == 4 * ROWS * WIDTH and entry["rows"] == 4 * ROWS
         for name, value in expected.items():  # float32 tensors summed in float64: a few ulps of float64
             assert entry["series"][name] == pytest.approx(value, rel=1e-9, abs=1e-12), name
@@ -275,5 +277,27 @@ def test_a_run_without_steps_and_a_step_file_unread(tmp_path: Path) -> None:
     answer = timeline(tmp_path / "r")
     first, second = answer["steps"]
     assert answer["verdict"] == "error" and first["verdict"] == "error" and first["loss"]["recomputed"] is None
-    assert set(first["series"].values()) == {None} and first["tokens"] == {"counted": 0, "total": 0}
+    assert set(first["series"].values()) == {None} and first["tokens"] == {"counted": 0, "total": 0, "cumulative": 0}
     assert second["verdict"] == "match" and second["tokens"]["counted"] == sum(LENGTHS)
+    assert second["tokens"]["cumulative"] == sum(LENGTHS)  # the unread step counts none
+
+
+def test_the_answer_says_what_check_run_says_beside_the_verdict(tmp_path: Path) -> None:
+    """``unchecked`` is ``RunCheck.unchecked_items()`` and ``errors`` each file check-run could not read, as it
+    names them: for a run without step files, a run with an unreadable file, and a run that matches."""
+    RunWriter(tmp_path / "empty", "trl", grpo.LossConfig())
+    write(tmp_path / "r", range(1, 3), ranks=1, micros=1)
+    write(tmp_path / "clean", range(1, 3), ranks=1, micros=1)
+    (path,) = (tmp_path / "r" / "steps").glob("000001-000*")
+    path.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
+    for name in ("empty", "r", "clean"):
+        check = check_run(load_run(tmp_path / name))
+        answer = timeline(tmp_path / name)
+        assert answer["unchecked"] == check.unchecked_items(), name
+        assert answer["errors"] == [
+            {"file": m.file, "step": m.step, "error": m.error} for m in check.micro if m.error is not None
+        ], name
+    assert timeline(tmp_path / "empty")["unchecked"] and not timeline(tmp_path / "empty")["errors"]
+    (error,) = timeline(tmp_path / "r")["errors"]
+    assert error["step"] == 1 and error["file"].endswith(path.name) and error["error"]
+    assert timeline(tmp_path / "clean")["unchecked"] == timeline(tmp_path / "clean")["errors"] == []

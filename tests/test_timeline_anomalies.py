@@ -118,6 +118,7 @@ def test_a_planted_loss_spike_is_found_at_its_step_with_its_tokens(tmp_path: Pat
     )
     assert [a["step"] for a in answer["anomalies"]] == [25, 25]  # the spike, and the few tokens carrying it
     assert {a["kind"] for a in answer["anomalies"]} == {"loss_spike", "few_tokens"}
+    assert {a["series"] for a in answer["anomalies"]} == {"loss"}  # both marked on the loss's chart
 
 
 # --- a few-token step -----------------------------------------------------------------------------------------
@@ -182,7 +183,7 @@ def test_a_planted_mismatch_drift_is_found_at_the_first_step_it_holds(tmp_path: 
     thresholds = AnomalyThresholds(window=10)
     answer = timeline(tmp_path / "r", thresholds)
     (drift,) = of_kind(answer, "mismatch_growth")
-    assert drift["step"] == 26
+    assert drift["step"] == 26 and drift["series"] == "mismatch_mean"
     files = step_files(tmp_path / "r")
 
     def mismatch(step: int) -> float:
@@ -241,6 +242,8 @@ def test_entropy_collapse_and_kl_blow_up(tmp_path: Path) -> None:
     answer = timeline(tmp_path / "r")
     kinds = {a["kind"]: a for a in answer["anomalies"]}
     assert kinds["entropy_collapse"]["step"] == 14 and kinds["kl_blowup"]["step"] == 14
+    assert (kinds["entropy_collapse"]["series"], kinds["kl_blowup"]["series"]) == ("entropy", "kl")
+    assert {s["name"] for s in answer["series"]} >= {"entropy", "kl"}  # each marked on a chart the answer names
     bd = breakdown(step_files(tmp_path / "r")[14])
     assert bd.entropies is not None
     lowest = min((float(bd.entropies[r, c]), [r, c]) for r in range(ROWS) for c in range(WIDTH))[1]
@@ -261,7 +264,7 @@ def test_a_differ_step_says_both_numbers(tmp_path: Path) -> None:
     writer.close()
     answer = timeline(tmp_path / "r")
     (differ,) = answer["anomalies"]
-    assert differ["kind"] == "differ" and differ["step"] == 3 and differ["micro"] == 0
+    assert differ["kind"] == "differ" and differ["step"] == 3 and differ["micro"] == 0 and differ["series"] == "loss"
     assert [s["verdict"] for s in answer["steps"]] == ["match", "match", "differ", "match", "match"]
     bd = breakdown(path)
     rel = 0.5 / max(abs(lens + 0.5), float(bd.tokens.loss.abs().sum()))

@@ -1,7 +1,7 @@
 // Chart functions: the API's JSON in, Plotly {data, layout} out. No numbers are computed here.
 
 import { REGION_COLORS, fmt, plotlyText, whyColor } from "./format.js";
-import { CLIP_VIEW, HEATMAP_TITLES, HOVER, LABELS, POOLED, RUN, RUN_RANKS } from "./labels.js";
+import { CLIP_VIEW, HOVER, LABELS, POOLED, RUN, RUN_RANKS } from "./labels.js";
 
 const FONT = { family: "system-ui, sans-serif", size: 12 };
 const base = (title, extra = {}) => ({
@@ -33,7 +33,6 @@ function grid(data, values) {
   );
 }
 
-const HOVER_FIELDS = ["surrogate", "kl", "weight", "loss", "grad", "grad_policy", "grad_kl"];
 const HOVER_WIDTH = 72; // characters per line of the why in a hover (Plotly does not wrap)
 
 // Long server sentences broken into lines for a hover.
@@ -54,10 +53,11 @@ function panelTitle(text, x, y, xanchor = "left") {
 // Per cell: the numbers as format.js prints them (Plotly's own "%{x:.4g}" would print 1 + 4e-4 as
 // "1"), the token, and its why: the server's code (tokens.why holds indices into data.why.names) and
 // sentence (data.why.texts, with the config's numbers). Under GSPO the ratio shown is the row's; the
-// token's own is added beside it.
-export function hoverData(data) {
+// token's own is added beside it. The numbers are the token-field table's hover fields (options.token_fields),
+// in its order: they come first in each cell's customdata, the token, ratio, why and entropy after them.
+export function hoverData(data, tokenFields) {
   const t = data.tokens;
-  const columns = HOVER_FIELDS.map((f) => t[f]);
+  const columns = hoverFields(tokenFields).map((f) => t[f.name]);
   const texts = Object.fromEntries(
     Object.entries(data.why.texts).map(([code, text]) => [code, wrap(plotlyText(text))]),
   );
@@ -78,21 +78,27 @@ export function hoverData(data) {
   );
 }
 
-const HOVER_TEMPLATE =
-  "%{y}, position %{x}<br>%{customdata[10]}%{customdata[8]}%{customdata[11]}<br>" +
-  "%{customdata[9]}<br>" +
-  "surrogate %{customdata[0]} · KL %{customdata[1]}<br>" +
-  "weight %{customdata[2]} · loss share %{customdata[3]}<br>" +
-  `${HOVER.grad}<br>%{customdata[4]} (policy %{customdata[5]}, KL %{customdata[6]})<extra></extra>`;
+const hoverFields = (tokenFields) => tokenFields.filter((f) => f.hover !== null);
 
-// Signed quantities on a diverging scale centred at 0 (the KL too: k1 goes negative).
-export const HEATMAPS = [
-  { field: "ratio", title: HEATMAP_TITLES.ratio, mid: 1, range: [0, 2] },
-  { field: "surrogate", title: HEATMAP_TITLES.surrogate, mid: 0 },
-  { field: "kl", title: HEATMAP_TITLES.kl, mid: 0 },
-  { field: "loss", title: HEATMAP_TITLES.loss, mid: 0 },
-  { field: "grad", title: HEATMAP_TITLES.grad, mid: 0 },
-];
+// A full grid's hover: the cell, the token, ratio and why, then the hover fields two to a line.
+function hoverTemplate(tokenFields) {
+  const fields = hoverFields(tokenFields);
+  const at = (k) => `%{customdata[${fields.length + k}]}`; // after the numbers: text, ratio, why, token, entropy
+  const numbers = fields.map((f, k) => `${f.hover} %{customdata[${k}]}`);
+  const lines = [];
+  for (let k = 0; k < numbers.length; k += 2) lines.push(numbers.slice(k, k + 2).join(" · "));
+  const body = lines.join("<br>");
+  return `%{y}, position %{x}<br>${at(3)}${at(1)}${at(4)}<br>${at(2)}<br>${body}<extra></extra>`;
+}
+
+// The heatmaps, one per token field with a centre (options.token_fields): a diverging scale white at the
+// centre (signed quantities at 0, the KL too: k1 goes negative; the ratio at 1), fixed ends where the table
+// gives them.
+export function heatmapSpecs(tokenFields) {
+  return tokenFields
+    .filter((f) => f.heatmap !== null)
+    .map((f) => ({ field: f.name, title: f.heatmap, mid: f.centre, range: f.colour_range }));
+}
 
 const CLIP_MARK_LIMIT = 3000; // past this many clipped cells, one SVG mark each would be slow: hover says it
 
@@ -264,7 +270,7 @@ export const TIMELINE_MARKED = "the anomaly's tokens";
 
 // One heatmap figure per field (each drawn on its own, when it is on screen). `hover()` gives the
 // per-cell hover data of a full grid (not needed when the grid is pooled).
-export function heatmap(data, spec, hover) {
+export function heatmap(data, spec, hover, tokenFields) {
   if (data.heatmap) return pooledHeatmap(data, spec);
   const customdata = hover();
   const z = grid(data, data.tokens[spec.field]);
@@ -275,7 +281,7 @@ export function heatmap(data, spec, hover) {
     z,
     y: rowLabels(data),
     customdata,
-    hovertemplate: HOVER_TEMPLATE,
+    hovertemplate: hoverTemplate(tokenFields),
     hoverongaps: false,
     name: spec.field,
     colorbar: { thickness: 10 },
@@ -974,13 +980,6 @@ export const TIMELINE_LOSS = {
   description:
     "The step's loss as the trainer logs it (ranks and micro-batches joined), recomputed; the trainer's logged loss beside it.",
 };
-// Where an anomaly is marked when the answer does not name its series.
-const ANOMALY_SERIES = {
-  mismatch_growth: "mismatch_mean",
-  entropy_collapse: "entropy",
-  kl_blowup: "kl",
-};
-const anomalySeries = (a) => a.series ?? ANOMALY_SERIES[a.kind] ?? "loss";
 // The legend of the step's own trace: over several ranks, every rank's files joined as the trainer joins them.
 const joined = (ranks) => (ranks > 1 ? `recomputed (${ranks} ranks joined)` : "recomputed");
 const TIMELINE_COLOURS = [
@@ -1049,9 +1048,7 @@ function timelineTraces(run, index, series, axis) {
 
 function anomalyTrace(run, series, axis, x) {
   const at = new Map(run.answer.steps.map((s, i) => [s.step, i]));
-  const marked = run.answer.anomalies
-    .map((a, i) => [a, i])
-    .filter(([a]) => anomalySeries(a) === series.name && at.has(a.step));
+  const marked = run.answer.anomalies.map((a, i) => [a, i]).filter(([a]) => a.series === series.name && at.has(a.step));
   const entry = (a) => run.answer.steps[at.get(a.step)];
   return {
     x: marked.map(([a]) => x[at.get(a.step)]),
