@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import APIRouter, FastAPI, Header, Path
+from fastapi import APIRouter, FastAPI, Path
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,7 +21,7 @@ import grpo
 from app import summaries
 from app.deps import LabDep, LanesDep, SettingsDep, StoreDep, StreamCapsDep, StreamClientDep
 from app.errors import config_error
-from app.lab_streams import first_event
+from app.lab_streams import TOO_MANY_STREAMS, LastEventId, first_event
 from app.lab_workers import LabManager, new_manager, tasks_json
 from app.schemas import ConfigRequest, ErrorResponse
 from app.store import RUN_NAME_PATTERN
@@ -149,7 +149,7 @@ async def cancel_run(run_id: RunId, manager: LabDep) -> JSONResponse:
     summary="Server-Sent Events: queued, started, one step per optimiser step, then done, error or cancelled; "
     "each with its id, and a reconnect with Last-Event-ID gets only the later ones",
     response_class=StreamingResponse,
-    responses={**NOT_FOUND, 429: {"model": ErrorResponse, "description": "Too many open streams (a setting)"}},
+    responses={**NOT_FOUND, **TOO_MANY_STREAMS},
 )
 async def events(
     run_id: RunId,
@@ -157,7 +157,7 @@ async def events(
     caps: StreamCapsDep,
     client: StreamClientDep,
     settings: SettingsDep,
-    last_event_id: Annotated[str | None, Header(description="The last event's id a reconnecting reader has")] = None,
+    last_event_id: LastEventId = None,
 ) -> StreamingResponse:
     run = manager.get(run_id)
     start = first_event(run, last_event_id, settings.lab_stream_history)

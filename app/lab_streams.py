@@ -22,7 +22,9 @@ import socket
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Annotated, Any
 
+from fastapi import Header
 from fastapi.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
@@ -30,6 +32,14 @@ from app.auth import Sessions, cookie_values
 from app.errors import refused
 from app.lab_workers import LabManager, LabRun
 from app.middleware import TRANSPORT
+from app.schemas import ErrorResponse
+
+# What an event-stream route answers besides its events, and the header a reconnecting EventSource sends: one
+# definition for the lab's streams and a run's.
+TOO_MANY_STREAMS: dict[int | str, dict[str, Any]] = {
+    429: {"model": ErrorResponse, "description": "Too many open streams (a setting)"}
+}
+LastEventId = Annotated[str | None, Header(description="The last event's id a reconnecting reader has")]
 
 log = logging.getLogger("grpo_lens.lab")
 KEEPALIVE_SECONDS = 10.0

@@ -20,6 +20,7 @@ from starlette.background import BackgroundTask
 from app import summaries, timelines
 from app.api import JSONBytes, answer, as_response, multipart_body
 from app.deps import LabDep, LanesDep, RunStreamsDep, SettingsDep, StoreDep, StreamClientDep, WatcherDep
+from app.lab_streams import TOO_MANY_STREAMS, LastEventId
 from app.lanes import Lanes, release_memory
 from app.schemas import HEATMAP_ROWS, Count, ErrorResponse, HeatmapRows
 from app.settings import Settings
@@ -147,7 +148,7 @@ async def step_detail(
     summary="Server-Sent Events of a running run: status, each new or changed step of its timeline, new anomalies, "
     "done; a reconnect with Last-Event-ID gets only the later ones",
     response_class=StreamingResponse,
-    responses={**NOT_FOUND, 429: {"model": ErrorResponse, "description": "Too many open streams (a setting)"}},
+    responses={**NOT_FOUND, **TOO_MANY_STREAMS},
 )
 async def run_events(
     run: str,
@@ -158,7 +159,7 @@ async def run_events(
     after: Annotated[
         int | None, Query(ge=0, le=999_999, description="Skip the steps up to this one (the page has them)")
     ] = None,
-    last_event_id: Annotated[str | None, Header(description="The last event's id a reconnecting reader has")] = None,
+    last_event_id: LastEventId = None,
 ) -> StreamingResponse:
     """Watched while someone listens and run.json says running (``app.watch``); ends with ``done``."""
     return await watcher.stream(store.open(run), streams, client, after, last_event_id)
