@@ -194,12 +194,17 @@ def _clip_jump(
     _, name, value, (mean, _, n) = max(jumps)
     spot = s.spots.get("clipped")
     way = "up" if value > mean else "down"
-    marked = "" if spot is None else f"; the most off-ratio clipped tokens are in {_rows(spot.tokens)} ({_where(spot)})"
+    marked = _marked(spot, "the most off-ratio clipped tokens are in")
     sentence = (
         f"Step {s.step}'s {labels.get(name, name)} jumped {way} to {number(value)} from a mean of "
         f"{number(mean)} over the {n} steps before it (a change of {number(abs(value - mean))}){marked}."
     )
     return [anomaly(s.step, "clip_jump", value, mean, spot, sentence, name)]
+
+
+def _marked(spot: Spot | None, what: str) -> str:
+    """The clause naming where ``spot``'s tokens are ("; WHAT rows ... (file)"), or nothing without a spot."""
+    return "" if spot is None else f"; {what} {_rows(spot.tokens)} ({_where(spot)})"
 
 
 def _kl(s: StepView, base: tuple[float, float, int] | None, t: AnomalyThresholds) -> list[dict[str, Any]]:
@@ -208,7 +213,7 @@ def _kl(s: StepView, base: tuple[float, float, int] | None, t: AnomalyThresholds
         return []
     mean, std, n = base
     spot = s.spots.get("kl")
-    marked = "" if spot is None else f"; its largest per-token KL is in {_rows(spot.tokens)} ({_where(spot)})"
+    marked = _marked(spot, "its largest per-token KL is in")
     sentence = (
         f"Step {s.step}'s KL {number(value)} is {number((value - mean) / std, 2)} standard deviations above the "
         f"mean of the {n} steps before it ({number(mean)} ± {number(std)}){marked}."
@@ -222,7 +227,7 @@ def _entropy(s: StepView, base: tuple[float, float, int] | None, t: AnomalyThres
         return []
     mean, _, n = base
     spot = s.spots.get("entropy")
-    marked = "" if spot is None else f"; its lowest-entropy tokens are in {_rows(spot.tokens)} ({_where(spot)})"
+    marked = _marked(spot, "its lowest-entropy tokens are in")
     sentence = (
         f"Step {s.step}'s entropy {number(value)} fell to {number(100 * value / mean, 3)}% of its mean over the "
         f"{n} steps before it ({number(mean)}){marked}."
@@ -243,7 +248,7 @@ def _mismatch(steps: list[StepView], t: AnomalyThresholds, start: int = 0) -> li
         if value is None or value < t.mismatch_growth * base:
             continue
         spot = s.spots.get("mismatch")
-        marked = "" if spot is None else f"; the most mismatched tokens are in {_rows(spot.tokens)} ({_where(spot)})"
+        marked = _marked(spot, "the most mismatched tokens are in")
         sentence = (
             f"Step {s.step}'s mean training/sampler mismatch |old − sampler| {number(value)} is "
             f"{number(value / base, 3)} times its mean over the first {len(known)} steps ({number(base)}){marked}."
