@@ -4,14 +4,15 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import lru_cache
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic.json_schema import models_json_schema
 
 from app import work
@@ -75,9 +76,26 @@ def body_schemas() -> dict[str, Any]:
     return dict(top.get("$defs", {}))
 
 
+FILE_CHUNK_BYTES = 1024 * 1024  # a file answer is sent this much at a time (each read in a thread)
+
+
 def as_response(reply: Reply, headers: dict[str, str] | None = None) -> Response:
-    """A lane's Reply as the HTTP response, with ``headers`` beside its own."""
-    return Response(reply.body, reply.status, headers={**reply.headers, **(headers or {})}, media_type=reply.media_type)
+    """A lane's Reply as the HTTP response, with ``headers`` beside its own. A body in a file (``Reply.path``)
+    is sent from it chunk by chunk and the file removed at once (its pages go when the response is done),
+    so the answer is never whole in this process's memory."""
+    all_headers = {**reply.headers, **(headers or {})}
+    if reply.path is None:
+        return Response(reply.body, reply.status, headers=all_headers, media_type=reply.media_type)
+    file = open(reply.path, "rb")  # noqa: SIM115  (the chunks generator closes it)
+    os.unlink(reply.path)
+    all_headers["content-length"] = str(os.fstat(file.fileno()).st_size)
+    return StreamingResponse(_chunks(file), reply.status, headers=all_headers, media_type=reply.media_type)
+
+
+def _chunks(file: BinaryIO) -> Iterator[bytes]:
+    with file:
+        while chunk := file.read(FILE_CHUNK_BYTES):
+            yield chunk
 
 
 async def answer(

@@ -21,7 +21,9 @@
 Costly work that must stay in this process (a run zip: the store's disk claims are this process's), and any
 costly work when there is no pool (``process_workers = 0``, or an app whose lifespan did not run, as in the
 ASGI test client), runs in the costly threads: ``threads // 2`` (at least 1) of their own, on Linux at
-``worker_nice`` too (niced one by one). ``Lanes.used`` counts the work each lane answered.
+``worker_nice`` too (niced one by one), with places and a per-member share of their own as the pool's
+(``Places``). ``Lanes.used`` counts the work each lane answered. A worker's large answer (an export) comes
+back as a file the server sends in chunks (``Reply.path``), never whole through the pool's pipe.
 """
 
 from __future__ import annotations
@@ -268,16 +270,33 @@ def trim_if_grown(idle: float, grown: int = GROWN_BYTES) -> None:
         trim_when_idle(idle)
 
 
+REPLY_FILE_BYTES = 1024 * 1024  # a worker's download this large comes back as a file, not through the pool's pipe
+
+
 def _in_worker(fn: Any, idle: float, *args: Any) -> Reply:
     """A job in a worker. Its freed buffers stay mapped for the next job (a back-to-back large request
-    would page-fault them all in again) and go back to the OS once the worker has been idle ``idle`` s."""
+    would page-fault them all in again) and go back to the OS once the worker has been idle ``idle`` s.
+    A large download (an export: up to hundreds of MB) is written to a spool file that the server sends
+    from: through the pipe it would be copied three times in the server's process, holding the GIL that
+    the small requests beside it need, and held whole in its memory."""
     trim_when_idle(None)
     try:
         args = unspooled(args)
-        return replying(getattr(fn, "__name__", "request"), fn, *args)
+        reply = replying(getattr(fn, "__name__", "request"), fn, *args)
+        if reply.download and len(reply.body) >= REPLY_FILE_BYTES:
+            spooled = Spooled(reply.body)
+            reply.body, reply.path = b"", spooled.path
+        return reply
     finally:
         del args
         trim_when_idle(idle)
+
+
+def drop_reply_file(future: Any) -> None:
+    """A worker's answer nobody will send (its request was cancelled): remove its file."""
+    if not future.cancelled() and future.exception() is None and future.result().path:
+        with suppress(FileNotFoundError):
+            os.unlink(future.result().path)
 
 
 @dataclass
@@ -313,6 +332,44 @@ def _nice_thread(nice: int) -> None:
             os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
 
 
+class Places:
+    """The places of a costly lane: ``runners`` running and ``process_queue`` more waiting, past which a request
+    is a 503 with Retry-After (capacity, not a fault). One member (``member_of``) holds at most
+    ``process_queue_per_client`` of them, and always one fewer than all: past its share its request is a 429
+    with Retry-After, so one member's loop never keeps another's costly request out."""
+
+    def __init__(self, runners: int, settings: Settings) -> None:
+        self.limit = runners + settings.process_queue
+        self.share = max(1, min(settings.process_queue_per_client, self.limit - 1))
+        self.retry_after = str(settings.retry_after)
+        self.taken = 0
+        self.members: Counter[str] = Counter()
+
+    def enter(self, member: str) -> Reply | None:
+        """Take a place for ``member``; or the refusal to answer instead (nothing taken)."""
+        if self.taken >= self.limit:
+            msg = (
+                f"the large-request lane is full ({self.limit} large requests running or waiting); retry after "
+                f"{self.retry_after} s (requests priced cheap are not queued)"
+            )
+            return Reply(503, error_json([error_item(["body"], msg, "busy")]), {"retry-after": self.retry_after})
+        if self.members[member] >= self.share:
+            msg = (
+                f"you have {self.share} large requests running or waiting (at most {self.share} each: the setting "
+                f"process_queue_per_client, so others get a place); retry after {self.retry_after} s"
+            )
+            return Reply(429, error_json([error_item(["body"], msg, "queue_share")]), {"retry-after": self.retry_after})
+        self.taken += 1
+        self.members[member] += 1
+        return None
+
+    def leave(self, member: str) -> None:
+        self.taken -= 1
+        self.members[member] -= 1
+        if not self.members[member]:
+            del self.members[member]
+
+
 class Lanes:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -320,16 +377,18 @@ class Lanes:
         # threads of their own, never the small ones': large binary files and run zips, priced as they are read
         self.large_threads = ThreadPoolExecutor(max(1, settings.threads // 2), "large")
         # costly work that stays in this process, niced (a thread once niced is never un-niced: a pool of its own)
+        costly = max(1, settings.threads // 2)
         self.costly_threads = ThreadPoolExecutor(
-            max(1, settings.threads // 2), "costly", initializer=_nice_thread, initargs=(settings.worker_nice,)
+            costly, "costly", initializer=_nice_thread, initargs=(settings.worker_nice,)
         )
+        # places (running or waiting) in the worker pool and in the costly threads, shared out per member
+        self.process_places = Places(settings.process_workers, settings)
+        self.thread_places = Places(costly, settings)
         self.used: Counter[str] = Counter()  # work answered per lane: "small", "large", "costly" (threads), "process"
         # kept pages' look-ups (a few stats, a header; a run's rescan now and then) and their bodies' chunks:
         # file reads that compute nothing, never a slot of the small requests' threads (app.summaries.page)
         self.reads = anyio.CapacityLimiter(settings.threads)
         self.pool: ProcessPoolExecutor | None = None
-        self.waiting = 0  # large jobs running or queued
-        self.members: Counter[str] = Counter()  # those of them per member (``member_of``)
         self.started_rss: dict[int, int] = {}
         self.recycling = threading.Lock()  # each worker's RSS once it had imported everything
         self.jobs = 0  # large jobs done: a recycle timer acts only if none came after it
@@ -356,7 +415,7 @@ class Lanes:
     def _recycle_if_grown(self) -> None:
         """Replace the workers when, idle, they hold ``worker_recycle_bytes`` more than when they started:
         what malloc_trim cannot return (fragmented heaps, caches) goes with the process."""
-        if self.pool is None or self.waiting or not self.started_rss:
+        if self.pool is None or self.process_places.taken or not self.started_rss:
             return
         grown = sum(rss_bytes(pid) - rss for pid, rss in self.started_rss.items())
         if grown > self.settings.worker_recycle_bytes:
@@ -408,31 +467,36 @@ class Lanes:
         return done
 
     async def _costly_thread(self, fn: Any, *args: Any) -> Reply:
+        """In the costly threads (niced), with the same places and per-member share as the worker pool's."""
+        member = MEMBER.get()
+        refused = self.thread_places.enter(member)
+        if refused is not None:
+            return refused
         try:
             reply: Reply = await asyncio.wrap_future(self.costly_threads.submit(_costly, fn, *args))
         finally:
+            self.thread_places.leave(member)
             trim_when_idle(self.settings.trim_idle)
         self.used["costly"] += 1
         return reply
 
     async def _in_process(self, fn: Any, *args: Any) -> Reply:
-        """In a worker process of the pool (503 when its queue is full)."""
-        limit = self.settings.process_workers + self.settings.process_queue
-        if self.waiting >= limit:
-            return self._busy(limit)
+        """In a worker process of the pool (503 when its queue is full, 429 past the member's share)."""
         member = MEMBER.get()
-        share = max(1, min(self.settings.process_queue_per_client, limit - 1))
-        if self.members[member] >= share:
-            return self._over_share(share)
-        self.waiting += 1
-        self.members[member] += 1
+        refused = self.process_places.enter(member)
+        if refused is not None:
+            return refused
         spooled = await anyio.to_thread.run_sync(_spool, args)  # writing 64 MB would stall the event loop
         pool = self.pool
         try:
             if pool is None:  # the workers are being replaced (a moment): this one runs in a thread
                 return await self._costly_thread(fn, *args)
-            job = partial(_in_worker, fn, self.settings.trim_idle)
-            reply = await asyncio.wrap_future(pool.submit(job, *spooled))
+            job = pool.submit(partial(_in_worker, fn, self.settings.trim_idle), *spooled)
+            try:
+                reply = await asyncio.wrap_future(job)
+            except asyncio.CancelledError:
+                job.add_done_callback(drop_reply_file)
+                raise
         except BrokenProcessPool:  # a worker died (killed from outside): start fresh ones
             log.error("a worker process died; restarting the pool")
             self.stop()
@@ -440,10 +504,7 @@ class Lanes:
             msg = "a worker process stopped while computing this; please retry"
             return Reply(503, error_json([error_item(["body"], msg, "worker_lost")]), {"retry-after": "5"})
         finally:
-            self.waiting -= 1
-            self.members[member] -= 1
-            if not self.members[member]:
-                del self.members[member]
+            self.process_places.leave(member)
             for item in spooled:
                 if isinstance(item, Spooled):
                     item.discard()  # already gone unless the worker never ran
@@ -471,19 +532,3 @@ class Lanes:
         operation) kept off the event loop. Unlike ``run`` it returns what ``fn`` returns and raises
         what it raises."""
         return await anyio.to_thread.run_sync(partial(fn, *args), limiter=self.threads)
-
-    def _over_share(self, share: int) -> Reply:
-        seconds = str(self.settings.retry_after)
-        msg = (
-            f"you have {share} large requests running or waiting (at most {share} each: the setting "
-            f"process_queue_per_client, so others get a place); retry after {seconds} s"
-        )
-        return Reply(429, error_json([error_item(["body"], msg, "queue_share")]), {"retry-after": seconds})
-
-    def _busy(self, limit: int) -> Reply:
-        seconds = str(self.settings.retry_after)
-        msg = (
-            f"the large-request lane is full ({limit} large requests running or waiting); retry after {seconds} s "
-            "(requests priced cheap are not queued)"
-        )
-        return Reply(503, error_json([error_item(["body"], msg, "busy")]), {"retry-after": seconds})

@@ -52,6 +52,10 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0  # spent in ``fn``: the rest of a request's time is reading it and handing it over
     media_type: str = "application/json"
+    # A download (an export): its body is only ever sent, so a worker may hand a large one back as a file
+    # (``path``: the body is that file's bytes, sent, then removed) instead of through the pool's pipe.
+    download: bool = False
+    path: str | None = None
 
 
 def replying(where: str, fn: Any, *args: Any) -> Reply:
@@ -179,7 +183,7 @@ def export(body: bytes, fmt: str, settings: Settings) -> Reply:
         )
     data = export_batch(fields, fmt, prepared.lengths)
     headers = {"content-disposition": f'attachment; filename="{file_name("grpo-lens-input", fmt)}"'}
-    return Reply(200, data, headers, media_type=FORMATS[fmt])
+    return Reply(200, data, headers, media_type=FORMATS[fmt], download=True)
 
 
 def _empty() -> Any:

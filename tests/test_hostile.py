@@ -193,7 +193,7 @@ def test_a_500_outside_the_routes_carries_the_security_headers(monkeypatch: pyte
 def test_a_full_large_request_lane_is_a_503_with_retry_after() -> None:
     lanes = Lanes(Settings(process_workers=1, process_queue=0, large_request_bytes=10))
     lanes.pool = object()  # type: ignore[assignment]  # a pool that is never reached: the lane is full
-    lanes.waiting = 1
+    lanes.process_places.taken = 1
     import anyio
 
     reply = anyio.run(lanes.run, 100, lambda: None)

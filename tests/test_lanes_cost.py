@@ -193,3 +193,87 @@ def test_the_costly_threads_are_niced_and_the_others_are_not() -> None:
     assert lanes.costly_threads.submit(priority).result(timeout=30) == min(19, mine + 7)
     assert lanes.large_threads.submit(priority).result(timeout=30) == mine
     assert anyio.run(lanes.call, priority) == mine
+
+
+# --- a worker's large download comes back as a file ----------------------------------------------------------
+def spool_files() -> set[str]:
+    from app.lanes import SPOOL_DIR
+
+    folder = SPOOL_DIR or __import__("tempfile").gettempdir()
+    return {name for name in os.listdir(folder) if name.startswith("grpo-lens-")}
+
+
+def test_a_workers_large_download_is_written_to_a_file_not_sent_through_the_pipe() -> None:
+    """In the worker, an export past ``REPLY_FILE_BYTES`` becomes a file the server sends from (``Reply.path``),
+    the same bytes as the answer computed in a thread; a JSON answer never does (its callers read its body)."""
+    from app import work
+    from app.lanes import REPLY_FILE_BYTES, _in_worker
+
+    body = json.dumps(PADDED).encode()
+    settings = Settings()
+    in_thread = work.export(body, "npz", settings)
+    assert in_thread.download and len(in_thread.body) >= REPLY_FILE_BYTES  # 64 x 1,024 float64 grids: ~2 MB
+    reply = _in_worker(work.export, 60.0, body, "npz", settings)
+    assert reply.status == 200 and reply.body == b"" and reply.path is not None
+    try:
+        with open(reply.path, "rb") as f:
+            assert f.read() == in_thread.body
+    finally:
+        os.unlink(reply.path)
+    answer = _in_worker(work.loss, 60.0, body, settings)
+    assert answer.status == 200 and answer.path is None and not answer.download and answer.body
+
+
+def test_the_served_download_is_the_file_and_its_spool_file_is_gone_after(pooled: TestClient) -> None:
+    """Through the pooled app: the NPZ export answered by the worker is byte for byte the one the threads of an
+    app without a pool answer, with its length, and no spool file is left behind."""
+    body = json.dumps(PADDED).encode()
+    before = spool_files()
+    response, moved = used_by(pooled, "POST", "/api/v1/export/npz", content=body, headers=JSON)
+    assert response.status_code == 200 and moved == {"escalated": 1, "process": 1}
+    with app_client(process_workers=0) as http:
+        threads = http.post("/api/v1/export/npz", content=body, headers=JSON)
+    assert response.content == threads.content and int(response.headers["content-length"]) == len(threads.content)
+    assert response.headers["content-disposition"] == threads.headers["content-disposition"]
+    assert spool_files() <= before
+
+
+# --- the costly threads have places and a per-member share too ---------------------------------------------
+def test_the_costly_threads_share_their_places_per_member() -> None:
+    """With one costly thread and one waiting place (threads=2, process_queue=1): a member's second costly job is
+    a 429 naming the share while its first runs; another member still gets the waiting place; a third
+    request, from anyone, finds the lane full: 503. Before, the costly threads queued without a bound."""
+    from app.lanes import MEMBER
+
+    lanes = Lanes(Settings(process_workers=0, threads=2, process_queue=1, process_queue_per_client=1))
+    go = threading.Event()
+
+    def held() -> dict[str, str]:
+        assert go.wait(30)
+        return {"done": "yes"}
+
+    replies: dict[str, Reply] = {}
+
+    async def send(name: str, member: str) -> None:
+        MEMBER.set(member)
+        replies[name] = await lanes._costly_thread(held)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(send, "a1", "address a")
+            await anyio.sleep(0.2)
+            tasks.start_soon(send, "a2", "address a")
+            tasks.start_soon(send, "b1", "address b")
+            await anyio.sleep(0.2)
+            tasks.start_soon(send, "c1", "address c")
+            await anyio.sleep(0.2)
+            go.set()
+
+    try:
+        anyio.run(main)
+    finally:
+        lanes.costly_threads.shutdown(wait=True)
+    assert replies["a1"].status == replies["b1"].status == 200
+    assert replies["a2"].status == 429 and "process_queue_per_client" in replies["a2"].body.decode()
+    assert replies["c1"].status == 503 and replies["c1"].headers["retry-after"] == "5"
+    assert lanes.thread_places.taken == 0 and not lanes.thread_places.members
