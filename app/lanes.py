@@ -34,6 +34,7 @@ import ctypes.util
 import logging
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -88,6 +89,7 @@ def _worker_start(settings: Settings, parent: int) -> None:
     """A worker process: below the server's priority, its own torch threads, glibc tuned for (B, T) buffers,
     gone with its parent."""
     exit_with_parent(parent)
+    SERVER["pid"] = parent  # the spool files it writes are its server's
     import torch
 
     from grpo._allocator import keep_freed_memory
@@ -133,7 +135,7 @@ class Spooled:
 
     @staticmethod
     def _open(directory: str | None) -> tuple[int, str]:
-        return tempfile.mkstemp(prefix="grpo-lens-", dir=directory)
+        return tempfile.mkstemp(prefix=f"grpo-lens-{SERVER['pid']}-", dir=directory)
 
     def append(self, chunk: bytes) -> None:
         """Add ``chunk`` at the end. A full tmpfs (Docker's /dev/shm holds 64 MB) moves the file to the
@@ -195,6 +197,39 @@ class Spooled:
 
 
 SPOOL_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+# The server process whose spool files this process writes (in a worker: its parent's), in their names, so that
+# a server starting can remove the files of servers that are gone (killed before they could).
+SERVER = {"pid": os.getpid()}
+SPOOL_NAME = re.compile(r"grpo-lens-(\d+)-")
+
+
+def remove_orphaned_spool_files() -> int:
+    """Remove the spool files (bodies, downloads) that servers no longer running left behind; how many.
+    A server killed between spooling a body or a worker's download and sending or reading it leaves its file,
+    in /dev/shm memory until the machine restarts. Files of a running server (any pid alive) are left alone."""
+    removed = 0
+    for folder in {SPOOL_DIR, tempfile.gettempdir()} - {None}:
+        with suppress(OSError):
+            for name in os.listdir(folder):
+                found = SPOOL_NAME.match(name)
+                if found is None or _alive(int(found.group(1))):
+                    continue
+                with suppress(OSError):
+                    os.unlink(os.path.join(str(folder), name))
+                    removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
 SPOOLED_BODY = "grpo_lens.spooled_body"  # the ASGI scope's key for a body ``BodyLimit`` spooled
 
 
@@ -397,6 +432,8 @@ class Lanes:
         """Start the worker processes; they import the app in the background (seconds, once) while the
         server already answers."""
         _rest["rss"] = rss_bytes(os.getpid())  # at rest: imports done, nothing computed yet
+        if removed := remove_orphaned_spool_files():
+            log.info("removed %d spool files left by servers no longer running", removed)
         if self.settings.process_workers < 1:
             return
         context = multiprocessing.get_context("spawn")

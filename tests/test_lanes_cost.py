@@ -10,10 +10,13 @@ in this process or there is no pool. ``Lanes.used`` counts the lane that answere
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -199,7 +202,7 @@ def test_the_costly_threads_are_niced_and_the_others_are_not() -> None:
 def spool_files() -> set[str]:
     from app.lanes import SPOOL_DIR
 
-    folder = SPOOL_DIR or __import__("tempfile").gettempdir()
+    folder = SPOOL_DIR or tempfile.gettempdir()
     return {name for name in os.listdir(folder) if name.startswith("grpo-lens-")}
 
 
@@ -277,3 +280,26 @@ def test_the_costly_threads_share_their_places_per_member() -> None:
     assert replies["a2"].status == 429 and "process_queue_per_client" in replies["a2"].body.decode()
     assert replies["c1"].status == 503 and replies["c1"].headers["retry-after"] == "5"
     assert lanes.thread_places.taken == 0 and not lanes.thread_places.members
+
+
+def test_a_starting_server_removes_the_spool_files_of_servers_that_are_gone() -> None:
+    """A server killed between spooling a body (or a worker's download) and reading or sending it leaves the file
+    in /dev/shm, memory until the machine restarts. Spool files carry their server's pid; a starting server
+    removes those whose server is not running, and never a running one's (this process's, here)."""
+    from app.lanes import SPOOL_DIR, Spooled, remove_orphaned_spool_files
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    folder = SPOOL_DIR or tempfile.gettempdir()
+    orphan = os.path.join(folder, f"grpo-lens-{dead_pid}-orphan")
+    with open(orphan, "wb") as f:
+        f.write(b"x" * 1000)
+    mine = Spooled(b"y" * 1000)  # this process is the server of its spool files
+    try:
+        assert os.path.basename(mine.path).startswith(f"grpo-lens-{os.getpid()}-")
+        assert remove_orphaned_spool_files() >= 1
+        assert not os.path.exists(orphan) and os.path.exists(mine.path)
+    finally:
+        mine.discard()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(orphan)
