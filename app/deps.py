@@ -3,8 +3,8 @@ sign-in sessions, the lab manager and the lab's stream caps, the running runs' w
 (``app.main.create_app``) and kept on its state. A route names what it needs in its signature
 (``settings: SettingsDep``) and never reads ``request.app.state`` itself.
 
-The lab manager and the stream caps are made on first use when the app runs without its lifespan (a
-test client used without ``with``): the lab router's lifespan makes them otherwise.
+The stream caps are made on first use, and so is the lab manager when the app runs without its lifespan (a
+test client used without ``with``): the lab router's lifespan makes it otherwise (``started_lab``).
 
 Every dependency is ``async def``: FastAPI runs a plain ``def`` dependency in its thread pool, a thread hop
 (and a wait for the GIL) per dependency per request for what is an attribute read.
@@ -13,9 +13,11 @@ Every dependency is ``async def``: FastAPI runs a plain ``def`` dependency in it
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, TypeVar
 
 from fastapi import Depends, Request
+from starlette.datastructures import State
 
 from app.auth import Sessions
 from app.lab_streams import StreamCaps, client_key
@@ -25,6 +27,8 @@ from app.run_streams import RunStreams
 from app.settings import Settings
 from app.store import RunStore
 from app.watch import Watcher
+
+T = TypeVar("T")
 
 
 async def settings(request: Request) -> Settings:
@@ -42,23 +46,32 @@ async def lanes(request: Request) -> Lanes:
     return found
 
 
-async def lab(request: Request) -> LabManager:
-    state = request.app.state
-    if getattr(state, "lab", None) is None:
-        state.lab = new_manager(state.settings, state.store.remaining_bytes)
-        state.lab.start(asyncio.get_running_loop())
-    manager: LabManager = state.lab
+def _made_once(request: Request, name: str, make: Callable[[State], T]) -> T:
+    """The app state's ``name``, made by ``make`` from the state on first use (when nothing made it before)."""
+    state: State = request.app.state
+    if getattr(state, name, None) is None:
+        setattr(state, name, make(state))
+    found: T = getattr(state, name)
+    return found
+
+
+def started_lab(state: State) -> LabManager:
+    """A new lab manager for the app's settings and run store, started on the running loop."""
+    manager = new_manager(state.settings, state.store.remaining_bytes)
+    manager.start(asyncio.get_running_loop())
     return manager
 
 
+def _stream_caps(state: State) -> StreamCaps:
+    return StreamCaps(state.settings.lab_max_streams_per_run, state.settings.lab_max_streams_per_client)
+
+
+async def lab(request: Request) -> LabManager:
+    return _made_once(request, "lab", started_lab)
+
+
 async def stream_caps(request: Request) -> StreamCaps:
-    state = request.app.state
-    if getattr(state, "lab_streams", None) is None:
-        state.lab_streams = StreamCaps(
-            state.settings.lab_max_streams_per_run, state.settings.lab_max_streams_per_client
-        )
-    caps: StreamCaps = state.lab_streams
-    return caps
+    return _made_once(request, "lab_streams", _stream_caps)
 
 
 async def watcher(request: Request) -> Watcher:

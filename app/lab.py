@@ -6,7 +6,6 @@ Routes stay thin: the request model validates, ``app.lab_workers.LabManager`` qu
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import signal
 from collections.abc import AsyncIterator
@@ -19,10 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import grpo
 from app import summaries
-from app.deps import LabDep, LanesDep, SettingsDep, StoreDep, StreamCapsDep, StreamClientDep
+from app.deps import LabDep, LanesDep, SettingsDep, StoreDep, StreamCapsDep, StreamClientDep, started_lab
 from app.errors import config_error
 from app.lab_streams import TOO_MANY_STREAMS, LastEventId, first_event
-from app.lab_workers import LabManager, new_manager, tasks_json
+from app.lab_workers import LabManager, tasks_json
 from app.schemas import ConfigRequest, ErrorResponse
 from app.store import RUN_NAME_PATTERN
 from grpo.lab import DEFAULT_TASK, TASKS, LabConfig
@@ -33,8 +32,7 @@ RUN_NAME = rf"^{RUN_NAME_PATTERN}$"  # the run store's names (pydantic's $ is th
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    manager = new_manager(app.state.settings, app.state.store.remaining_bytes)
-    manager.start(asyncio.get_running_loop())
+    manager = started_lab(app.state)
     app.state.lab = manager
     _close_streams_on_exit(manager)
     try:

@@ -192,19 +192,30 @@ def _clip_jump(
     if not jumps:
         return []
     _, name, value, (mean, _, n) = max(jumps)
-    spot = s.spots.get("clipped")
     way = "up" if value > mean else "down"
-    marked = _marked(spot, "the most off-ratio clipped tokens are in")
-    sentence = (
+    text = (
         f"Step {s.step}'s {labels.get(name, name)} jumped {way} to {number(value)} from a mean of "
-        f"{number(mean)} over the {n} steps before it (a change of {number(abs(value - mean))}){marked}."
+        f"{number(mean)} over the {n} steps before it (a change of {number(abs(value - mean))})"
     )
-    return [anomaly(s.step, "clip_jump", value, mean, spot, sentence, name)]
+    return _marked(s, "clip_jump", name, value, mean, text)
 
 
-def _marked(spot: Spot | None, what: str) -> str:
-    """The clause naming where ``spot``'s tokens are ("; WHAT rows ... (file)"), or nothing without a spot."""
-    return "" if spot is None else f"; {what} {_rows(spot.tokens)} ({_where(spot)})"
+# kind -> (the spot of StepView.spots holding its tokens, the clause that names where they are)
+SPOTS = {
+    "clip_jump": ("clipped", "the most off-ratio clipped tokens are in"),
+    "kl_blowup": ("kl", "its largest per-token KL is in"),
+    "entropy_collapse": ("entropy", "its lowest-entropy tokens are in"),
+    "mismatch_growth": ("mismatch", "the most mismatched tokens are in"),
+}
+
+
+def _marked(s: StepView, kind: str, series: str, value: float, baseline: float, text: str) -> list[dict[str, Any]]:
+    """The anomaly ``kind`` of step ``s`` on ``series``: its sentence is ``text``, then the clause naming where
+    its tokens are ("; WHAT rows ... (file)", nothing without a spot)."""
+    key, what = SPOTS[kind]
+    spot = s.spots.get(key)
+    where = "" if spot is None else f"; {what} {_rows(spot.tokens)} ({_where(spot)})"
+    return [anomaly(s.step, kind, value, baseline, spot, f"{text}{where}.", series)]
 
 
 def _kl(s: StepView, base: tuple[float, float, int] | None, t: AnomalyThresholds) -> list[dict[str, Any]]:
@@ -212,13 +223,11 @@ def _kl(s: StepView, base: tuple[float, float, int] | None, t: AnomalyThresholds
     if value is None or base is None or base[1] == 0 or (value - base[0]) / base[1] < t.kl_z:
         return []
     mean, std, n = base
-    spot = s.spots.get("kl")
-    marked = _marked(spot, "its largest per-token KL is in")
-    sentence = (
+    text = (
         f"Step {s.step}'s KL {number(value)} is {number((value - mean) / std, 2)} standard deviations above the "
-        f"mean of the {n} steps before it ({number(mean)} ± {number(std)}){marked}."
+        f"mean of the {n} steps before it ({number(mean)} ± {number(std)})"
     )
-    return [anomaly(s.step, "kl_blowup", value, mean, spot, sentence, "kl")]
+    return _marked(s, "kl_blowup", "kl", value, mean, text)
 
 
 def _entropy(s: StepView, base: tuple[float, float, int] | None, t: AnomalyThresholds) -> list[dict[str, Any]]:
@@ -226,13 +235,11 @@ def _entropy(s: StepView, base: tuple[float, float, int] | None, t: AnomalyThres
     if value is None or base is None or base[0] <= 0 or value >= t.entropy_drop * base[0]:
         return []
     mean, _, n = base
-    spot = s.spots.get("entropy")
-    marked = _marked(spot, "its lowest-entropy tokens are in")
-    sentence = (
+    text = (
         f"Step {s.step}'s entropy {number(value)} fell to {number(100 * value / mean, 3)}% of its mean over the "
-        f"{n} steps before it ({number(mean)}){marked}."
+        f"{n} steps before it ({number(mean)})"
     )
-    return [anomaly(s.step, "entropy_collapse", value, mean, spot, sentence, "entropy")]
+    return _marked(s, "entropy_collapse", "entropy", value, mean, text)
 
 
 def _mismatch(steps: list[StepView], t: AnomalyThresholds, start: int = 0) -> list[dict[str, Any]]:
@@ -247,13 +254,11 @@ def _mismatch(steps: list[StepView], t: AnomalyThresholds, start: int = 0) -> li
         value = s.series.get("mismatch_mean")
         if value is None or value < t.mismatch_growth * base:
             continue
-        spot = s.spots.get("mismatch")
-        marked = _marked(spot, "the most mismatched tokens are in")
-        sentence = (
+        text = (
             f"Step {s.step}'s mean training/sampler mismatch |old − sampler| {number(value)} is "
-            f"{number(value / base, 3)} times its mean over the first {len(known)} steps ({number(base)}){marked}."
+            f"{number(value / base, 3)} times its mean over the first {len(known)} steps ({number(base)})"
         )
-        return [anomaly(s.step, "mismatch_growth", value, base, spot, sentence, "mismatch_mean")]
+        return _marked(s, "mismatch_growth", "mismatch_mean", value, base, text)
     return []
 
 

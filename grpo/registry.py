@@ -278,14 +278,20 @@ class Registry(Generic[F]):
         return name in self._entries
 
 
-class AdvantageRegistry(Registry[F]):
-    entry_type = AdvantageEntry
+class TypedRegistry(Registry[F], Generic[F, E]):
+    """A registry whose ``entry`` and ``entries`` give its own entry type ``E`` (the facts beyond Entry's)."""
 
-    def entry(self, name: str) -> AdvantageEntry[F]:
-        return self.typed(name, AdvantageEntry)
+    entry_type: type[E]
 
-    def entries(self) -> Iterator[AdvantageEntry[F]]:
+    def entry(self, name: str) -> E:
+        return self.typed(name, self.entry_type)
+
+    def entries(self) -> Iterator[E]:
         return (self.entry(name) for name in self.names())
+
+
+class AdvantageRegistry(TypedRegistry[F, AdvantageEntry[F]]):
+    entry_type: type[AdvantageEntry[F]] = AdvantageEntry
 
 
 class KLEstimatorRegistry(Registry[F]):
@@ -296,14 +302,8 @@ class AggregationRegistry(Registry[F]):
     entry_type = AggregationEntry
 
 
-class CorrectionRegistry(Registry[F]):
-    entry_type = CorrectionEntry
-
-    def entry(self, name: str) -> CorrectionEntry[F]:
-        return self.typed(name, CorrectionEntry)
-
-    def entries(self) -> Iterator[CorrectionEntry[F]]:
-        return (self.entry(name) for name in self.names())
+class CorrectionRegistry(TypedRegistry[F, CorrectionEntry[F]]):
+    entry_type: type[CorrectionEntry[F]] = CorrectionEntry
 
 
 # --- a setting as the checks, the API's request model and the page see it (LossConfig's field table) ---------
