@@ -20,7 +20,7 @@ import grpo
 from app import summaries
 from app.deps import LabDep, LanesDep, SettingsDep, StoreDep, StreamCapsDep, StreamClientDep, started_lab
 from app.errors import config_error
-from app.lab_streams import TOO_MANY_STREAMS, LastEventId, first_event
+from app.lab_streams import LastEventId, event_stream_route, first_event
 from app.lab_workers import LabManager, tasks_json
 from app.schemas import ConfigRequest, ErrorResponse
 from app.store import RUN_NAME_PATTERN
@@ -142,12 +142,12 @@ async def cancel_run(run_id: RunId, manager: LabDep) -> JSONResponse:
     return JSONResponse(manager.summary(run), status_code=202 if not run.finished else 200)
 
 
-@router.get(
+@event_stream_route(
+    router,
     "/api/v1/lab/runs/{run_id}/events",
-    summary="Server-Sent Events: queued, started, one step per optimiser step, then done, error or cancelled; "
+    "Server-Sent Events: queued, started, one step per optimiser step, then done, error or cancelled; "
     "each with its id, and a reconnect with Last-Event-ID gets only the later ones",
-    response_class=StreamingResponse,
-    responses={**NOT_FOUND, **TOO_MANY_STREAMS},
+    NOT_FOUND,
 )
 async def events(
     run_id: RunId,

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from fastapi import Header
+from fastapi import APIRouter, Header
 from fastapi.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
@@ -40,6 +40,16 @@ TOO_MANY_STREAMS: dict[int | str, dict[str, Any]] = {
     429: {"model": ErrorResponse, "description": "Too many open streams (a setting)"}
 }
 LastEventId = Annotated[str | None, Header(description="The last event's id a reconnecting reader has")]
+
+
+def event_stream_route(
+    router: APIRouter, path: str, summary: str, not_found: dict[int | str, Any]
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The decorator of an event-stream route: a GET answered as a stream, its 404 and its 429 documented."""
+    return router.get(
+        path, summary=summary, response_class=StreamingResponse, responses={**not_found, **TOO_MANY_STREAMS}
+    )
+
 
 log = logging.getLogger("grpo_lens.lab")
 KEEPALIVE_SECONDS = 10.0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import torch
@@ -32,6 +32,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """The app for ``settings`` (default: the environment's): its lanes (threads, and worker processes
     started with it), routes and guards."""
     settings = settings or get_settings()
+    app = FastAPI(
+        title="GRPO Lens",
+        version="0.1.0",
+        summary="The GRPO loss of your own batch, computed as TRL, verl or the article would, and explained.",
+        docs_url=None,
+        redoc_url=None,
+        lifespan=_lifespan(settings),
+    )
+    _add_state(app, settings)
+    handlers.install(app)
+    _add_routes(app)
+    _add_middleware(app, settings)
+    return app
+
+
+def _lifespan(settings: Settings) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """What starts with the server and stops with it: the lanes, the run store's sweep and the watcher."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -53,27 +70,30 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             app.state.watcher.stop()
             app.state.lanes.stop()
 
-    app = FastAPI(
-        title="GRPO Lens",
-        version="0.1.0",
-        summary="The GRPO loss of your own batch, computed as TRL, verl or the article would, and explained.",
-        docs_url=None,
-        redoc_url=None,
-        lifespan=lifespan,
-    )
+    return lifespan
+
+
+def _add_state(app: FastAPI, settings: Settings) -> None:
+    """What the routes share: the settings, the lanes, the sign-in sessions, the run store and its watcher."""
     app.state.settings = settings
     app.state.lanes = Lanes(settings)
     token = settings.auth_token
     app.state.sessions = Sessions(token, settings.session_ttl, settings.max_sessions) if token else None
-    handlers.install(app)
     app.state.store = RunStore(settings)
     app.state.watcher = Watcher(settings)  # running runs' new steps, pushed to their event streams
+
+
+def _add_routes(app: FastAPI) -> None:
+    """The routers, the static files and the OpenAPI document."""
     for router in ROUTERS:
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=pages.ROOT / "static"), name="static")
     app.mount("/vendor/swagger-ui", StaticFiles(directory=pages.ROOT / "vendor" / "swagger-ui"), name="swagger-ui")
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
-    # Middleware, innermost first: the last added sees the request first.
+
+
+def _add_middleware(app: FastAPI, settings: Settings) -> None:
+    """Middleware, innermost first: the last added sees the request first."""
     app.add_middleware(HeadAsGet)
     app.add_middleware(TrimWhenGrown, idle=settings.trim_idle)  # memory back after any route that grew the process
     if settings.cors_origins:
@@ -86,6 +106,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         timeout=settings.request_timeout,
         spool_bytes=max(settings.large_request_bytes, Spooled.HEAD_BYTES),  # large bodies into a file as they come
     )
+    _add_guards(app, settings)
+    app.add_middleware(SecurityHeaders)
+    if settings.forwarded_allow_ips:  # X-Forwarded-Proto/-For only from these proxies (https -> Secure cookie)
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.forwarded_allow_ips)
+    stack = app.build_middleware_stack  # outside Starlette's error middleware too, where send is the server's own
+    app.build_middleware_stack = lambda: KeepTransport(stack())  # type: ignore[method-assign]
+
+
+def _add_guards(app: FastAPI, settings: Settings) -> None:
+    """Who may call: the token (or same-origin writes without one), and the host names the app answers to."""
+    token = settings.auth_token
     if token:
         signins = SignInRate(settings.signin_per_minute)
         app.add_middleware(RequireToken, token=token, sessions=app.state.sessions, signins=signins)
@@ -95,12 +126,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.allowed_hosts, www_redirect=False)
     elif not settings.allowed_hosts and not token:  # DNS rebinding: only names no other site can take over
         app.add_middleware(LocalHosts)
-    app.add_middleware(SecurityHeaders)
-    if settings.forwarded_allow_ips:  # X-Forwarded-Proto/-For only from these proxies (https -> Secure cookie)
-        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.forwarded_allow_ips)
-    stack = app.build_middleware_stack  # outside Starlette's error middleware too, where send is the server's own
-    app.build_middleware_stack = lambda: KeepTransport(stack())  # type: ignore[method-assign]
-    return app
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

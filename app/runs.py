@@ -20,7 +20,7 @@ from starlette.background import BackgroundTask
 from app import summaries, timelines
 from app.api import JSONBytes, answer, as_response, multipart_body
 from app.deps import LabDep, LanesDep, RunStreamsDep, SettingsDep, StoreDep, StreamClientDep, WatcherDep
-from app.lab_streams import TOO_MANY_STREAMS, LastEventId
+from app.lab_streams import LastEventId, event_stream_route
 from app.lanes import Lanes, release_memory
 from app.schemas import HEATMAP_ROWS, Count, ErrorResponse, HeatmapRows
 from app.settings import Settings
@@ -143,12 +143,12 @@ async def step_detail(
     return as_response(await summaries.step(lanes, store.open(run), step, micro, config, settings, shown, rank))
 
 
-@router.get(
+@event_stream_route(
+    router,
     "/{run}/events",
-    summary="Server-Sent Events of a running run: status, each new or changed step of its timeline, new anomalies, "
+    "Server-Sent Events of a running run: status, each new or changed step of its timeline, new anomalies, "
     "done; a reconnect with Last-Event-ID gets only the later ones",
-    response_class=StreamingResponse,
-    responses={**NOT_FOUND, **TOO_MANY_STREAMS},
+    NOT_FOUND,
 )
 async def run_events(
     run: str,
