@@ -16,8 +16,9 @@ from grpo.answer import breakdown_to_json
 from grpo.corrections import CORRECTION_CODES
 from grpo.examples import SCENARIOS, scenario_batch
 from grpo.explain import number
-from grpo.mismatch import SCATTER_MAX, _k3_roots, mismatch_view
 from grpo.requests import batch_from_request
+from grpo.view.mismatch import mismatch_view
+from grpo.view.mismatch_charts import SCATTER_MAX, _k3_roots
 
 pytestmark = pytest.mark.numerical
 

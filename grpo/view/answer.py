@@ -14,20 +14,22 @@ import torch
 from torch import Tensor
 
 from grpo.config import LossConfig
-from grpo.corrections import CORRECTION_CODES, KEPT, MASKED, REJECTED, SEQUENCE_MASKED
+from grpo.corrections import CORRECTION_CODES, MASKED, REJECTED, SEQUENCE_MASKED
 from grpo.fields import ragged
 from grpo.loss import Breakdown
-from grpo.marks import parts_of, plain
+from grpo.marks import number, parts_of, plain
 from grpo.metrics import logged_metrics
-from grpo.mismatch import mismatch_view
 from grpo.objectives import REGIONS
+from grpo.view.counted import Counted, correction_acted
 from grpo.view.curves import objective_curves
-from grpo.view.explain import TokenWhy, explain_parts, number, token_why
+from grpo.view.explain import explain_parts
 from grpo.view.glossary import metric_meaning_parts
+from grpo.view.mismatch import mismatch_view
 from grpo.view.pooling import pool_extreme, pool_factors
 from grpo.view.token_fields import HEATMAP_CENTERS as HEATMAP_CENTERS
 from grpo.view.token_fields import TOKEN_FIELDS as TOKEN_FIELDS
 from grpo.view.token_fields import heatmap_centers, token_field_names
+from grpo.view.why import TokenWhy, token_why
 
 ROW_FIELDS = (
     "advantage",
@@ -99,40 +101,36 @@ def breakdown_to_json(
     total = sum(lengths)
     if rows is None:
         rows = list(range(B)) if max_tokens is None or total <= max_tokens else []
-    token_data: dict[str, Any] = {
-        name: _rows_of(getattr(bd.tokens, name), lengths, rows) for name in token_field_names()
-    }
-    token_data["mask"] = [m.astype(np.int8) for m in _rows_of(bd.tokens.mask, lengths, rows)]
-    region = bd.tokens.region.cpu().numpy()
-    token_data["region"] = [[REGIONS[c] for c in row] for row in ragged(region, lengths, rows)]
-    if tokens is not None:
-        token_data["text"] = [tokens[i] for i in rows]
-    row_data = {name: getattr(bd.rows, name) for name in ROW_FIELDS}
-    why = token_why(bd)
-    explained = explain_parts(bd, why)
-    # a code per token into why.names (the page maps codes to names): a name per token was a string
-    # per position, a sixth of the answer's bytes on a small batch
-    token_data["why"] = ragged(why.codes.to(torch.int8).cpu().numpy(), lengths, rows)
-    if why.bounds is not None and not torch.equal(why.bounds, why.codes):  # a token whose why is not its bound
-        # which bound acted on each token (into why.names), where A = 0, a mask or a correction is its why:
-        # the page's region column and the CSV's ("unbounded", not the region code's "trust")
-        token_data["bound"] = ragged(why.bounds.to(torch.int8).cpu().numpy(), lengths, rows)
-    config = bd.config.to_dict()
+    why, counted, config = token_why(bd), Counted(bd), bd.config.to_dict()
     mismatch = mismatch_view(bd)
-    if mismatch is not None:  # the rows table shows what the correction did to each row, as the Mismatch view counts
-        row_data |= correction_rows(bd, mismatch)
-    # the off-policy mismatch and what the correction did, per token: with the sampler's log-probs, or when a
-    # correction acted without them (TRL's off-policy mask falls back to the old log-probs)
-    if bd.sampled or bool((bd.tokens.correction > KEPT).any()):
-        token_data["sampler_log_ratio"] = _rows_of(bd.tokens.sampler_log_ratio, lengths, rows)
-        token_data["is_weight"] = _rows_of(bd.tokens.is_weight, lengths, rows)
-        token_data["correction"] = ragged(bd.tokens.correction.to(torch.int8).cpu().numpy(), lengths, rows)
-    if bd.per_token_advantages:  # each token's own advantage (a row's may vary)
-        token_data["advantage"] = _rows_of(bd.tokens.advantage, lengths, rows)
-    if bd.entropies is not None:  # the batch's per-token entropies as given (the hover shows them)
-        token_data["entropies"] = _rows_of(bd.entropies, lengths, rows)
-    if bd.config.importance_sampling_level == "sequence":  # the token's own ratio beside its row's (GSPO)
-        token_data["token_ratio"] = _rows_of(bd.tokens.log_ratio.exp() * bd.tokens.mask, lengths, rows)
+    return {
+        **_totals(bd),
+        **_explained(bd, why, counted, config),
+        **_per_row(bd, mismatch),
+        "tokens": _per_token(bd, why, lengths, tokens, rows),
+        "token_rows": rows,
+        "tokens_complete": len(rows) == B,
+        "heatmap": pooled_heatmaps(bd, lengths, list(range(B)) if every_row else rows, len(rows) == B),
+        "num_positions": total,
+        "curves": drawn_curves(with_why(objective_curves(bd, tokens=counted), why)),
+        "clamp_counts": bd.clamp_counts,
+        "zero_std_groups": list(bd.zero_std_groups),
+        "config": config,
+        "device": bd.device,
+        "dtype": bd.dtype,
+        # each warning once: its text and its parts (each number apart, tagged with the quantity it shows, as
+        # explanation_parts); the page draws these. "warnings" and "warning_parts" are their texts and parts.
+        "warning_sentences": [tagged_sentence(w) for w in bd.marked_warnings],
+        "warnings": list(bd.warnings),
+        "warning_parts": [parts_of(w) for w in bd.marked_warnings],
+        # the mismatch view (grpo.view.mismatch): the sampler against the trainer and what the correction did;
+        # null without the sampler's log-probs when no correction acted
+        "mismatch": mismatch,
+    }
+
+
+def _totals(bd: Breakdown) -> dict[str, Any]:
+    """The answer's scalars and metrics."""
     return {
         "loss": float(bd.loss),
         "objective": float(bd.objective),
@@ -144,6 +142,13 @@ def breakdown_to_json(
         "metrics": bd.metrics,
         # the metrics the config's trainer logs, in order (the page's table): every objective's are in metrics
         "metrics_logged": logged_metrics(bd.config, bd.metrics),
+    }
+
+
+def _explained(bd: Breakdown, why: TokenWhy, counted: Counted, config: dict[str, Any]) -> dict[str, Any]:
+    """The summary's sentences, what each token's why means, each metric's meaning and the settings' numbers."""
+    explained = explain_parts(bd, why, counted)
+    return {
         "explanation": [_text(parts) for _, parts in explained],
         "explanation_keys": [key for key, _ in explained],  # what each sentence is about (explain_items)
         # the same sentences with each number apart, tagged with the quantity it shows
@@ -163,31 +168,61 @@ def breakdown_to_json(
         "metric_meaning_parts": {k: v for k, v in metric_meaning_parts(bd.config).items() if k in bd.metrics},
         # the numbers as the page prints them: enough digits to tell a value from 1 (GSPO's 1 + 4e-4)
         "config_text": {k: number(v) for k, v in config.items() if _is_number(v)},
+    }
+
+
+def _per_row(bd: Breakdown, mismatch: dict[str, Any] | None) -> dict[str, Any]:
+    """The advantages and the rows table (with what the correction did to each row, with a mismatch block)."""
+    row_data = {name: getattr(bd.rows, name) for name in ROW_FIELDS}
+    if mismatch is not None:  # the rows table shows what the correction did to each row, as the Mismatch view counts
+        row_data |= correction_rows(bd, mismatch)
+    return {
         "advantages": bd.advantages.cpu().numpy(),
         # given per token: each row's smallest and largest counted advantage, and whether they differ (the rows
         # table shows the row's value where they do not, else its mean and range, "per token"); null per row
         "advantage_per_token": advantage_spread(bd) if bd.per_token_advantages else None,
         "rows": {k: (v.cpu().numpy() if isinstance(v, Tensor) else v) for k, v in row_data.items()},
-        "tokens": token_data,
-        "token_rows": rows,
-        "tokens_complete": len(rows) == B,
-        "heatmap": pooled_heatmaps(bd, lengths, list(range(B)) if every_row else rows, len(rows) == B),
-        "num_positions": total,
-        "curves": drawn_curves(with_why(objective_curves(bd), why)),
-        "clamp_counts": bd.clamp_counts,
-        "zero_std_groups": list(bd.zero_std_groups),
-        "config": config,
-        "device": bd.device,
-        "dtype": bd.dtype,
-        # each warning once: its text and its parts (each number apart, tagged with the quantity it shows, as
-        # explanation_parts); the page draws these. "warnings" and "warning_parts" are their texts and parts.
-        "warning_sentences": [tagged_sentence(w) for w in bd.marked_warnings],
-        "warnings": list(bd.warnings),
-        "warning_parts": [parts_of(w) for w in bd.marked_warnings],
-        # the mismatch view (grpo.mismatch): the sampler against the trainer and what the correction did; null
-        # without the sampler's log-probs when no correction acted
-        "mismatch": mismatch,
     }
+
+
+def _per_token(
+    bd: Breakdown, why: TokenWhy, lengths: list[int], tokens: list[list[str]] | None, rows: list[int]
+) -> dict[str, Any]:
+    """The per-token arrays of ``rows``, each row its first ``lengths[i]`` positions."""
+    token_data: dict[str, Any] = {
+        name: _rows_of(getattr(bd.tokens, name), lengths, rows) for name in token_field_names()
+    }
+    token_data["mask"] = [m.astype(np.int8) for m in _rows_of(bd.tokens.mask, lengths, rows)]
+    region = bd.tokens.region.cpu().numpy()
+    token_data["region"] = [[REGIONS[c] for c in row] for row in ragged(region, lengths, rows)]
+    if tokens is not None:
+        token_data["text"] = [tokens[i] for i in rows]
+    # a code per token into why.names (the page maps codes to names): a name per token was a string
+    # per position, a sixth of the answer's bytes on a small batch
+    token_data["why"] = ragged(why.codes.to(torch.int8).cpu().numpy(), lengths, rows)
+    if why.bounds is not None and not torch.equal(why.bounds, why.codes):  # a token whose why is not its bound
+        # which bound acted on each token (into why.names), where A = 0, a mask or a correction is its why:
+        # the page's region column and the CSV's ("unbounded", not the region code's "trust")
+        token_data["bound"] = ragged(why.bounds.to(torch.int8).cpu().numpy(), lengths, rows)
+    return token_data | _optional_per_token(bd, lengths, rows)
+
+
+def _optional_per_token(bd: Breakdown, lengths: list[int], rows: list[int]) -> dict[str, Any]:
+    """The per-token arrays only some batches and configs have."""
+    token_data: dict[str, Any] = {}
+    # the off-policy mismatch and what the correction did, per token: with the sampler's log-probs, or when a
+    # correction acted without them (TRL's off-policy mask falls back to the old log-probs)
+    if bd.sampled or correction_acted(bd):
+        token_data["sampler_log_ratio"] = _rows_of(bd.tokens.sampler_log_ratio, lengths, rows)
+        token_data["is_weight"] = _rows_of(bd.tokens.is_weight, lengths, rows)
+        token_data["correction"] = ragged(bd.tokens.correction.to(torch.int8).cpu().numpy(), lengths, rows)
+    if bd.per_token_advantages:  # each token's own advantage (a row's may vary)
+        token_data["advantage"] = _rows_of(bd.tokens.advantage, lengths, rows)
+    if bd.entropies is not None:  # the batch's per-token entropies as given (the hover shows them)
+        token_data["entropies"] = _rows_of(bd.entropies, lengths, rows)
+    if bd.config.importance_sampling_level == "sequence":  # the token's own ratio beside its row's (GSPO)
+        token_data["token_ratio"] = _rows_of(bd.tokens.log_ratio.exp() * bd.tokens.mask, lengths, rows)
+    return token_data
 
 
 def tagged_sentence(marked: str) -> dict[str, Any]:

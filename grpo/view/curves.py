@@ -17,6 +17,7 @@ from torch import Tensor
 from grpo.config import LossConfig
 from grpo.loss import Breakdown
 from grpo.objectives import OBJECTIVES, REGIONS, TRUST
+from grpo.view.counted import Counted
 
 
 def unit_objective(ratio: Tensor, sign: Tensor, config: LossConfig) -> tuple[Tensor, Tensor]:
@@ -94,24 +95,27 @@ def _grid_curves(
     return tuple(grid.tolist()), curves
 
 
-def objective_curves(bd: Breakdown, points: int = 241, max_points: int = 500) -> dict[str, Any]:
+def objective_curves(
+    bd: Breakdown, points: int = 241, max_points: int = 500, tokens: Counted | None = None
+) -> dict[str, Any]:
     """Curves for A = +1 and A = -1 over a log-spaced ratio grid covering the batch, and the
     batch's counted tokens placed on them (the first ``max_points``, in row order; ``truncated``
-    says when there were more)."""
-    mask = bd.tokens.mask
+    says when there were more). ``tokens``: the breakdown's counted tokens, when the caller has them."""
+    tokens = Counted(bd) if tokens is None else tokens
+    mask = tokens.mask
     ratio = bd.tokens.ratio.detach()
-    counted = bool(mask.any())  # no token counts (all masked): no points, and the objectives never see an empty batch
+    counted = tokens.n > 0  # no token counts (all masked): no points, and the objectives never see an empty batch
     low, high = 0.5, 2.0
     if counted:
-        low = min(low, float(ratio.masked_fill(~mask, torch.inf).min()) / 1.5)
-        high = max(high, float(ratio.masked_fill(~mask, -torch.inf).max()) * 1.5)
+        low = min(low, float(tokens.values(ratio).min()) / 1.5)
+        high = max(high, float(tokens.values(ratio).max()) * 1.5)
     low, high = max(low, 1e-6), min(high, 1e6)
     # The first max_points counted tokens in row order: only the rows that hold them are searched.
-    reach = int(torch.searchsorted(mask.sum(1).cumsum(0), max_points)) + 1
+    reach = int(torch.searchsorted(torch.tensor(tokens.lengths, dtype=torch.int64).cumsum(0), max_points)) + 1
     rows, positions = mask[:reach].nonzero(as_tuple=True)
     rows, positions = rows[:max_points], positions[:max_points]
     ratios = ratio[rows, positions].double().cpu()
-    signs = torch.sign(bd.tokens.advantage.detach().double())[rows, positions].cpu()  # each token's own A
+    signs = torch.sign(bd.tokens.advantage.detach()[rows, positions].double()).cpu()  # each token's own A
     x, curves = _grid_curves(bd.config, OBJECTIVES.get(bd.config.objective), low, high, points)
     value = torch.zeros(0, dtype=torch.float64)
     if counted:  # each token's term per unit A on its curve; a per-row objective's (GMPO) row term below
@@ -123,7 +127,7 @@ def objective_curves(bd: Breakdown, points: int = 241, max_points: int = 500) ->
         value = value.masked_fill(torch.isnan(value) & (signs == 0), 0.0)  # A = 0: every objective is 0
         if bd.tokens.selected is not None:  # the tokens the rule picked in this batch: their own term per unit A
             picked = bd.tokens.selected[rows, positions].cpu() > 0
-            size = bd.tokens.advantage.detach().double().abs()[rows, positions].cpu()  # each token's own A
+            size = bd.tokens.advantage.detach()[rows, positions].double().abs().cpu()  # each token's own A
             own = bd.tokens.surrogate[rows, positions].detach().double().cpu() / size.where(size > 0, 1.0)
             value = torch.where(picked, own, value)
         if _per_row(bd.config):  # GMPO: one term per row, Ā_i · exp(mean_t clip(log r_t)): that term per unit Ā
@@ -139,6 +143,6 @@ def objective_curves(bd: Breakdown, points: int = 241, max_points: int = 500) ->
             "row": rows.tolist(),
             "position": positions.tolist(),
         },
-        "truncated": int(mask.sum()) > max_points,
+        "truncated": tokens.n > max_points,
         "per_row": _per_row(bd.config),  # the points are their row's term (GMPO), not on the one-token curve
     }

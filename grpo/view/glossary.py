@@ -18,7 +18,7 @@ from typing import Any
 from grpo.advantages import ADVANTAGES, group_std_mean
 from grpo.config import LossConfig
 from grpo.corrections import VERL_MISMATCH_METRICS
-from grpo.view.explain import mark, parts_of, plain
+from grpo.marks import mark, parts_of, plain
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Term:
         return plain(self.marked(config))
 
     def marked(self, config: LossConfig) -> str:
-        """``render`` with each number marked with the setting it shows (grpo.explain.mark)."""
+        """``render`` with each number marked with the setting it shows (grpo.marks.mark)."""
         return self.template.format_map({k: show(config) for k, (_, show) in SETTINGS.items()})
 
 
@@ -146,7 +146,7 @@ def metric_meanings(config: LossConfig) -> dict[str, str]:
 
 
 def metric_meaning_parts(config: LossConfig) -> dict[str, list[str | dict[str, Any]]]:
-    """``metric_meanings`` with each number apart, tagged with the setting it shows (grpo.explain.parts_of)."""
+    """``metric_meanings`` with each number apart, tagged with the setting it shows (grpo.marks.parts_of)."""
     return {key: [dict(p) if isinstance(p, dict) else p for p in parts] for key, parts in _meaning_parts(config)}
 
 
