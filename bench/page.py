@@ -217,7 +217,8 @@ def report(name: str, what: str, m: dict[str, float], target: float) -> None:
 
 
 # --- reload after a lab comparison -------------------------------------------------------------------
-LAB_DRAWN = """(n) => { const lab = window.grpoLab; if (!lab || document.body.dataset.labRestored !== '2') return 0;
+LAB_DRAWN = """(n) => { const lab = window.grpoLens?.state.ui.lab;
+    if (!lab || document.body.dataset.labRestored !== '2') return 0;
     const node = document.getElementById('lab-overlay'); // reward and loss of both runs
     if (!node || !node.data || node.data.length !== 4 || !node.data.every((t) => t.x.length === n)) return 0;
     return performance.now(); }"""

@@ -149,7 +149,7 @@ class Breakdown:
     plain text)."""
     rollout_logps: RolloutLogps | None = None
     """The log-probs the rollout correction compared (None unless the batch has the sampler's log-probs or
-    the off-policy sequence mask is on): the mismatch view (grpo.mismatch) reads them."""
+    the off-policy sequence mask is on): the mismatch view (grpo.view.mismatch) reads them."""
 
     per_token_advantages: bool = False
     """Whether the batch gave its advantages per token (B, T) (``tokens.advantage``; a row's may vary)."""

@@ -1,6 +1,8 @@
 """The page's modules keep one place for each job (read from their source, the way a reviewer would):
-every request goes through static/js/api.js, every figure is built in static/js/charts.js and drawn
-by dom.js's one drawing call, and only state.js loads a batch into the state. The npm lock that
+every request goes through static/js/api.js, every figure is built in static/js/charts/ (one module per
+view, imported by that view only, on one base layout) and drawn by dom.js's one drawing call, only
+state.js loads a batch into the state and holds the page's state (no other module keeps a store, no
+window global but main.js's one debug handle), and no module passes 600 lines. The npm lock that
 ESLint and Prettier come from is pinned and hashed."""
 
 from __future__ import annotations
@@ -11,7 +13,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 JS = ROOT / "static" / "js"
-MODULES = sorted(JS.glob("*.js"))
+MODULES = sorted(JS.rglob("*.js"))
+CHARTS = JS / "charts"
+MAX_LINES = 600
+
+
+def _name(path: Path) -> str:
+    """The module's path under static/js (charts/base.js)."""
+    return path.relative_to(JS).as_posix()
 
 
 def _code(path: Path) -> str:
@@ -21,32 +30,71 @@ def _code(path: Path) -> str:
 
 
 def _offenders(pattern: str, allowed: set[str]) -> dict[str, list[str]]:
-    found = {p.name: re.findall(pattern, _code(p)) for p in MODULES if p.name not in allowed}
+    found = {_name(p): re.findall(pattern, _code(p)) for p in MODULES if _name(p) not in allowed}
     return {name: hits for name, hits in found.items() if hits}
 
 
 def test_the_scan_sees_the_modules() -> None:
-    names = {p.name for p in MODULES}
-    assert {"api.js", "charts.js", "dom.js", "state.js", "main.js", "lab.js", "runs.js"} <= names
+    names = {_name(p) for p in MODULES}
+    assert {"api.js", "charts/base.js", "dom.js", "state.js", "main.js", "lab.js", "runs.js"} <= names
     # the patterns below do match where the code is allowed to be
     assert re.search(r"\bfetch\(", _code(JS / "api.js")) and re.search(r"\bEventSource\(", _code(JS / "api.js"))
     assert re.search(r"Plotly\.react\(", _code(JS / "dom.js"))
-    assert re.search(r"\blayout\s*:", _code(JS / "charts.js"))
+    assert re.search(r"\blayout\s*:", _code(CHARTS / "heatmaps.js"))
 
 
 def test_every_request_goes_through_api_js() -> None:
     assert _offenders(r"\bfetch\(|\bEventSource\(|XMLHttpRequest|navigator\.sendBeacon", {"api.js"}) == {}
 
 
-def test_every_figure_is_built_in_charts_js_and_drawn_one_way() -> None:
+def test_every_figure_is_built_in_the_charts_folder_and_drawn_one_way() -> None:
     # one drawing call (dom.js plot: Plotly.react); lab.js only adds, extends and renames traces of
-    # figures drawn that way, and every trace it adds comes from charts.js
+    # figures drawn that way, and every trace it adds comes from charts/lab.js
     assert _offenders(r"Plotly\.(?:newPlot|react|plot|update|relayout)\b", {"dom.js"}) == {}
     figure_parts = r"\b(?:layout|xaxis\d*|yaxis\d*|margin|legend|marker|colorscale|hovertemplate|barmode)\s*:"
-    assert _offenders(figure_parts, {"charts.js"}) == {}
+    charts = {_name(p) for p in CHARTS.glob("*.js")}
+    assert _offenders(figure_parts, charts) == {}
     # one base layout: the font and the margins are written once
-    assert [p.name for p in MODULES if re.search(r"\bfamily\s*:", _code(p))] == ["charts.js"]
-    assert len(re.findall(r"\bconst base\s*=", _code(JS / "charts.js"))) == 1
+    assert [_name(p) for p in MODULES if re.search(r"\bfamily\s*:", _code(p))] == ["charts/base.js"]
+    bases = {_name(p): len(re.findall(r"\bconst base\s*=", _code(p))) for p in CHARTS.glob("*.js")}
+    assert {name: n for name, n in bases.items() if n} == {"charts/base.js": 1}
+
+
+def test_each_view_owns_its_figures() -> None:
+    # a view's chart module is imported by that view's module alone; the base layout only by chart modules
+    importers: dict[str, set[str]] = {}
+    for path in MODULES:
+        for target in re.findall(r"""\bfrom\s+["']([^"']+)["']""", _code(path)):
+            imported = (path.parent / target).resolve()
+            if imported.parent == CHARTS:
+                importers.setdefault(_name(imported), set()).add(_name(path))
+    views = {_name(p) for p in CHARTS.glob("*.js")} - {"charts/base.js"}
+    assert set(importers) == views | {"charts/base.js"}, importers
+    assert {m: len(who) for m, who in importers.items() if m in views} == dict.fromkeys(views, 1), importers
+    assert all(who.startswith("charts/") for who in importers["charts/base.js"]), importers["charts/base.js"]
+
+
+def test_the_page_state_lives_in_state_js() -> None:
+    # no module keeps state of its own at module level: no top-level let or var, no top-level Map, Set or
+    # array that is written to (a constant Set is a lookup table), no module-level hooks; state.js holds it all
+    assert _offenders(r"(?m)^(?:export )?(?:let|var)\s+\w+", set()) == {}
+    written = {}
+    for path in MODULES:
+        code = _code(path)
+        containers = re.findall(r"(?m)^(?:export )?const (\w+) = (?:new (?:Map|Set|WeakMap)\(|\[\])", code)
+        hits = [n for n in containers if re.search(rf"\b{n}\.(?:set|add|delete|clear|push|splice)\(", code)]
+        if hits and _name(path) != "state.js":
+            written[_name(path)] = hits
+    assert written == {}
+    assert _offenders(r"\bhooks\b", set()) == {}
+    # one window global, the debug handle main.js sets for the tests and the benchmark
+    assert _offenders(r"\bwindow\.\w+\s*=(?!=)", {"main.js"}) == {}
+    assert re.findall(r"\bwindow\.(\w+)\s*=(?!=)", _code(JS / "main.js")) == ["grpoLens"]
+
+
+def test_no_module_passes_600_lines() -> None:
+    sizes = {_name(p): len(p.read_text().splitlines()) for p in MODULES}
+    assert {name: n for name, n in sizes.items() if n > MAX_LINES} == {}
 
 
 def test_only_state_js_loads_a_batch() -> None:

@@ -99,7 +99,7 @@ def page(url: str) -> Iterator[Any]:
 
 
 def test_before_any_run_a_line_says_what_comes_and_no_empty_chart_is_drawn(page: Any) -> None:
-    metrics = page.evaluate("window.grpoLab.info.metrics.length")
+    metrics = page.evaluate("window.grpoLens.state.ui.lab.info.metrics.length")
     assert metrics > 10  # the trainers' logged metrics, one chart each once a run exists
     expect(page.locator("#lab-empty")).to_be_visible()
     assert f"the {metrics} metrics, one chart each" in page.text_content("#lab-empty")
@@ -111,7 +111,7 @@ def test_before_any_run_a_line_says_what_comes_and_no_empty_chart_is_drawn(page:
 def test_a_run_grows_its_charts_and_a_point_opens_the_step(page: Any) -> None:
     # The lab's top in view: the reward chart is on screen, the last metric's chart far below it.
     page.evaluate("window.scrollTo(0, document.getElementById('view-lab').offsetTop)")
-    last = page.evaluate("'lab-chart-' + window.grpoLab.info.metrics.at(-1).replace(/[^a-z0-9]+/gi, '-')")
+    last = page.evaluate("'lab-chart-' + window.grpoLens.state.ui.lab.info.metrics.at(-1).replace(/[^a-z0-9]+/gi, '-')")
     # The reward chart's and the last chart's point counts at every frame that draws steps (the lab
     # counts its points on <body> once per frame): recorded in the page, so no frame is missed.
     page.evaluate(
@@ -173,7 +173,7 @@ def test_a_comparison_overlays_runs_named_by_what_differs(page: Any) -> None:
     assert page.input_value("#lab-preset") == "article" and page.input_value("#lab-steps") == "150"
 
     # Reloaded, the page draws both runs again (the link holds them), named as before, with the watch text.
-    ids = page.evaluate("window.grpoLab.runs.map((r) => r.id)")
+    ids = page.evaluate("window.grpoLens.state.ui.lab.runs.map((r) => r.id)")
     assert page.evaluate("location.hash") == f"#lab={'%2C'.join(ids)}&comparison=kl-leash"
     page.reload()
     wait_for(page, "document.body.dataset.labRestored === '2'", 120_000)
@@ -184,7 +184,10 @@ def test_a_comparison_overlays_runs_named_by_what_differs(page: Any) -> None:
     page.evaluate("window.scrollTo(0, document.getElementById('view-lab').offsetTop)")
     overlay = "document.getElementById('lab-overlay')"
     wait_for(page, f"{overlay}.data?.length === 4 && {overlay}.data.every((t) => t.x.length >= 5)", 120_000)
-    last = "document.getElementById('lab-chart-' + window.grpoLab.info.metrics.at(-1).replace(/[^a-z0-9]+/gi, '-'))"
+    last = (
+        "document.getElementById('lab-chart-'"
+        " + window.grpoLens.state.ui.lab.info.metrics.at(-1).replace(/[^a-z0-9]+/gi, '-'))"
+    )
     assert page.evaluate(f"{last}.getBoundingClientRect().top") > page.evaluate("innerHeight + 150")
     assert page.evaluate(f"{last}.data === undefined && !{last}.classList.contains('js-plotly-plot')")
     page.evaluate("window.scrollTo(0, 0)")  # away and back: the charts come into view

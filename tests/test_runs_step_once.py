@@ -172,7 +172,8 @@ def test_a_shown_step_is_evaluated_once(browser: Any, served: tuple[str, Counted
 def drawn_request(page: Page) -> dict[str, Any]:
     """The /api/v1/loss body the page sent before for what it shows (its batch and settings; every row's
     heatmaps, and past the token limit the shown row's tokens)."""
-    state, last = page.page.evaluate("window.grpoLens.state"), page.last()
+    read = "({input: window.grpoLens.state.input, config: window.grpoLens.state.config})"
+    state, last = page.page.evaluate(read), page.last()
     rows = {} if last["tokens_complete"] else {"token_rows": last["token_rows"]}
     return {**state["input"], "config": state["config"], "heatmap_rows": "all", **rows}
 

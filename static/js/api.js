@@ -1,6 +1,8 @@
 // The one module that talks to the server: every request of the page goes through here. A channel
 // keeps only its latest request, so a stale response never lands.
 
+import { state } from "./state.js";
+
 export class ApiError extends Error {
   constructor(status, detail) {
     const items = Array.isArray(detail) ? detail : [{ loc: [], msg: String(detail) }];
@@ -21,8 +23,6 @@ export function where(loc) {
   return { setting: null, field: typeof field === "string" ? field : null, row: index(row), token: index(token) };
 }
 
-const channels = new Map();
-
 // An error answer in the API's one shape (or the bare status where the body is not JSON).
 async function failure(response) {
   const data = await response.json().catch(() => ({ detail: `HTTP ${response.status}` }));
@@ -30,6 +30,7 @@ async function failure(response) {
 }
 
 async function latest(channel, path, init) {
+  const channels = state.ui.requests;
   const previous = channels.get(channel);
   if (previous) previous.controller.abort();
   const entry = { controller: new AbortController() };

@@ -1,7 +1,7 @@
 // Compare: the same batch under several presets, side by side (POST /api/v1/compare).
 
 import { postJSON } from "./api.js";
-import * as charts from "./charts.js";
+import * as charts from "./charts/compare.js";
 import { $, clear, el, plot, purge } from "./dom.js";
 import { fmt, tagged } from "./format.js";
 import { COMPARE, COMPARE_ROWS } from "./labels.js";

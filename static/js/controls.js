@@ -5,7 +5,6 @@ import { CORRECTION_SETTINGS, GROUP_TITLES, RUN_RANKS, SUMMARY } from "./labels.
 import { state } from "./state.js";
 
 const PRESET_NONE = RUN_RANKS.ownConfig; // the preset menu's entry for a run's own config
-const inputs = new Map(); // field name (and "name:on", "name:touched", "name:label") -> element
 
 // `onChange(delay)` recomputes after `delay` ms (number fields wait for typing to pause).
 export function buildControls(onChange) {
@@ -81,12 +80,12 @@ function buildControl(field, onChange) {
         changed(on.checked ? read() : null);
       });
       widget = el("span", { class: "nullable" }, on, input);
-      inputs.set(`${field.name}:on`, on);
+      state.ui.controls.set(`${field.name}:on`, on);
     }
   }
-  inputs.set(field.name, input);
-  inputs.set(`${field.name}:touched`, touched);
-  inputs.set(`${field.name}:label`, label);
+  state.ui.controls.set(field.name, input);
+  state.ui.controls.set(`${field.name}:touched`, touched);
+  state.ui.controls.set(`${field.name}:label`, label);
   // a control names the verl and TRL settings it stands for, visibly (the tooltip alone hid them): a
   // correction's from the labels, a variant's own setting from its declaration (field.verl, field.trl)
   const mapsTo = CORRECTION_SETTINGS[field.name] || declaredNames(field);
@@ -115,20 +114,20 @@ export function renderControls(data) {
   if (own) own.hidden = name !== null;
   select.value = name ?? "";
   for (const field of options.fields) {
-    const input = inputs.get(field.name);
+    const input = state.ui.controls.get(field.name);
     if (!input) continue;
     const value = config[field.name];
     const active = document.activeElement === input;
     if (field.type === "boolean") input.checked = Boolean(value);
     else if (!active) input.value = value === null || value === undefined ? "" : String(value);
-    const on = inputs.get(`${field.name}:on`);
+    const on = state.ui.controls.get(`${field.name}:on`);
     if (on) {
       on.checked = value !== null;
       input.placeholder = value === null ? SUMMARY.settingOff : ""; // off: empty, said so; typing turns it on
     }
     const edited = JSON.stringify(value) !== JSON.stringify(preset[field.name]);
-    inputs.get(`${field.name}:label`).classList.toggle("edited", edited);
-    const touched = inputs.get(`${field.name}:touched`);
+    state.ui.controls.get(`${field.name}:label`).classList.toggle("edited", edited);
+    const touched = state.ui.controls.get(`${field.name}:touched`);
     const n = data.clamp_counts[field.name];
     touched.hidden = !n;
     touched.textContent = n ? SUMMARY.touched(n) : "";

@@ -1,5 +1,7 @@
 // Small DOM helpers. Text always goes in as textContent, never as HTML.
 
+import { state } from "./state.js";
+
 export function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
   for (const [key, value] of Object.entries(attrs)) {
@@ -36,10 +38,9 @@ export function download(filename, text, type = "application/json") {
 
 // plotly.js (4.6 MB; fetched into the cache by the page's prefetch link) runs when a chart first
 // needs it, not before: the summary needs none of it.
-let plotlyLoading = null;
 export function loadPlotly() {
-  if (!plotlyLoading) {
-    plotlyLoading = window.Plotly
+  if (!state.ui.plotly) {
+    state.ui.plotly = window.Plotly
       ? Promise.resolve()
       : new Promise((resolve, reject) => {
           const script = el("script", { src: "/vendor/plotly.min.js" });
@@ -48,12 +49,12 @@ export function loadPlotly() {
           document.head.append(script);
         });
   }
-  return plotlyLoading;
+  return state.ui.plotly;
 }
 
 const nextTask = () => new Promise((resolve) => setTimeout(resolve, 0));
 
-// The one drawing call: draw (or update in place) one Plotly figure (charts.js's {data, layout}) in
+// The one drawing call: draw (or update in place) one Plotly figure (a charts/ module's {data, layout}) in
 // `target`, an element or its id. Charts that waited for plotly.js draw one per task, so input and
 // navigation are never held behind all of them.
 export function plot(target, spec) {

@@ -16,11 +16,7 @@ const cellLabel = (name) => CELL_LABELS[name] ?? name;
 // A new field's cells: a mask counts every token (1), a log-prob field starts at logp, any other at 0.
 const startValue = (field, logp) => (field.dtype === "mask" ? 1 : CELL_LABELS[field.name] ? logp : 0);
 
-// `recompute(delay)` schedules a recompute.
-let hooks = { recompute: () => {} };
-
-export function setup(h) {
-  hooks = h;
+export function setup() {
   buildScenarios();
   setupTabs();
   renderScenarioNotes();
@@ -119,7 +115,7 @@ function inputChanged() {
 function valueChanged() {
   renderJSONBox();
   renderScenarioNotes();
-  hooks.recompute(250);
+  state.ui.actions.recompute(250);
 }
 
 function numberCell(value, onValue, attrs = {}) {

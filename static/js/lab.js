@@ -13,26 +13,16 @@
 // server; this module only draws them.
 
 import { events, getJSON, remove, sendJSON } from "./api.js";
-import { labMetric, labOverlay } from "./charts.js";
+import { labMetric, labOverlay } from "./charts/lab.js";
 import { $, clear, el, loadPlotly, plot, purge } from "./dom.js";
 import { fmt } from "./format.js";
+import { load, state } from "./state.js";
 
 const COLOURS = ["#2f5bd3", "#e45756", "#1a7f4b", "#f58518", "#8e44ad", "#17becf", "#8c564b", "#bcbd22"];
 const TERMINAL = new Set(["done", "error", "cancelled", "interrupted"]);
 const OVERLAY = "lab-overlay"; // the "loss is not progress" chart: reward and loss on one figure
 
-const lab = {
-  info: null, // /api/v1/lab/tasks
-  runs: [], // {id, body, colour, status, steps (the last step's number), points: [step data], source}
-  // chart id -> {node, metric (null: the overlay), drawn}: `drawn` maps each run to the number of its
-  // points the chart shows; null while the chart is not drawn for the runs on the page
-  charts: new Map(),
-  visible: new Set(), // the chart nodes on screen (or within MARGIN of it)
-  frame: 0,
-  focus: [], // the current comparison's metrics (drawn first)
-  comparison: null, // the canned comparison whose runs are on the page (null: runs from the form)
-  hooks: null,
-};
+const lab = state.ui.lab; // this module's state (state.js): the runs on the page and their charts
 
 const MARGIN = "150px 0px"; // a chart this close to the viewport counts as on screen
 const observer = new IntersectionObserver(
@@ -56,14 +46,13 @@ function nearScreen(node) {
 
 const chartId = (metric) => `lab-chart-${metric.replace(/[^a-z0-9]+/gi, "-")}`;
 
-export async function setup(hooks) {
-  lab.hooks = hooks;
+export async function setup() {
   lab.info = await getJSON("/api/v1/lab/tasks");
   const task = $("#lab-task");
   for (const t of lab.info.tasks) task.append(el("option", { value: t.name, text: `${t.name}: ${t.doc}` }));
   task.value = lab.info.default;
   const preset = $("#lab-preset");
-  for (const p of hooks.presets()) preset.append(el("option", { value: p.name, text: p.name, title: p.doc }));
+  for (const p of state.ui.options.presets) preset.append(el("option", { value: p.name, text: p.name, title: p.doc }));
   preset.value = "article";
   const canned = $("#lab-comparisons");
   for (const c of lab.info.comparisons) {
@@ -142,7 +131,7 @@ function showWatch(comparison) {
 // apart from its preset (the preset's own values come from /api/v1/options).
 function showForm(body) {
   const preset = body.config.preset || "article";
-  const base = lab.hooks.presets().find((p) => p.name === preset)?.config || {};
+  const base = state.ui.options.presets.find((p) => p.name === preset)?.config || {};
   const overrides = Object.fromEntries(
     Object.entries(body.config).filter(
       ([k, v]) => !["preset", "device", "dtype"].includes(k) && JSON.stringify(v) !== JSON.stringify(base[k]),
@@ -327,7 +316,7 @@ function flush() {
 }
 
 // The run's trace indexes on a chart and the step field each draws: one per run on a metric's chart,
-// reward and loss per run on the overlay (the order of charts.js's figures).
+// reward and loss per run on the overlay (the order of charts/lab.js's figures).
 const traces = (chart, i) =>
   chart.metric === null
     ? [
@@ -422,10 +411,13 @@ async function openPoint(event) {
     const data = await getJSON(`/api/v1/lab/runs/${encodeURIComponent(runId)}/steps/${step}`);
     const note = `Step ${step} of lab run ${runId} (${data.meta.task}): reward ${fmt(data.meta.metrics.reward)}, loss ${fmt(data.meta.loss)}.`;
     $("#lab-opened").textContent = `Opened in the views above. ${note}`;
-    lab.hooks.openBatch(data.request, data.config, `Lab run ${runId}, step ${step}`, note);
+    // the step's batch (an /api/v1/loss request and its config) becomes the input of every view
+    load(
+      { scenario: "", input: data.request, config: data.config },
+      { kind: "step", name: `Lab run ${runId}, step ${step}`, note },
+    );
+    $("#summary").scrollIntoView();
   } catch (err) {
     $("#lab-error").textContent = err.message;
   }
 }
-
-window.grpoLab = lab;

@@ -7,17 +7,16 @@
 
 import { events } from "./api.js";
 import { $ } from "./dom.js";
+import { state } from "./state.js";
 
-let source = null; // the open EventSource, or null
-let drawing = null; // the draw in flight, or null
-let pending = null; // { answer, draw }: the newest answer, drawn next
+const own = state.ui.live; // this module's state (state.js): the stream followed and its draws
 
 // Follow the run `run` (its run.json `status`) whose timeline answer `timeline` was drawn by `draw`;
 // another run followed, or one not running, closes the stream of the one before.
 export function follow(run, status, timeline, draw) {
-  if (source) source.close();
-  source = null;
-  pending = null;
+  if (own.source) own.source.close();
+  own.source = null;
+  own.pending = null;
   const box = $("#run-timeline");
   box.dataset.live = status === "running" ? "running" : "";
   if (status !== "running" || !timeline) return;
@@ -39,39 +38,37 @@ export function follow(run, status, timeline, draw) {
     },
     done: (data) => {
       stream.close();
-      if (source === stream) source = null;
+      if (own.source === stream) own.source = null;
       box.dataset.live = data.status ?? data.reason;
     },
   });
-  source = stream;
+  own.source = stream;
 }
 
 // One draw at a time, of the newest answer, and never back to back: after a draw the page waits as long as it
 // took, halved (at least GAP_MS), before the next, so the events that come meanwhile (delivered between the page's
 // tasks) are drawn together, however slow a draw is on a loaded machine.
 const GAP_MS = 100;
-let timer = null;
-let cost = 0; // how long the last draw took, in ms
 
 function drawLatest(answer, draw) {
-  pending = { answer, draw };
-  if (!drawing && !timer) timer = setTimeout(drawPending, Math.max(GAP_MS, cost / 2));
+  own.pending = { answer, draw };
+  if (!own.drawing && !own.timer) own.timer = setTimeout(drawPending, Math.max(GAP_MS, own.cost / 2));
 }
 
 function drawPending() {
-  timer = null;
-  if (!pending) return;
-  const { answer, draw } = pending;
-  pending = null;
+  own.timer = null;
+  if (!own.pending) return;
+  const { answer, draw } = own.pending;
+  own.pending = null;
   const box = $("#run-timeline");
   box.dataset.liveDraws = String(Number(box.dataset.liveDraws || 0) + 1);
   const started = performance.now();
-  drawing = Promise.resolve(draw(answer))
+  own.drawing = Promise.resolve(draw(answer))
     .catch(() => {})
     .finally(() => {
-      cost = performance.now() - started;
-      drawing = null;
-      if (pending) timer = setTimeout(drawPending, Math.max(GAP_MS, cost / 2));
+      own.cost = performance.now() - started;
+      own.drawing = null;
+      if (own.pending) own.timer = setTimeout(drawPending, Math.max(GAP_MS, own.cost / 2));
     });
 }
 

@@ -1,9 +1,10 @@
 // Wires the page: options -> controls; state <-> URL; input -> /api/v1/loss -> the views.
-// The modules: state.js (the one state object and the one way a batch is loaded), api.js (every
-// request), charts.js (every figure), dom.js (DOM helpers and the one drawing call), redraw.js (which
-// view is drawn when), labels.js (every label), format.js (numbers as text), input.js (the input
-// editor), controls.js (the settings), views.js (summary, charts, rows), mismatch.js (sampler vs
-// trainer), compare.js, reference.js, runs.js (captured runs), lab.js (live lab runs).
+// The modules: state.js (the page's one state object and the one way a batch is loaded), api.js (every
+// request), charts/ (every figure: base.js the one base layout, then one module per view, imported by that
+// view only), dom.js (DOM helpers and the one drawing call), redraw.js (which view is drawn when),
+// labels.js (every label), format.js (numbers as text), input.js (the input editor), controls.js (the
+// settings), views.js (summary, heatmaps, contributions, clipping, gradients, rows), mismatch.js (sampler
+// vs trainer), compare.js, reference.js (glossary, experiments), runs.js (captured runs), lab.js (live lab runs).
 
 import { ApiError, postForm, postJSON } from "./api.js";
 import * as compare from "./compare.js";
@@ -16,15 +17,14 @@ import { EXPERIMENTS, REFUSED, RUN_RANKS, SCENARIO, STALE, STATUS } from "./labe
 import * as mismatch from "./mismatch.js";
 import { currentSeq, drawOnScreen, hold, invalidate, isCurrent, whenQuiet } from "./redraw.js";
 import { buildGlossary, loadExperiments } from "./reference.js";
-import { currentRequest, load, onLoad, readURL, state, writeURL } from "./state.js";
+import { currentRequest, onLoad, readURL, state, writeURL } from "./state.js";
 import * as runs from "./runs.js";
 import * as views from "./views.js";
 
 // --- computing --------------------------------------------------------------------------------
-let timer = null;
 function schedule(delay = 120) {
-  clearTimeout(timer);
-  timer = setTimeout(compute, delay);
+  clearTimeout(state.ui.recomputeTimer);
+  state.ui.recomputeTimer = setTimeout(compute, delay);
 }
 
 // The heatmaps show every row, also of a batch past the per-token limit (the server pools them).
@@ -163,14 +163,8 @@ async function copyLink() {
 function onLoaded(origin, answer) {
   input.showLoaded(origin);
   if (!answer) return schedule(0);
-  clearTimeout(timer);
+  clearTimeout(state.ui.recomputeTimer);
   compute(Promise.resolve(answer));
-}
-
-// A lab step's batch (an /api/v1/loss request and its config) becomes the input of every view.
-function openBatch(request, config, title, note) {
-  load({ scenario: "", input: request, config }, { kind: "step", name: title, note });
-  $("#summary").scrollIntoView();
 }
 
 // The page carries its options and, for a link naming only a scenario and settings, the server's
@@ -193,9 +187,10 @@ async function init() {
     sameJSON(boot.first.request, { ...currentRequest(), config: state.config });
   const first = carried ? Promise.resolve(boot.first.answer) : fetchLoss(); // in flight while the controls are built
   first.catch(() => {}); // its error is reported by compute() below
-  views.setup({ pickRow });
+  state.ui.actions = { recompute: schedule, pickRow };
+  views.setup();
   mismatch.setup();
-  input.setup({ recompute: schedule });
+  input.setup();
   onLoad(onLoaded);
   buildControls(schedule);
   for (const id of ["#contrib-row", "#grad-row"])
@@ -220,7 +215,7 @@ async function init() {
   if (state.ui.linkedStep) runsReady(); // a link to a run's step: opened now, not once the page is quiet
   whenQuiet(() => {
     runsReady();
-    lab.setup({ presets: () => state.ui.options.presets, openBatch }).catch((err) => {
+    lab.setup().catch((err) => {
       $("#lab-error").textContent = err.message;
     });
     loadExperiments().catch((err) => {
@@ -244,17 +239,6 @@ function sameJSON(a, b) {
   return keys.length === Object.keys(b).length && keys.every((k) => Object.hasOwn(b, k) && sameJSON(a[k], b[k]));
 }
 
-// The Runs view: its step slider loads a captured step into every view, with the breakdown the step
-// endpoint answered (drawn as it is); the page's settings then replay it there (`runStep`).
-// No scenario is loaded then (its menu says so).
-function loadStep(data, runStep, title = "", note = "") {
-  const { config, ...fields } = data.request;
-  load(
-    { scenario: "", input: fields, config, runStep, answer: data.breakdown, recordedRows: views.recordedRows(data) },
-    { kind: "step", name: title, note },
-  );
-}
-
 // The replay menu starts on no preset (runs.js names the run's own when it opens one); a link naming a run's
 // step (state.js `linkedStep`) opens it, under the link's settings.
 async function setupRuns() {
@@ -262,7 +246,7 @@ async function setupRuns() {
   presets.append(el("option", { value: "", text: RUN_RANKS.replayChoose }));
   for (const p of state.ui.options.presets) presets.append(el("option", { value: p.name, text: p.name, title: p.doc }));
   presets.value = "";
-  await runs.setup({ loadStep });
+  await runs.setup();
   const linked = state.ui.linkedStep;
   if (!linked) return;
   state.ui.linkedStep = null;
@@ -270,8 +254,9 @@ async function setupRuns() {
   await runs.openRun(linked.run, { ...linked, config: state.config });
 }
 
-// For tests and bench/page.py: the state, the latest response, whether a chart is current, and
-// the pieces of a redraw (the request body; the summary and the charts on screen for given data).
+// The page's one debug handle, and the only global it sets: for tests and bench/page.py, the state (the
+// lab's runs under state.ui.lab), the latest response, whether a chart is current, and the pieces of a
+// redraw (the request body; the summary and the charts on screen for given data).
 window.grpoLens = {
   state,
   isCurrent,

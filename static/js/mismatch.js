@@ -3,7 +3,7 @@
 // correction did, with the server's sentences and the thresholds in force. Every number is the
 // server's (data.mismatch, grpo/mismatch.py); without it the view says there is nothing to compare.
 
-import * as charts from "./charts.js";
+import * as charts from "./charts/mismatch.js";
 import { $, clear, el, plot, purge } from "./dom.js";
 import { fmt, tagged } from "./format.js";
 import { MISMATCH } from "./labels.js";

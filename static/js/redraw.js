@@ -4,19 +4,16 @@
 // while (idle time). A view records the number of the data it shows (data-seq), so a test can see
 // that every chart shows the current state.
 
+import { state } from "./state.js";
+
 const QUIET_MS = 800; // idle drawing starts this long after the last new data
 const MARGIN = "150px 0px"; // a view this close to the viewport counts as on screen
-
-const views = new Map(); // element id -> { id, node, source, draw, seq (asked), shown (drawn), visible }
-const sources = new Map(); // name -> { seq, data, stale, pending, refresh }
-let quietTimer = null;
-let idleHandle = null;
-let generation = 0; // bumped by new data: an idle round from before it stops
+const own = state.ui.redraw; // this module's state (state.js): its views, sources and idle drawing
 
 const observer = new IntersectionObserver(
   (entries) => {
     for (const entry of entries) {
-      const view = views.get(entry.target.id);
+      const view = own.views.get(entry.target.id);
       if (!view) continue;
       view.visible = entry.isIntersecting;
       if (view.visible) bringUpToDate(view);
@@ -27,15 +24,16 @@ const observer = new IntersectionObserver(
 
 function source(name) {
   // stale: to fetch again; pending: fetched, the answer not yet published
-  if (!sources.has(name)) sources.set(name, { seq: 0, data: null, stale: false, pending: false, refresh: null });
-  return sources.get(name);
+  if (!own.sources.has(name))
+    own.sources.set(name, { seq: 0, data: null, stale: false, pending: false, refresh: null });
+  return own.sources.get(name);
 }
 
 // A view: `draw(data)` draws the element `id` from its source's data (returns Plotly's promise).
 export function register(id, sourceName, draw) {
   const node = document.getElementById(id);
   const view = { id, node, source: sourceName, draw, seq: 0, shown: 0, visible: false };
-  views.set(id, view);
+  own.views.set(id, view);
   observer.observe(node);
   return view;
 }
@@ -53,7 +51,7 @@ export function invalidate(name) {
   s.stale = true;
   s.pending = true;
   markAll(name);
-  if ([...views.values()].some((v) => v.source === name && v.visible)) refreshSource(s);
+  if ([...own.views.values()].some((v) => v.source === name && v.visible)) refreshSource(s);
 }
 
 // A fetch that ends without new data (nothing to compare, an error): the views keep what they show,
@@ -79,7 +77,7 @@ function mark(view) {
 }
 
 function markAll(name) {
-  for (const v of views.values()) if (v.source === name) mark(v);
+  for (const v of own.views.values()) if (v.source === name) mark(v);
 }
 
 function bringUpToDate(view) {
@@ -107,11 +105,11 @@ export async function publish(name, data) {
   s.seq += 1;
   s.data = data;
   s.pending = false;
-  const every = drawAllOf.delete(name); // drawAll asked for this source's answer in every view
-  const near = [...views.values()].filter((v) => v.source === name && (v.visible || every));
+  const every = own.drawAllOf.delete(name); // drawAll asked for this source's answer in every view
+  const near = [...own.views.values()].filter((v) => v.source === name && (v.visible || every));
   const shown = near.filter(onScreen);
   // drawn right now (not greyed for the moment it takes); the others greyed until drawn
-  for (const v of views.values()) if (v.source === name && !shown.includes(v)) mark(v);
+  for (const v of own.views.values()) if (v.source === name && !shown.includes(v)) mark(v);
   setTimeout(() => near.forEach(bringUpToDate), 0);
   await Promise.all(shown.map(bringUpToDate));
   scheduleIdle();
@@ -121,11 +119,10 @@ export async function publish(name, data) {
 // Every view, on screen or not, brought up to date: before printing (and for a full-page screenshot: dispatch
 // "beforeprint", or call it), since views off screen are drawn only when they scroll into view. A source
 // fetched on demand (compare) is fetched now, and all its views are drawn when its answer comes.
-const drawAllOf = new Set(); // sources whose next data is drawn in every view
 export function drawAll() {
   document.body.classList.add("every-view"); // app.css: the views off screen are painted too (content-visibility)
-  for (const [name, s] of sources) if (s.stale || s.pending) drawAllOf.add(name);
-  return Promise.all([...views.values()].map(bringUpToDate));
+  for (const [name, s] of own.sources) if (s.stale || s.pending) own.drawAllOf.add(name);
+  return Promise.all([...own.views.values()].map(bringUpToDate));
 }
 addEventListener("beforeprint", () => drawAll());
 addEventListener("afterprint", () => document.body.classList.remove("every-view"));
@@ -135,44 +132,44 @@ export const currentSeq = (name) => source(name).seq;
 
 // True when the view shows its source's latest data (tests wait on this after scrolling to it).
 export function isCurrent(id) {
-  const view = views.get(id);
-  const s = view && sources.get(view.source);
+  const view = own.views.get(id);
+  const s = view && own.sources.get(view.source);
   return Boolean(s && !s.stale && !s.pending && s.data !== null && view.shown === s.seq);
 }
 
 // A new request is on its way: stop idle drawing until its data is published.
 export function hold() {
-  generation += 1;
-  clearTimeout(quietTimer);
-  if (idleHandle !== null) cancelIdleCallback(idleHandle);
-  idleHandle = null;
+  own.generation += 1;
+  clearTimeout(own.quietTimer);
+  if (own.idleHandle !== null) cancelIdleCallback(own.idleHandle);
+  own.idleHandle = null;
 }
 
 // Idle time: once nothing new arrived for QUIET_MS, draw the stale views one per idle callback,
 // so a visible redraw never waits behind an off-screen one for long.
 function scheduleIdle() {
-  generation += 1;
-  const mine = generation;
-  clearTimeout(quietTimer);
-  if (idleHandle !== null) cancelIdleCallback(idleHandle);
-  idleHandle = null;
-  quietTimer = setTimeout(() => {
-    idleHandle = requestIdleCallback(() => drawOneStale(mine));
+  own.generation += 1;
+  const mine = own.generation;
+  clearTimeout(own.quietTimer);
+  if (own.idleHandle !== null) cancelIdleCallback(own.idleHandle);
+  own.idleHandle = null;
+  own.quietTimer = setTimeout(() => {
+    own.idleHandle = requestIdleCallback(() => drawOneStale(mine));
   }, QUIET_MS);
 }
 
 function drawOneStale(mine) {
-  idleHandle = null;
-  if (mine !== generation) return;
+  own.idleHandle = null;
+  if (mine !== own.generation) return;
   // Only drawing here: a source fetched on demand (compare) waits until one of its views is seen,
   // so idle time never puts a request on the server beside the user's next one.
-  const view = [...views.values()].find((v) => {
-    const s = sources.get(v.source);
+  const view = [...own.views.values()].find((v) => {
+    const s = own.sources.get(v.source);
     return s && s.data !== null && !s.stale && v.seq !== s.seq;
   });
   if (!view) return;
   Promise.resolve(bringUpToDate(view)).then(() => {
-    if (mine === generation) idleHandle = requestIdleCallback(() => drawOneStale(mine));
+    if (mine === own.generation) own.idleHandle = requestIdleCallback(() => drawOneStale(mine));
   });
 }
 
@@ -183,7 +180,7 @@ export function whenQuiet(fn) {
 
 // The views of a source on screen now (the benchmark's floor redraws exactly these).
 export function visibleViews(name) {
-  return [...views.values()].filter((v) => v.source === name && v.visible && onScreen(v));
+  return [...own.views.values()].filter((v) => v.source === name && v.visible && onScreen(v));
 }
 
 // Draw the views of a source that are on screen with `data`, nothing else (the benchmark's floor).

@@ -1,7 +1,7 @@
 // Reference sections that do not follow the batch: the article's experiments and the glossary.
 
 import { getJSON } from "./api.js";
-import * as charts from "./charts.js";
+import * as charts from "./charts/experiments.js";
 import { $, clear, el, plot } from "./dom.js";
 import { fmt } from "./format.js";
 import { EXPERIMENTS, GLOSSARY_HEAD } from "./labels.js";

@@ -20,27 +20,24 @@ import {
   runSeriesChart,
   timelineChart,
   timelineDrawn,
-} from "./charts.js";
+} from "./charts/runs.js";
 import { $, clear, el, plot } from "./dom.js";
 import { fmt } from "./format.js";
 import { RUN, RUN_RANKS } from "./labels.js";
 import { follow } from "./live.js";
+import { load, state } from "./state.js";
+import { recordedRows } from "./views.js";
 
-let hooks = null; // { loadStep(data, runStep, title, note) }: puts a step's batch and breakdown into the page
-let current = null; // the open run's /api/v1/runs/{run} response
-let timeline = null; // the open run's /api/v1/runs/{run}/timeline answer
-let beside = null; // { name, answer }: the run overlaid on its charts, or null
-let marked = null; // { runStep, tokens, sentence }: an anomaly's tokens, marked on that step's heatmaps
+const own = state.ui.runs; // this module's state (state.js): the open run, its timeline, the run beside it
 
-export function setup(h) {
-  hooks = h;
+export function setup() {
   $("#run-select").addEventListener("change", (e) => openRun(e.target.value).catch(failed));
   $("#run-step").addEventListener("input", (e) => pickStep(Number(e.target.value)).catch(failed));
   $("#run-micro").addEventListener("change", () => showStep(Number($("#run-step").value)).catch(failed));
   $("#run-rank").addEventListener("change", () => showStep(Number($("#run-step").value)).catch(failed));
   $("#run-replay").addEventListener("click", () => replay().catch(failed));
   $("#timeline-other").addEventListener("change", (e) => showBeside(e.target.value).catch(timelineFailed));
-  $("#timeline-x").addEventListener("change", () => timeline && drawTimeline(timeline).catch(timelineFailed));
+  $("#timeline-x").addEventListener("change", () => own.timeline && drawTimeline(own.timeline).catch(timelineFailed));
   return refresh();
 }
 
@@ -82,7 +79,7 @@ export async function openRun(name, at = null) {
   $("#run-select").value = name;
   $("#run-info").textContent = RUN.checking;
   const data = await getJSON(`/api/v1/runs/${encodeURIComponent(name)}`);
-  current = data;
+  own.current = data;
   recovered();
   showVerdict(data);
   showUnsupported(data);
@@ -186,14 +183,14 @@ const stepRanksOf = (step) =>
   [...new Set(step.micro.map((m) => m.rank).filter((r) => r !== null))].sort((a, b) => a - b);
 
 async function pickStep(number, at = null) {
-  let step = current?.steps.find((s) => s.step === number);
-  if (!step && current && timeline?.steps.some((s) => s.step === number)) {
+  let step = own.current?.steps.find((s) => s.step === number);
+  if (!step && own.current && own.timeline?.steps.some((s) => s.step === number)) {
     // a step of a running run that came after its page was read: the page read again, once
-    current = await getJSON(`/api/v1/runs/${encodeURIComponent(current.name)}`);
-    step = current.steps.find((s) => s.step === number);
+    own.current = await getJSON(`/api/v1/runs/${encodeURIComponent(own.current.name)}`);
+    step = own.current.steps.find((s) => s.step === number);
   }
   if (!step) return;
-  marked = null; // a step picked by hand: no anomaly's tokens
+  own.marked = null; // a step picked by hand: no anomaly's tokens
   fillMicro(step, at);
   await showStep(number, at?.config ?? null);
 }
@@ -212,13 +209,13 @@ export function fetchStep(runStep, config = null, row = -1) {
   return getLatest("loss", url).then((data) => withMarks(data, runStep));
 }
 
-// The answer of the step an anomaly opened carries its tokens (`marked`), for charts.js to outline on the
+// The answer of the step an anomaly opened carries its tokens (`marked`), for charts/heatmaps.js to outline on the
 // heatmaps; the same step under other settings keeps them, another step or micro-batch has none.
 const STEP_KEYS = ["run", "step", "micro", "rank"];
 const sameStep = (a, b) => STEP_KEYS.every((k) => String(a[k] ?? "") === String(b[k] ?? ""));
 function withMarks(data, runStep) {
-  if (data && marked && sameStep(marked.runStep, runStep))
-    data.breakdown.marked = { tokens: marked.tokens, sentence: marked.sentence };
+  if (data && own.marked && sameStep(own.marked.runStep, runStep))
+    data.breakdown.marked = { tokens: own.marked.tokens, sentence: own.marked.sentence };
   return data;
 }
 
@@ -226,12 +223,12 @@ function withMarks(data, runStep) {
 function chosenStep(number) {
   const micro = $("#run-micro").value;
   const rank = $("#run-rank-label").hidden ? "" : $("#run-rank").value;
-  return { run: current.name, step: number, micro, rank };
+  return { run: own.current.name, step: number, micro, rank };
 }
 
 // `config`: the settings to show it under (a link's; none: the step's own).
 async function showStep(number, config = null) {
-  const step = current?.steps.find((s) => s.step === number);
+  const step = own.current?.steps.find((s) => s.step === number);
   if (!step) return;
   const runStep = chosenStep(number);
   const { micro, rank } = runStep;
@@ -249,7 +246,17 @@ async function showStep(number, config = null) {
   $("#runs").dataset.micro = micro;
   $("#runs").dataset.rank = rank;
   $("#runs").dataset.stepVerdict = step.verdict ?? "";
-  hooks.loadStep(data, runStep, RUN_RANKS.title(current.name, number, micro, rank), label);
+  loadStep(data, runStep, RUN_RANKS.title(own.current.name, number, micro, rank), label);
+}
+
+// A step into every view, with the breakdown the step endpoint answered (drawn as it is); the page's settings
+// then replay it there (`runStep`). No scenario is loaded then (its menu says so).
+function loadStep(data, runStep, title, note) {
+  const { config, ...fields } = data.request;
+  load(
+    { scenario: "", input: fields, config, runStep, answer: data.breakdown, recordedRows: recordedRows(data) },
+    { kind: "step", name: title, note },
+  );
 }
 
 // What the step's label says of its losses (the run's page: what its chart draws), told per rank: the whole
@@ -274,10 +281,10 @@ function stepLosses(step, micro, rank) {
     return { text: RUN_RANKS.whole(step.step, micros, ranks) + losses + loggedLoss, lensLoss: step.lens_loss };
   }
   if (micro === "") {
-    const own = step.rank_losses.find((r) => String(r.rank) === rank);
+    const one = step.rank_losses.find((r) => String(r.rank) === rank);
     const text =
-      RUN_RANKS.oneRank(step.step, rank, own.micro) + RUN_RANKS.losses(fmt(own.trainer_loss), fmt(own.lens_loss));
-    return { text, lensLoss: own.lens_loss };
+      RUN_RANKS.oneRank(step.step, rank, one.micro) + RUN_RANKS.losses(fmt(one.trainer_loss), fmt(one.lens_loss));
+    return { text, lensLoss: one.lens_loss };
   }
   if (files.length === 1) {
     const [m] = files;
@@ -296,8 +303,8 @@ function stepLosses(step, micro, rank) {
 
 async function replay() {
   const preset = $("#run-replay-preset").value;
-  if (!current || !preset) return;
-  const url = `/api/v1/runs/${encodeURIComponent(current.name)}/replay`;
+  if (!own.current || !preset) return;
+  const url = `/api/v1/runs/${encodeURIComponent(own.current.name)}/replay`;
   // A replay answers whole steps up to the server's micro-batch budget, and the next page's `after`.
   let data = await postJSON("replay", url, { config: { preset } });
   while (data) {
@@ -314,10 +321,10 @@ async function showTimeline(name) {
   $("#timeline-info").textContent = "computing the run's timeline…";
   $("#timeline-info").className = "";
   const answer = await getJSON(`/api/v1/runs/${encodeURIComponent(name)}/timeline`);
-  if (current?.name !== name) return; // another run was opened meanwhile
+  if (own.current?.name !== name) return; // another run was opened meanwhile
   await drawTimeline(answer);
   $("#run-timeline").dataset.open = name;
-  follow(name, current?.info?.status ?? null, answer, drawTimeline); // a running run's new steps, drawn as they come
+  follow(name, own.current?.info?.status ?? null, answer, drawTimeline); // a running run's new steps, drawn as they come
 }
 
 function timelineFailed(err) {
@@ -327,16 +334,19 @@ function timelineFailed(err) {
 
 // A second run's timeline on the same charts (none: the open run's alone).
 async function showBeside(name) {
-  beside = name ? { name, answer: await getJSON(`/api/v1/runs/${encodeURIComponent(name)}/timeline`) } : null;
-  $("#run-timeline").dataset.beside = beside ? name : "";
-  if (timeline) await drawTimeline(timeline);
+  own.beside = name ? { name, answer: await getJSON(`/api/v1/runs/${encodeURIComponent(name)}/timeline`) } : null;
+  $("#run-timeline").dataset.beside = own.beside ? name : "";
+  if (own.timeline) await drawTimeline(own.timeline);
 }
 
 // The timeline charts (one per series that either run has), the anomaly list and what the answer says of
 // itself, from a timeline answer: drawn again as it is whenever the answer, the run beside it or the x-axis change.
 export async function drawTimeline(answer) {
-  timeline = answer;
-  const runs = [{ answer, name: answer.run }, ...(beside ? [{ answer: beside.answer, name: beside.name }] : [])];
+  own.timeline = answer;
+  const runs = [
+    { answer, name: answer.run },
+    ...(own.beside ? [{ answer: own.beside.answer, name: own.beside.name }] : []),
+  ];
   const axis = fillAxes(runs);
   const every = [TIMELINE_LOSS, ...answer.series];
   const shown = every.filter((series) => timelineDrawn(runs, series));
@@ -410,8 +420,8 @@ function listAnomalies(answer) {
 // A click on a timeline chart: an anomaly's marker opens it; any other point of the open run, its step.
 async function timelineClick(event) {
   const point = event.points?.[0];
-  if (!point || !timeline || point.data.meta?.run !== timeline.run) return;
-  if (point.data.meta.kind === "anomaly") return openAnomaly(timeline.anomalies[point.customdata]);
+  if (!point || !own.timeline || point.data.meta?.run !== own.timeline.run) return;
+  if (point.data.meta.kind === "anomaly") return openAnomaly(own.timeline.anomalies[point.customdata]);
   $("#run-step").value = String(point.customdata);
   return pickStep(point.customdata);
 }
@@ -419,12 +429,12 @@ async function timelineClick(event) {
 // An anomaly's step, micro-batch and rank (the file its tokens are in; a null one: all of them), opened in the
 // step view with its tokens marked on the heatmaps.
 async function openAnomaly(anomaly) {
-  const step = current?.steps.find((s) => s.step === anomaly.step);
+  const step = own.current?.steps.find((s) => s.step === anomaly.step);
   if (!step) return;
   $("#run-step").value = String(anomaly.step);
   const at = { micro: anomaly.micro === null ? "" : String(anomaly.micro), rank: anomaly.rank ?? "" };
   fillMicro(step, at);
-  marked = { runStep: chosenStep(anomaly.step), tokens: anomaly.tokens, sentence: anomaly.sentence };
+  own.marked = { runStep: chosenStep(anomaly.step), tokens: anomaly.tokens, sentence: anomaly.sentence };
   $("#runs").dataset.anomaly = `${anomaly.step}:${anomaly.kind}`;
   await showStep(anomaly.step);
 }

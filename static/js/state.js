@@ -1,5 +1,6 @@
 // The page's one state object. The top-level fields are read from and written to the URL (names
-// match the API's); `state.ui` holds what the page keeps for this visit only.
+// match the API's); `state.ui` holds what the page keeps for this visit only, each module's own slice
+// included: no other module keeps state at module level.
 
 export const state = {
   scenario: "article", // a scenario's name; its request is the input unless `input` is set
@@ -20,6 +21,49 @@ export const state = {
     recordedRows: {}, // a run step's rows as its file recorded them (group, reward): shown in the rows table
     origin: { kind: "scenario", name: "" }, // what is loaded: scenario, edited, json, import (name: file), upload (name: file), step (name: the run's step, note)
     failed: false, // the latest request failed: what is on screen is from before it
+    // What main.js does when another module asks (set once by main.js as the page starts):
+    // `recompute(delay)` schedules a recompute of the loss; `pickRow(i)` shows row i (-1: every row).
+    actions: { recompute: () => {}, pickRow: () => {} },
+    recomputeTimer: null, // main.js: the recompute scheduled, not yet started
+    // Each module's own slice below: read and written by that module only.
+    requests: new Map(), // api.js: channel name -> { controller } of its latest request (a newer one aborts it)
+    plotly: null, // dom.js: the promise of plotly.js loading (null until a chart first needs it)
+    controls: new Map(), // controls.js: field name (and "name:on", "name:touched", "name:label") -> element
+    hovers: new WeakMap(), // views.js: a /api/v1/loss response -> its heatmaps' hover data (built once)
+    // views.js: the rows table's window (its data, column order, first row drawn, row height)
+    rowsTable: { data: null, columns: [], order: [], first: -1, rowHeight: 0, scheduled: false },
+    redraw: {
+      views: new Map(), // element id -> { id, node, source, draw, seq (asked), shown (drawn), visible }
+      sources: new Map(), // name -> { seq, data, stale, pending, refresh }
+      quietTimer: null,
+      idleHandle: null,
+      generation: 0, // bumped by new data: an idle round from before it stops
+      drawAllOf: new Set(), // sources whose next data is drawn in every view
+    },
+    runs: {
+      current: null, // the open run's /api/v1/runs/{run} response
+      timeline: null, // the open run's /api/v1/runs/{run}/timeline answer
+      beside: null, // { name, answer }: the run overlaid on its charts, or null
+      marked: null, // { runStep, tokens, sentence }: an anomaly's tokens, marked on that step's heatmaps
+    },
+    live: {
+      source: null, // live.js: the open EventSource, or null
+      drawing: null, // the draw in flight, or null
+      pending: null, // { answer, draw }: the newest answer, drawn next
+      timer: null, // the next draw, scheduled
+      cost: 0, // how long the last draw took, in ms
+    },
+    lab: {
+      info: null, // lab.js: /api/v1/lab/tasks
+      runs: [], // {id, body, colour, status, steps (the last step's number), points: [step data], source}
+      // chart id -> {node, metric (null: the overlay), drawn}: `drawn` maps each run to the number of its
+      // points the chart shows; null while the chart is not drawn for the runs on the page
+      charts: new Map(),
+      visible: new Set(), // the chart nodes on screen (or within MARGIN of it)
+      frame: 0,
+      focus: [], // the current comparison's metrics (drawn first)
+      comparison: null, // the canned comparison whose runs are on the page (null: runs from the form)
+    },
   },
 };
 

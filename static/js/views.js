@@ -1,6 +1,8 @@
 // The views of one /api/v1/loss response: summary, per-token charts, the rows table.
 
-import * as charts from "./charts.js";
+import { clipCurves } from "./charts/clipping.js";
+import { heatmap, heatmapSpecs, hoverData } from "./charts/heatmaps.js";
+import { contributionRows, contributionTokens, gradientTokens } from "./charts/tokens.js";
 import { $, clear, el, plot } from "./dom.js";
 import { fmt, pct, tagged } from "./format.js";
 import { LABELS, ROWS, SUMMARY, SUMMARY_CARDS } from "./labels.js";
@@ -8,8 +10,6 @@ import * as redraw from "./redraw.js";
 import { state } from "./state.js";
 
 const ALL_TOKENS_LIMIT = 400; // tokens: per-token bar charts show every row up to this
-
-let hooks = { pickRow: () => {} };
 
 // A sentence from the server with each of its numbers in a span that says which quantity it shows.
 export function sentence(parts, tag = "li", attrs = {}) {
@@ -94,21 +94,21 @@ function fillRowPickers(data) {
 }
 
 // Hover data is built once per response and shared by the heatmaps.
-const hoverCache = new WeakMap();
 function hoverOf(data) {
-  if (!hoverCache.has(data)) hoverCache.set(data, charts.hoverData(data, state.ui.options.token_fields));
-  return hoverCache.get(data);
+  const { hovers } = state.ui;
+  if (!hovers.has(data)) hovers.set(data, hoverData(data, state.ui.options.token_fields));
+  return hovers.get(data);
 }
 
 // A heatmap per token field with a centre (the server's table, options.token_fields).
 function heatmapViews() {
   const fields = state.ui.options.token_fields;
-  return charts.heatmapSpecs(fields).map((spec) => [
+  return heatmapSpecs(fields).map((spec) => [
     `heat-${spec.field}`,
     (data) =>
       plot(
         `heat-${spec.field}`,
-        charts.heatmap(data, spec, () => hoverOf(data), fields),
+        heatmap(data, spec, () => hoverOf(data), fields),
       ),
   ]);
 }
@@ -116,14 +116,13 @@ function heatmapViews() {
 // The chart views of a /api/v1/loss response: element id -> how it is drawn.
 // [element id, draw(answer), the section to make the element in when templates/index.html has none]
 const CHART_VIEWS = [
-  ["contrib-rows", (data) => plot("contrib-rows", charts.contributionRows(data))],
-  ["contrib-tokens", (data) => plot("contrib-tokens", charts.contributionTokens(data, tokenRowsShown(data)))],
-  ["grad-tokens", (data) => plot("grad-tokens", charts.gradientTokens(data, tokenRowsShown(data)))],
-  ["clip-curves", (data) => plot("clip-curves", charts.clipCurves(data, state.ui.options))],
+  ["contrib-rows", (data) => plot("contrib-rows", contributionRows(data))],
+  ["contrib-tokens", (data) => plot("contrib-tokens", contributionTokens(data, tokenRowsShown(data)))],
+  ["grad-tokens", (data) => plot("grad-tokens", gradientTokens(data, tokenRowsShown(data)))],
+  ["clip-curves", (data) => plot("clip-curves", clipCurves(data, state.ui.options))],
 ];
 
-export function setup(h) {
-  hooks = h;
+export function setup() {
   setupRowsTable();
   const host = $("#heatmaps");
   const heatmaps = heatmapViews();
@@ -152,7 +151,7 @@ export function renderViews(data) {
 const VIRTUAL_ROWS = 200;
 const OVERSCAN = 15; // rows drawn beyond each edge of the window
 
-const rowsView = { data: null, columns: [], order: [], first: -1, rowHeight: 0, scheduled: false };
+const rowsView = state.ui.rowsTable; // this module's state (state.js): the rows table's window
 
 // A run step's rows as the run recorded them (its groups and rewards, display data of the step file), for the
 // rows table: the breakdown is drawn as /api/v1/loss answers it, which knows neither. `step`: the step endpoint's
@@ -225,7 +224,7 @@ function rowNode(data, i, position) {
     const text = key === "clip_fraction" ? pct(v) : key === "advantage" ? advantageText(data, i, v) : fmt(v);
     return el("td", { class: "num", text, ...tagged(`rows/${key}/${i}`, v) });
   });
-  const pick = () => hooks.pickRow(i);
+  const pick = () => state.ui.actions.pickRow(i);
   return el(
     "tr",
     {
