@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ValidationError
@@ -29,12 +29,12 @@ from pydantic import BaseModel, ValidationError
 import grpo
 from app.errors import BODY_EXPECTED, LimitError, Loc, error_item, invalid
 from app.settings import Settings
-from grpo.fields import ALIASES, BATCH_FIELDS, BatchField, fields_of, given_per_token, names_of, padded, present
+from grpo.fields import ALIASES, BATCH_FIELDS, BatchField, fields_of, given_per_token, names_of
 from grpo.io import HELD_BYTES, UnpackLimitError, canonical, file_shapes, load_file, parse_json, read_arrays
+from grpo.requests import PER_TOKEN_OK, Flat, padded_fields, within_bounds
 
 # The per-token fields (grpo's batch-field table: their bounds, 0/1 or not, NaN allowed or not).
 PER_TOKEN: dict[str, BatchField] = {name: BATCH_FIELDS[name] for name in fields_of("token")}
-PER_TOKEN_OK = tuple(name for name, f in BATCH_FIELDS.items() if f.per_token_ok)  # per row, or per token
 # One value inside each field's bounds: the model checks the other fields with these in the per-token ones' place.
 PLACEHOLDER = {name: [[min(max(1.0 if f.dtype == "mask" else 0.0, f.low), f.high)]] for name, f in PER_TOKEN.items()}
 NAMES = {name: names_of(name) for name in PER_TOKEN}
@@ -116,13 +116,6 @@ class _NeedsModel(Exception):
     """The fast path cannot decide: the model validates the whole body (and names the error)."""
 
 
-class Flat(NamedTuple):
-    """Per-token rows already read into one flat array (``grpo.io.read_arrays``)."""
-
-    values: np.ndarray
-    lengths: np.ndarray
-
-
 NUMBER_TYPES = (float, int)  # what a JSON number reads as (bool is an int's subclass, not one of these types)
 
 
@@ -142,10 +135,7 @@ def _flat(rows: Any, field: BatchField) -> tuple[np.ndarray, np.ndarray]:
             flat = np.fromiter(chain.from_iterable(rows), dtype=np.float64, count=int(lengths.sum()))
         except (TypeError, ValueError, OverflowError):
             raise _NeedsModel from None
-    low, high = field.low, field.high
-    numbers = flat[~np.isnan(flat)] if field.nan_ok else flat
-    ok = np.isfinite(numbers).all() and (numbers.min(initial=low) >= low) and (numbers.max(initial=high) <= high)
-    if not ok or (field.dtype == "mask" and not np.isin(flat, (0.0, 1.0)).all()):
+    if not within_bounds(field, flat):  # the model names the value and its position
         raise _NeedsModel
     return flat, lengths
 
@@ -313,41 +303,14 @@ def _fast(
     fields = checked.batch_fields()
     grids = len(flats) + sum(given_per_token(name, fields.get(name)) for name in PER_TOKEN_OK)  # advantages (B, T)
     check_cost(lengths, grids, dtype or _dtype(config), settings, copies)
-    for name, (flat, row_lengths) in flats.items():
-        _same_rows(name, row_lengths, lengths)
-        fields[name] = flat
-    return Prepared(_padded(fields, lengths, list(flats)), [int(n) for n in lengths], checked)
+    fields |= {name: Flat(*pair) for name, pair in flats.items()}
+    return Prepared(padded_fields(fields, lengths, list(flats)), [int(n) for n in lengths], checked)
 
 
 def _dtype(config: Any) -> str:
     """The compute dtype a request asks for (the presets compute in float32)."""
     dtype = getattr(config, "dtype", None) if config is not None else None
     return str(dtype) if dtype else "float32"
-
-
-def _same_rows(name: str, row_lengths: np.ndarray, lengths: np.ndarray) -> None:
-    """The library's errors for rows that do not match per_token_logps (as ``grpo.from_rows`` words them)."""
-    if len(row_lengths) != len(lengths):
-        raise grpo.GrpoInputError(name, f"{len(lengths)} rows like per_token_logps", got=f"{len(row_lengths)} rows")
-    bad = np.flatnonzero(row_lengths != lengths)
-    if bad.size:
-        i = int(bad[0])
-        raise grpo.GrpoInputError(
-            name, f"{lengths[i]} values like per_token_logps[{i}]", row=i, got=f"{row_lengths[i]}"
-        )
-
-
-def _padded(fields: dict[str, Any], lengths: np.ndarray, names: list[str]) -> dict[str, Any]:
-    """Flat per-token values -> (B, T) arrays padded with 0; the completion mask masks the padding. A per-row
-    field given per token (advantages: ragged rows) is padded too."""
-    for name in names:
-        fields[name] = padded(name, fields[name], lengths)
-    for name in PER_TOKEN_OK:
-        if fields.get(name) is not None and given_per_token(name, fields[name]):
-            fields[name] = padded(name, fields[name], lengths)
-    if fields.get("completion_mask") is None:
-        fields["completion_mask"] = present(lengths).astype(np.float64)
-    return fields
 
 
 def _slow(body: dict[str, Any], model: type[BaseModel], settings: Settings, root: Loc, copies: int) -> Prepared:

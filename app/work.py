@@ -22,7 +22,6 @@ from app.forms import file_form
 from app.ingest import (
     PER_TOKEN,
     Costly,
-    Flat,
     NotFast,
     Prepared,
     check_cost,
@@ -38,7 +37,7 @@ from app.schemas import BatchRequest, CompareRequest, LossRequest, UploadForm
 from app.settings import Settings
 from grpo.export import FORMATS, export_batch, file_bytes
 from grpo.io import INPUT_DTYPES, UPLOAD_FORMATS, file_name, precision_notes
-from grpo.requests import batch_from_request
+from grpo.requests import Flat, batch_from_request, row_lengths
 from grpo.view.answer import add_warnings, breakdown_to_json, compare_notes, dumps
 from grpo.view.token_fields import compare_fields
 
@@ -233,10 +232,7 @@ def _upload(fields: dict[str, Any], texts: dict[str, Any], settings: Settings) -
     else:  # named tensors: the ones that are no batch field are reported, not silently dropped
         ignored = sorted(set(fields) - set(BatchRequest.model_fields))
         tokens = fields.pop("tokens", None)
-        logp = np.asarray(fields["per_token_logps"])
-        if logp.ndim != 2:
-            raise grpo.GrpoInputError("per_token_logps", "a 2-D array (B rows, T tokens)", got=f"{logp.ndim} dims")
-        lengths = [int(logp.shape[1])] * int(logp.shape[0])
+        lengths = row_lengths({"per_token_logps": np.asarray(fields["per_token_logps"])})  # a number: 0 dims
         check_cost(
             lengths, sum(isinstance(v, np.ndarray) for v in fields.values()), _dtype(form_model.config), settings
         )

@@ -46,6 +46,20 @@ def _as_tensor(name: str, value: Any, dtype: torch.dtype | None = None, keep_gra
     return tensor.to(dtype) if dtype is not None else tensor
 
 
+def _values(name: str, value: TensorLike, dtype: torch.dtype) -> Tensor:
+    """A per-token field as a tensor in ``dtype``; a decoder's (B, T) float32 array, where ``dtype`` is float64,
+    is shared, not copied: the masked copy the Batch makes of it (``_checked``: times the float64 weights)
+    widens it, exactly."""
+    if isinstance(value, np.ndarray) and dtype == torch.float64 and _narrow(value):
+        return torch.from_numpy(value)
+    return _as_tensor(name, value, dtype)
+
+
+def _narrow(value: np.ndarray) -> bool:
+    """A (B, T) float32 array torch can share (native order, writeable)."""
+    return value.dtype == np.float32 and value.dtype.isnative and value.ndim == 2 and value.flags.writeable
+
+
 def _first_row(bad: Tensor) -> int:
     """The first row with a True entry. (B, T) bool -> int"""
     return int(bad.reshape(bad.shape[0], -1).any(-1).nonzero()[0, 0])
@@ -108,6 +122,7 @@ class Batch:
         if "sampling_per_token_logps" in given:  # verl's rollout_log_probs, NeMo RL's generation_logprobs
             sampling_per_token_logps = given.pop("sampling_per_token_logps")
         logp = _log_probs(per_token_logps)
+        dtype = logp.dtype if isinstance(per_token_logps, Tensor) else torch.float64
         B, T = logp.shape
         prompt = _prompt_lengths(prompt_lengths, int(B), int(T), logp.device)
         mask = _counted_mask(completion_mask, prompt, logp)
@@ -116,16 +131,15 @@ class Batch:
         if tool is not None:  # TRL counts completion_mask · tool_mask: a tool's output is not the model's tokens
             tool = _mask_values("tool_mask", tool, logp)
             mask = mask & tool
-        weights = mask.to(logp.dtype)
+        weights = mask.to(dtype)
 
         def per_token(name: str, value: TensorLike | None) -> Tensor | None:
             if value is None:
                 return None
-            tensor = _same_shape(name, _as_tensor(name, value, logp.dtype), logp)
-            return _checked(name, tensor, mask, weights)
+            return _checked(name, _same_shape(name, _values(name, value, dtype), logp), mask, weights)
 
         set_ = object.__setattr__
-        set_(self, "per_token_logps", _checked("per_token_logps", logp, mask, weights))
+        set_(self, "per_token_logps", logp := _checked("per_token_logps", logp, mask, weights))  # in ``dtype``
         set_(self, "old_per_token_logps", per_token("old_per_token_logps", old_per_token_logps))
         set_(self, "ref_per_token_logps", per_token("ref_per_token_logps", ref_per_token_logps))
         set_(self, "entropies", per_token("entropies", entropies))
@@ -144,7 +158,7 @@ class Batch:
         set_(self, "group_size", _group_size(group_size, int(B)))
         extra_ = {name: _extra(name, value, logp, mask, weights) for name, value in given.items()}
         if tool is not None:
-            extra_["tool_mask"] = tool.to(logp.dtype)
+            extra_["tool_mask"] = tool.to(dtype)
         if token_rewards is not None:
             extra_["token_level_rewards"] = token_rewards
         set_(self, "extra", extra_)
@@ -189,7 +203,10 @@ OWN_FIELDS = frozenset(f.name for f in fields(Batch)) - {"extra"}
 # --- checks ---------------------------------------------------------------------------------------
 def _log_probs(per_token_logps: TensorLike) -> Tensor:
     """The policy's (B, T) log-probs as a floating tensor (its graph kept), or a GrpoInputError."""
-    logp = _as_tensor("per_token_logps", per_token_logps, keep_graph=True)
+    if isinstance(per_token_logps, Tensor):
+        logp = _as_tensor("per_token_logps", per_token_logps, keep_graph=True)
+    else:  # an array or lists: float64 (a float32 array widened in its masked copy)
+        logp = _values("per_token_logps", per_token_logps, torch.float64)
     if logp.dim() != 2 or logp.shape[0] == 0 or logp.shape[1] == 0:
         raise GrpoInputError(
             "per_token_logps", "a non-empty 2-D array (B rows, T tokens)", got=f"shape {tuple(logp.shape)}"

@@ -1,0 +1,142 @@
+"""grpo.requests: the one road from a decoder's fields to a checked Batch.
+
+A decoder's float32 arrays reach the Batch without a copy (the Batch's masked copy widens them), and the
+Batch they make is the one their float64 copies make, bit for bit; the vectorised bounds the server judges
+before building a batch agree with the Batch's own checks; ``padded_fields`` words a row's error as
+``grpo.from_rows`` does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tracemalloc
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import grpo
+from grpo.fields import BATCH_FIELDS
+from grpo.requests import Flat, batch_from_request, padded_fields, within_bounds
+
+NAN, INF = float("nan"), float("inf")
+B, T = 16, 24
+
+
+def _float32_fields(seed: int = 0) -> dict[str, Any]:
+    """A float32 batch as a safetensors file decodes it, with garbage (NaN, inf, positive) where nothing counts
+    and the sampler's NaN ("not scored") at a counted token."""
+    rng = np.random.default_rng(seed)
+    mask = (rng.random((B, T)) < 0.8).astype(np.float32)
+    mask[:, 0] = 1.0
+    out: dict[str, Any] = {"completion_mask": mask, "rewards": rng.standard_normal(B).astype(np.float32)}
+    for name in ("per_token_logps", "old_per_token_logps", "ref_per_token_logps", "sampling_per_token_logps"):
+        values = -rng.exponential(1.0, (B, T)).astype(np.float32)
+        values[mask == 0] = rng.choice(np.array([NAN, INF, 3.0], dtype=np.float32), int((mask == 0).sum()))
+        out[name] = values
+    out["sampling_per_token_logps"][0, 0] = NAN
+    out["entropies"] = rng.exponential(1.0, (B, T)).astype(np.float32)
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a.isnan(), b.isnan()))
+    return bool(a == b)
+
+
+def _tensors(batch: grpo.Batch) -> dict[str, Any]:
+    return {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)} | {"mask_float": batch.mask_float}
+
+
+@pytest.mark.numerical
+def test_float32_arrays_make_the_batch_their_float64_copies_make() -> None:
+    """Widening float32 to float64 is exact and the masked copy multiplies by 0 or 1 (exact too), so
+    widening inside the copy (float32 values x float64 weights) gives the same bits as widening before it."""
+    f32 = _float32_fields()
+    f64 = {k: v.astype(np.float64) for k, v in f32.items()}
+    got, want = _tensors(batch_from_request(f32)), _tensors(batch_from_request(f64))
+    assert got.keys() == want.keys()
+    for name, value in want.items():
+        if isinstance(value, torch.Tensor):
+            assert value.dtype == torch.float64 or not value.is_floating_point()
+            assert _same(got[name], value), name
+            torch.testing.assert_close(got[name], value, rtol=0, atol=0, equal_nan=True, msg=name)
+        elif value is not None and not isinstance(value, dict):
+            assert got[name] == value, name
+
+
+def test_a_bad_float32_value_names_what_its_float64_copy_names() -> None:
+    for name, bad in (("per_token_logps", 0.25), ("ref_per_token_logps", INF), ("entropies", -1.0)):
+        f32 = _float32_fields(1)
+        f32[name][3, 0] = bad  # position 0 counts on every row
+        messages = []
+        for fields in (f32, {k: v.astype(np.float64) for k, v in f32.items()}):
+            with pytest.raises(grpo.GrpoInputError) as err:
+                batch_from_request(fields)
+            messages.append(str(err.value))
+        assert messages[0] == messages[1] and messages[0].startswith(f"{name}[3]: ")
+
+
+def test_a_float32_array_is_not_copied_before_the_batch_owns_it() -> None:
+    """numpy reports its allocations to tracemalloc, torch's are not seen: widening a (256, 4096) float32 array
+    with numpy first would show 8 MiB; the Batch's own tensors (torch's) show nothing."""
+    logp = -np.ones((256, 4096), dtype=np.float32)
+    before = logp.copy()
+    tracemalloc.start()
+    try:
+        batch = grpo.Batch(per_token_logps=logp, old_per_token_logps=logp, rewards=np.zeros(256))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1024 * 1024, f"{peak} bytes of numpy arrays made on the way in"
+    assert batch.logp.dtype == torch.float64 and float(batch.logp.sum()) == -256 * 4096
+    assert np.array_equal(logp, before)  # the decoder's array is not written to
+    assert batch.logp.data_ptr() != logp.ctypes.data  # the Batch holds its own copy
+
+
+CASES = {
+    "per_token_logps": [[-1.0, 0.0], [-1e-300, 1e-300], [-INF, -1.0], [NAN, -1.0], [5e-324, -2.0]],
+    "entropies": [[0.0, 1.0], [-0.0, 3.0], [-1e-12, 1.0], [INF, 0.5], [NAN, 0.5]],
+    "sampling_per_token_logps": [[NAN, -1.0], [-INF, -1.0], [0.5, -1.0], [NAN, NAN]],
+    "completion_mask": [[1.0, 0.0], [1.0, 0.5], [1.0, 2.0], [1.0, -0.0], [1.0, NAN]],
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_servers_bounds_are_the_batchs_on_counted_tokens(name: str) -> None:
+    """``within_bounds`` judges every value given; on a batch where every position counts the Batch judges the
+    same values, so the two agree (the table, ``grpo.fields``, gives both their bounds)."""
+    for row in CASES[name]:
+        values = np.array([row], dtype=np.float64)
+        fields: dict[str, Any] = {"per_token_logps": np.full((1, 2), -1.0), "rewards": [1.0], name: values}
+        if name == "completion_mask":
+            fields[name] = np.array([[1.0, row[1]]])
+        try:
+            batch_from_request(fields)
+            accepted = True
+        except grpo.GrpoInputError:
+            accepted = False
+        assert within_bounds(BATCH_FIELDS[name], values.reshape(-1)) == accepted, (name, row)
+
+
+def test_padded_fields_word_a_rows_error_as_from_rows() -> None:
+    rows = [[-1.0, -2.0], [-0.5]]
+    for other in ([[-1.0, -2.0]], [[-1.0], [-0.5]]):  # a row missing; a row of another length
+        with pytest.raises(grpo.GrpoInputError) as ragged:
+            grpo.from_rows(rows, ref_per_token_logps=other, rewards=[1.0, 0.0])
+        lengths = np.array([len(r) for r in rows])
+        flat = Flat(np.array([v for r in other for v in r]), np.array([len(r) for r in other]))
+        with pytest.raises(grpo.GrpoInputError) as padded:
+            padded_fields({"ref_per_token_logps": flat}, lengths, ["ref_per_token_logps"])
+        assert str(padded.value) == str(ragged.value)
+
+
+def test_padded_fields_mask_the_padding() -> None:
+    lengths = np.array([2, 1])
+    fields = padded_fields(
+        {"per_token_logps": Flat(np.array([-1.0, -2.0, -0.5]), lengths)}, lengths, ["per_token_logps"]
+    )
+    assert fields["per_token_logps"].tolist() == [[-1.0, -2.0], [-0.5, 0.0]]
+    assert fields["completion_mask"].tolist() == [[1.0, 1.0], [1.0, 0.0]]
