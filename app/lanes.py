@@ -41,7 +41,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import suppress
@@ -503,26 +503,34 @@ class Lanes:
             self.used[name] += 1
         return done
 
-    async def _costly_thread(self, fn: Any, *args: Any) -> Reply:
-        """In the costly threads (niced), with the same places and per-member share as the worker pool's."""
+    async def _placed(self, places: Places, work: Callable[[], Awaitable[Reply]]) -> Reply:
+        """``work()`` once its sender (``MEMBER``) has a place in ``places``; else the refusal (503 or 429)."""
         member = MEMBER.get()
-        refused = self.thread_places.enter(member)
+        refused = places.enter(member)
         if refused is not None:
             return refused
         try:
+            return await work()
+        finally:
+            places.leave(member)
+
+    async def _costly_thread(self, fn: Any, *args: Any) -> Reply:
+        """In the costly threads (niced), with places and a per-member share as the worker pool's."""
+        return await self._placed(self.thread_places, partial(self._in_costly_thread, fn, *args))
+
+    async def _in_costly_thread(self, fn: Any, *args: Any) -> Reply:
+        try:
             reply: Reply = await asyncio.wrap_future(self.costly_threads.submit(_costly, fn, *args))
         finally:
-            self.thread_places.leave(member)
             trim_when_idle(self.settings.trim_idle)
         self.used["costly"] += 1
         return reply
 
     async def _in_process(self, fn: Any, *args: Any) -> Reply:
         """In a worker process of the pool (503 when its queue is full, 429 past the member's share)."""
-        member = MEMBER.get()
-        refused = self.process_places.enter(member)
-        if refused is not None:
-            return refused
+        return await self._placed(self.process_places, partial(self._in_pool, fn, *args))
+
+    async def _in_pool(self, fn: Any, *args: Any) -> Reply:
         spooled = await anyio.to_thread.run_sync(_spool, args)  # writing 64 MB would stall the event loop
         pool = self.pool
         try:
@@ -541,7 +549,6 @@ class Lanes:
             msg = "a worker process stopped while computing this; please retry"
             return Reply(503, error_json([error_item(["body"], msg, "worker_lost")]), {"retry-after": "5"})
         finally:
-            self.process_places.leave(member)
             for item in spooled:
                 if isinstance(item, Spooled):
                     item.discard()  # already gone unless the worker never ran
