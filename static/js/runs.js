@@ -38,6 +38,10 @@ export function setup() {
   $("#run-replay").addEventListener("click", () => replay().catch(failed));
   $("#timeline-other").addEventListener("change", (e) => showBeside(e.target.value).catch(timelineFailed));
   $("#timeline-x").addEventListener("change", () => own.timeline && drawTimeline(own.timeline).catch(timelineFailed));
+  // the Runs tab lists the runs again while none was there (a capture, an import or a lab run since)
+  $('nav a[href="#runs"]').addEventListener("click", () => {
+    if ($("#runs").dataset.count === "0") refresh().catch(failed);
+  });
   return refresh();
 }
 
@@ -56,12 +60,17 @@ function recovered() {
   delete $("#runs").dataset.error;
 }
 
+// No run listed: the view says what a run is and how to get one, and shows nothing that would act on a run
+// (no control, chart, anomaly or replay); a failed listing shows the view, for its error.
 export async function refresh() {
-  const runs = await getJSON("/api/v1/runs?limit=1000"); // the newest 1,000: the listing's largest page
+  // the newest 1,000: the listing's largest page
+  const runs = await getJSON("/api/v1/runs?limit=1000").catch((err) => {
+    showListed(true);
+    throw err;
+  });
+  showListed(runs.length > 0);
   const select = clear($("#run-select"));
-  select.append(
-    el("option", { value: "", text: runs.length ? "choose a run" : "no runs yet (grpo.capture or the lab)" }),
-  );
+  select.append(el("option", { value: "", text: "choose a run" }));
   for (const r of runs) {
     const text =
       r.valid === false ? `${r.name} · unreadable: ${r.error}` : `${r.name} · ${r.source} · ${r.steps} steps`;
@@ -71,6 +80,11 @@ export async function refresh() {
   const other = clear($("#timeline-other"));
   other.append(el("option", { value: "", text: "none" }));
   for (const r of runs.filter((r) => r.valid !== false)) other.append(el("option", { value: r.name, text: r.name }));
+}
+
+function showListed(any) {
+  $("#runs-empty").hidden = any;
+  $("#run-body").hidden = !any;
 }
 
 // `at`: a step to show first ({ step, micro, rank, config }: a link's), else the first step.
