@@ -63,6 +63,8 @@ def test_every_per_token_field_of_the_options_is_entered_in_the_table(page: Page
     before = page.drawn()
     page.page.fill("#cfg-entropy_coef", "0.01")
     page.wait_drawn(before)
+    # a redraw from the entropies' edit may land after ``before``: wait for the one that answers this edit
+    page.wait_for("window.grpoLens.last?.config?.entropy_coef === 0.01")
     assert page.last()["config"]["entropy_coef"] == 0.01
     assert not page.page.is_visible("#stale-note")
     page.page.evaluate("document.getElementById('input-panel').scrollIntoView()")
