@@ -70,18 +70,12 @@ lint: $(STAMP) $(NODE_STAMP)
 	node_modules/.bin/eslint .
 	node_modules/.bin/prettier --check static/js eslint.config.js
 
-# Two workers (pytest-xdist; tests/conftest.py groups each file, or files sharing a cluster or ports, onto one
-# worker), then the tests that time what they test (marked `alone`) with nothing beside them; none of those
-# is numerical today, so their numerical run may find nothing to run (pytest's exit status 5).
 # The numerical tests run twice: under this CPU's best kernel set (AVX2, AVX-512, ...) and under
 # the portable default kernels, so a result that depends on the kernel set fails here.
-XDIST := -n 2 --dist loadgroup
 test: $(STAMP) $(TRAINERS) chromium lint
 	$(PY) -c 'import torch; print("CPU kernel set:", torch.backends.cpu.get_cpu_capability())'
-	$(PY) -m pytest $(XDIST) -m 'not alone'
-	$(PY) -m pytest -m alone
-	ATEN_CPU_CAPABILITY=default $(PY) -m pytest $(XDIST) -m 'numerical and not alone' -p no:cacheprovider
-	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -m 'numerical and alone' -p no:cacheprovider || [ $$? -eq 5 ]
+	$(PY) -m pytest
+	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -m numerical -p no:cacheprovider
 
 # The browser tests drive Debian's Chromium (Playwright never downloads a browser here).
 chromium:

@@ -1,7 +1,6 @@
 """Shared fixtures: the hand-derived batch (reference.HAND), random ragged batches, the hypothesis
 profile, a guard that no test mutates the global registries or presets, the real TRL runs and the
-dashboard's server for the browser tests (both once per session: each costs seconds of imports), and the
-xdist groups and `alone` marks that `make test`'s parallel run follows."""
+dashboard's server for the browser tests (both once per session: each costs seconds of imports)."""
 
 from __future__ import annotations
 
@@ -50,55 +49,6 @@ def _globals_untouched() -> Iterator[None]:
     before = _snapshot()
     yield
     assert _snapshot() == before, "a test mutated a global registry or preset"
-
-
-# `make test` runs the suite on two workers (pytest-xdist, --dist loadgroup), then the tests marked `alone`
-# by themselves. Each test file is one group, so its module fixtures (a server, a browser) are built once,
-# on one worker. Files sharing something are one group: Ray's local clusters (never two at once), the
-# loopback ports 8300-8399 that test_browser_runs._port hands out, the TRL runs of `trl_runs`. Files that
-# time what they test (a latency, a ratio of durations, a deadline) run alone, with nothing beside them.
-SHARED = {
-    "ray": ("test_capture_ray", "test_check_fork", "test_verdict"),
-    "ports_8300": (
-        "test_browser_runs",
-        "test_browser_runs_kept",
-        "test_browser_page35_rest",
-        "test_browser_page_runs3",
-        "test_browser_runs_imports",
-        "test_browser_runs_verdict",
-        "test_browser_sentences_last",
-        "test_browser_timeline",
-        "test_capture_trl",
-    ),
-}
-GROUP_OF = {module: group for group, modules in SHARED.items() for module in modules}
-ALONE = frozenset(
-    {
-        "test_advantages_speed",
-        "test_benches",
-        "test_hostile_costly",
-        "test_hostile_edge",
-        "test_hostile_lab",
-        "test_hostile_members",
-        "test_hostile_runs4",
-        "test_lab_server",
-        "test_lanes_cost",
-        "test_nemo_rl_import_cases",
-        "test_run_events",
-    }
-)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Marks each test with its xdist group (its file's, or the group its file shares) and `alone` where
-    its file times something; runs before xdist reads the groups."""
-    for item in items:
-        module = item.path.stem
-        if module in ALONE:
-            item.add_marker(pytest.mark.alone)
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(GROUP_OF.get(module, module)))
 
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo")
