@@ -19,7 +19,6 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -30,6 +29,9 @@ sys.path.insert(0, str(ROOT))
 import grpo  # noqa: E402
 from grpo._allocator import keep_freed_memory  # noqa: E402
 from grpo.view.answer import breakdown_to_json  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+from core import time_interleaved  # noqa: E402  (the same interleaved timing as bench/core.py)
 
 FULL_TOKEN_LIMIT = 65_536  # app.settings' default: past it the answer carries no per-token rows
 TARGET = 0.31
@@ -44,19 +46,6 @@ def view_batch(rows: int, tokens: int) -> grpo.Batch:
     data = batch(rows, tokens, fields=3)
     fields = {k: torch.tensor(v) for k, v in data.items() if k.endswith("logps") or k == "rewards"}
     return grpo.Batch(**fields, group_size=data["group_size"])
-
-
-def time_interleaved(fns: list[Callable[[], object]], repeats: int, clock: Callable[[], float]) -> list[list[float]]:
-    """Each function ``repeats`` times, taking turns (after one warm-up each)."""
-    for fn in fns:
-        fn()
-    out: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats):
-        for times, fn in zip(out, fns, strict=True):
-            start = clock()
-            fn()
-            times.append(clock() - start)
-    return out
 
 
 def main() -> None:
