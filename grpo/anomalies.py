@@ -52,6 +52,7 @@ class AnomalyThresholds:
 
 
 Token = list[Any]  # [row, col, value]
+Baseline = tuple[float, float, int]  # a rolling baseline: (mean, population std, count)
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class Spot:
     tokens: list[Token]
 
 
-def rolling(values: Sequence[float | None], i: int, t: AnomalyThresholds) -> tuple[float, float, int] | None:
+def rolling(values: Sequence[float | None], i: int, t: AnomalyThresholds) -> Baseline | None:
     """(mean, population std, count) of the ``window`` values before index ``i`` that exist (None: too few):
     the mean ``fsum(x) / n``, the std ``sqrt(fsum((x - mean)²) / n)``."""
     before = [v for v in values[max(0, i - t.window) : i] if v is not None]
@@ -147,10 +148,10 @@ KINDS = ("differ", "loss_spike", "few_tokens", "kl_blowup", "clip_jump", "mismat
 CLIP_SERIES = ("clip_low", "clip_high", "clip_dual", "clip_region")
 
 
-def _spike(s: StepView, base: tuple[float, float, int] | None, t: AnomalyThresholds) -> list[dict[str, Any]]:
+def _spike(s: StepView, base: Baseline | None, t: AnomalyThresholds) -> list[dict[str, Any]]:
     if s.loss is None or base is None or base[1] == 0:
         return []
-    mean, std, n = base
+    mean, std, _ = base
     z = (s.loss - mean) / std
     top = s.top_loss(t.few_tokens)
     if z < t.spike_z or top is None:
@@ -158,11 +159,20 @@ def _spike(s: StepView, base: tuple[float, float, int] | None, t: AnomalyThresho
     spot, carried = top
     share = carried / s.abs_loss if s.abs_loss else 0.0
     sentence = (
-        f"Step {s.step}'s loss {number(s.loss)} is {number(z, 2)} standard deviations above the mean of the {n} "
-        f"steps before it ({number(mean)} ± {number(std)}); {len(spot.tokens)} tokens of {_rows(spot.tokens)} "
+        f"{_above_mean(s, 'loss', s.loss, base)}; {len(spot.tokens)} tokens of {_rows(spot.tokens)} "
         f"({_where(spot)}) carry {number(100 * share, 3)}% of its sum of |per-token loss|."
     )
     return [anomaly(s.step, "loss_spike", s.loss, mean, spot, sentence)]
+
+
+def _above_mean(s: StepView, what: str, value: float, base: Baseline) -> str:
+    """The sentence of a loss spike and a KL blow-up: "Step S's WHAT V is Z standard deviations above the mean
+    of the N steps before it (M ± SD)"."""
+    mean, std, n = base
+    return (
+        f"Step {s.step}'s {what} {number(value)} is {number((value - mean) / std, 2)} standard deviations above "
+        f"the mean of the {n} steps before it ({number(mean)} ± {number(std)})"
+    )
 
 
 def _few_tokens(s: StepView, t: AnomalyThresholds) -> list[dict[str, Any]]:
@@ -182,7 +192,7 @@ def _few_tokens(s: StepView, t: AnomalyThresholds) -> list[dict[str, Any]]:
 
 
 def _clip_jump(
-    s: StepView, bases: list[tuple[str, tuple[float, float, int] | None]], t: AnomalyThresholds, labels: dict[str, str]
+    s: StepView, bases: list[tuple[str, Baseline | None]], t: AnomalyThresholds, labels: dict[str, str]
 ) -> list[dict[str, Any]]:
     jumps = []
     for name, base in bases:
@@ -218,19 +228,14 @@ def _marked(s: StepView, kind: str, series: str, value: float, baseline: float, 
     return [anomaly(s.step, kind, value, baseline, spot, f"{text}{where}.", series)]
 
 
-def _kl(s: StepView, base: tuple[float, float, int] | None, t: AnomalyThresholds) -> list[dict[str, Any]]:
+def _kl(s: StepView, base: Baseline | None, t: AnomalyThresholds) -> list[dict[str, Any]]:
     value = s.series.get("kl")
     if value is None or base is None or base[1] == 0 or (value - base[0]) / base[1] < t.kl_z:
         return []
-    mean, std, n = base
-    text = (
-        f"Step {s.step}'s KL {number(value)} is {number((value - mean) / std, 2)} standard deviations above the "
-        f"mean of the {n} steps before it ({number(mean)} ± {number(std)})"
-    )
-    return _marked(s, "kl_blowup", "kl", value, mean, text)
+    return _marked(s, "kl_blowup", "kl", value, base[0], _above_mean(s, "KL", value, base))
 
 
-def _entropy(s: StepView, base: tuple[float, float, int] | None, t: AnomalyThresholds) -> list[dict[str, Any]]:
+def _entropy(s: StepView, base: Baseline | None, t: AnomalyThresholds) -> list[dict[str, Any]]:
     value = s.series.get("entropy")
     if value is None or base is None or base[0] <= 0 or value >= t.entropy_drop * base[0]:
         return []
