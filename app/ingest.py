@@ -1,26 +1,20 @@
-"""Request bodies -> checked batch fields, fast: orjson, NumPy, and pydantic for the small fields.
-
-A 256 x 4096 batch is a million numbers per field: a pydantic object per row and a check per
-number cost seconds. Here the per-token fields are converted with NumPy (one flat array per field)
-and checked with vectorised comparisons; the other fields (rewards, config, tokens, ...) go
-through the pydantic model with the per-token fields swapped for tiny placeholders, so their
-errors are pydantic's own. When a vectorised check fails, the whole body goes through the model,
-whose error names the field, the row and the position, exactly as before.
+"""The app's side of the road from a request's bytes to its checked batch (``grpo.road``): the schema's checks
+of the fields beside the per-token ones (pydantic, with the per-token fields swapped for tiny placeholders, so
+its errors are its own, naming the field, the row and the position), and the price.
 
 Before any (B, T) array is allocated, the request's cost is checked: B x T_max padded positions
 (a ragged batch is padded to its longest row) and an estimate of the bytes it will take. The same price
 picks the lane: work priced past the cheap limits stops where it runs as cheap work (``Costly``) and
-``app.lanes`` starts it again in the costly lane.
+``app.lanes`` starts it again in the costly lane. An uploaded file is priced from its headers before
+anything in it is unpacked (``load_upload``).
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -29,16 +23,8 @@ from pydantic import BaseModel, ValidationError
 import grpo
 from app.errors import BODY_EXPECTED, LimitError, Loc, error_item, invalid
 from app.settings import Settings
-from grpo.fields import ALIASES, BATCH_FIELDS, BatchField, fields_of, given_per_token, names_of
-from grpo.io import HELD_BYTES, UnpackLimitError, canonical, file_shapes, load_file, parse_json, read_arrays
-from grpo.requests import PER_TOKEN_OK, Flat, padded_fields, within_bounds
-
-# The per-token fields (grpo's batch-field table: their bounds, 0/1 or not, NaN allowed or not).
-PER_TOKEN: dict[str, BatchField] = {name: BATCH_FIELDS[name] for name in fields_of("token")}
-# One value inside each field's bounds: the model checks the other fields with these in the per-token ones' place.
-PLACEHOLDER = {name: [[min(max(1.0 if f.dtype == "mask" else 0.0, f.low), f.high)]] for name, f in PER_TOKEN.items()}
-NAMES = {name: names_of(name) for name in PER_TOKEN}
-PER_TOKEN_KEYS = frozenset(chain.from_iterable(NAMES.values()))
+from grpo.io import HELD_BYTES, UnpackLimitError, file_shapes, load_file, parse_json
+from grpo.road import CheckedRequest, FlatRefused, read_request
 
 # Bytes one padded position costs: each given per-token field as a float64 (B, T) array, the mask,
 # and evaluate's working set (about 40 (B, T) tensors with autograd's, measured with bench/api.py's
@@ -48,14 +34,7 @@ EVALUATE_BYTES = {"float32": 160, "float64": 320}
 MB = 1024 * 1024
 
 
-@dataclass
-class Prepared:
-    """A checked request: batch fields (2-D arrays or request lists), row lengths, the model's other fields."""
-
-    fields: dict[str, Any]
-    lengths: list[int]
-    model: Any
-    extra: dict[str, Any] = field(default_factory=dict)
+Prepared = CheckedRequest  # a request checked and priced (grpo.road): what the routes evaluate
 
 
 def read_json(data: bytes | str, loc: Loc) -> Any:
@@ -112,36 +91,8 @@ def price(cost: int, limit: int, what: str, here: bool = False) -> None:
         raise Costly(f"{what}: priced at {cost // MB} MB, past {limit // MB} MB", here)
 
 
-class _NeedsModel(Exception):
-    """The fast path cannot decide: the model validates the whole body (and names the error)."""
-
-
-NUMBER_TYPES = (float, int)  # what a JSON number reads as (bool is an int's subclass, not one of these types)
-
-
-def _flat(rows: Any, field: BatchField) -> tuple[np.ndarray, np.ndarray]:
-    """Ragged rows -> (flat float64 values, row lengths), checked; ``_NeedsModel`` when anything is off."""
-    if isinstance(rows, Flat):
-        flat, lengths = rows
-        if not len(lengths):
-            raise _NeedsModel
-    elif type(rows) is not list or not rows or any(type(r) is not list for r in rows):
-        raise _NeedsModel
-    else:
-        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-        if not all(type(v) in NUMBER_TYPES for v in chain.from_iterable(rows)):  # true, "0.5": not JSON numbers
-            raise _NeedsModel  # the model names the value
-        try:
-            flat = np.fromiter(chain.from_iterable(rows), dtype=np.float64, count=int(lengths.sum()))
-        except (TypeError, ValueError, OverflowError):
-            raise _NeedsModel from None
-    if not within_bounds(field, flat):  # the model names the value and its position
-        raise _NeedsModel
-    return flat, lengths
-
-
 def check_cost(
-    lengths: list[int] | np.ndarray, fields: int, dtype: str, settings: Settings, copies: int = 1, **output: Any
+    lengths: Sequence[int] | np.ndarray, fields: int, dtype: str, settings: Settings, copies: int = 1, **output: Any
 ) -> None:
     """413 when the padded grid (B x T_max positions) or its estimated memory is past the settings;
     ``output``: what the answer takes beyond evaluating, as ``check_padded`` takes it. Within the limits, work
@@ -228,42 +179,49 @@ def check_file_size(size: int, what: str, settings: Settings, loc: Loc | None = 
         )
 
 
+class ModelChecks:
+    """The road's ``Checks`` (``grpo.road``) for a request of ``model``: its fields beside the per-token ones
+    through pydantic (locs under ``root``), the price through the settings (``copies`` configs, in ``dtype``:
+    default the request's own config's)."""
+
+    def __init__(self, model: type[BaseModel], settings: Settings, root: Loc, copies: int = 1, dtype: str = "") -> None:
+        self.model, self.settings, self.root, self.copies, self.dtype = model, settings, root, copies, dtype
+
+    def not_json(self, exc: ValueError) -> Exception:
+        msg = f"JSON decode error ({str(exc)[:200]}): {BODY_EXPECTED}"
+        return invalid([error_item(self.root, msg, "json_invalid")])
+
+    def others(self, body: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        checked = validated(self.model, body, self.root)  # rewards, config, tokens, ...: pydantic's checks and errors
+        return checked, checked.batch_fields()
+
+    def whole(self, body: Any) -> tuple[Any, dict[str, Any]]:
+        if not isinstance(body, dict):
+            msg = f"Input should be a valid dictionary or object to extract fields from, got {type(body).__name__}"
+            raise invalid([error_item(self.root, msg, "model_attributes_type")])
+        return self.others(body)
+
+    def price(self, lengths: Sequence[int] | np.ndarray, grids: int, checked: Any) -> None:
+        check_cost(lengths, grids, self.dtype or _dtype(getattr(checked, "config", None)), self.settings, self.copies)
+
+
 def prepare(
-    body: Any, model: type[BaseModel], settings: Settings, root: Loc | None = None, copies: int = 1, dtype: str = ""
+    body: Any,
+    model: type[BaseModel],
+    settings: Settings,
+    root: Loc | None = None,
+    copies: int = 1,
+    dtype: str = "",
+    from_file: bool = False,
 ) -> Prepared:
-    """A request body (parsed JSON) -> checked batch fields, its per-token fields as padded (B, T) arrays.
-
-    Per-token fields may come as ``Flat`` arrays (``json_file_fields``); the exact reader is then the
-    caller's to run when they are refused (``NotFast``)."""
-    root = list(root or ["body"])
-    if not isinstance(body, dict):
-        msg = f"Input should be a valid dictionary or object to extract fields from, got {type(body).__name__}"
-        raise invalid([error_item(root, msg, "model_attributes_type")])
-    try:
-        return _fast(body, model, settings, root, copies, dtype)
-    except _NeedsModel:
-        if any(isinstance(v, Flat) for v in body.values()):
-            raise NotFast from None
-        return _slow(body, model, settings, root, copies)
+    """A request body (parsed JSON, or a file's fields: ``from_file``) -> checked batch fields, its per-token fields
+    as padded (B, T) arrays (``grpo.road.read_request``). Per-token fields read straight from a .json file's text
+    (``grpo.road.json_file_fields``) that the vectorised checks refuse raise ``NotFast``: the caller reads the file
+    exactly."""
+    return read_request(body, ModelChecks(model, settings, list(root or ["body"]), copies, dtype), from_file)
 
 
-class NotFast(Exception):
-    """Fields read by ``json_file_fields`` that the vectorised checks refuse: read the file exactly."""
-
-
-def json_file_fields(filename: str, data: bytes) -> dict[str, Any] | None:
-    """An uploaded ``.json`` file's fields, its per-token ones as ``Flat`` arrays read straight from
-    the text (``grpo.io.read_arrays``); None for any other file or text, which ``load_file`` reads."""
-    if not filename.lower().endswith(".json"):
-        return None
-    fast = read_arrays(data, PER_TOKEN_KEYS)
-    if fast is None:
-        return None
-    fields = fast[0] | {key: Flat(*a) for key, a in fast[1].items()}
-    names = [ALIASES.get(key, key) for key in fields]
-    if len(set(names)) != len(names):  # a name beside its alias: the exact reader says which, in the text's order
-        return None
-    return canonical(fields)
+NotFast = FlatRefused  # fields read by ``json_file_fields`` that the vectorised checks refuse: read the file exactly
 
 
 def prepare_json(
@@ -271,53 +229,10 @@ def prepare_json(
 ) -> Prepared:
     """A JSON body -> ``prepare``'s answer; the per-token fields go from the text straight into arrays
     (no Python float per number) where the text allows, else the body is read by ``read_json``."""
-    root = list(root or ["body"])
-    fast = read_arrays(data, PER_TOKEN_KEYS)
-    if fast is not None:
-        rest, arrays = fast
-        try:
-            return _fast(rest | {key: Flat(*a) for key, a in arrays.items()}, model, settings, root, copies)
-        except _NeedsModel:  # a value the vectorised checks refuse: the exact reader names it
-            pass
-        del fast, rest, arrays
-    return prepare(read_json(data, root), model, settings, root, copies)
-
-
-def _fast(
-    body: dict[str, Any], model: type[BaseModel], settings: Settings, root: Loc, copies: int, dtype: str = ""
-) -> Prepared:
-    """``prepare`` with the per-token fields checked vectorised; ``_NeedsModel`` when they must go through the model."""
-    given = {name: [k for k in keys if body.get(k) is not None] for name, keys in NAMES.items()}
-    if any(len(keys) > 1 for keys in given.values()):
-        raise _NeedsModel
-    keys = {name: keys[0] for name, keys in given.items() if keys}
-    rest = {**body, **{key: PLACEHOLDER[name] for name, key in keys.items()}}
-    checked = validated(model, rest, root)  # rewards, config, tokens, ...: pydantic's checks and errors
-    flats = {name: _flat(body[key], PER_TOKEN[name]) for name, key in keys.items()}
-    if "per_token_logps" not in flats:
-        raise _NeedsModel
-    lengths = flats["per_token_logps"][1]
-    if lengths.min() == 0:
-        raise _NeedsModel
-    config = getattr(checked, "config", None)
-    fields = checked.batch_fields()
-    grids = len(flats) + sum(given_per_token(name, fields.get(name)) for name in PER_TOKEN_OK)  # advantages (B, T)
-    check_cost(lengths, grids, dtype or _dtype(config), settings, copies)
-    fields |= {name: Flat(*pair) for name, pair in flats.items()}
-    return Prepared(padded_fields(fields, lengths, list(flats)), [int(n) for n in lengths], checked)
+    return read_request(data, ModelChecks(model, settings, list(root or ["body"]), copies))
 
 
 def _dtype(config: Any) -> str:
     """The compute dtype a request asks for (the presets compute in float32)."""
     dtype = getattr(config, "dtype", None) if config is not None else None
     return str(dtype) if dtype else "float32"
-
-
-def _slow(body: dict[str, Any], model: type[BaseModel], settings: Settings, root: Loc, copies: int) -> Prepared:
-    """The whole body through the model: its errors name the field, row and position; ragged lists out."""
-    checked = validated(model, body, root)
-    fields = checked.batch_fields()
-    lengths = [len(r) for r in fields["per_token_logps"]]
-    given = [n for n in PER_TOKEN if fields.get(n) is not None]
-    check_cost(lengths, len(given), _dtype(getattr(checked, "config", None)), settings, copies)
-    return Prepared(fields, lengths, checked)

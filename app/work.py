@@ -20,13 +20,11 @@ import grpo
 from app.errors import CONFIG_FIELDS, ApiError, LimitError, Loc, as_api_error, config_error, error_item, error_json
 from app.forms import file_form
 from app.ingest import (
-    PER_TOKEN,
     Costly,
     NotFast,
     Prepared,
     check_cost,
     check_file_size,
-    json_file_fields,
     load_upload,
     prepare,
     prepare_json,
@@ -37,7 +35,7 @@ from app.schemas import BatchRequest, CompareRequest, LossRequest, UploadForm
 from app.settings import Settings
 from grpo.export import FORMATS, export_batch, file_bytes
 from grpo.io import INPUT_DTYPES, UPLOAD_FORMATS, file_name, precision_notes
-from grpo.requests import Flat, batch_from_request, row_lengths
+from grpo.road import PER_TOKEN, json_file_fields
 from grpo.view.answer import add_warnings, breakdown_to_json, compare_notes, dumps
 from grpo.view.token_fields import compare_fields
 
@@ -117,10 +115,7 @@ def loss_json(
     if token_rows is not None and any(r >= len(lengths) for r in token_rows):
         bad = next(i for i, r in enumerate(token_rows) if r >= len(lengths))
         raise grpo.GrpoInputError("token_rows", f"row numbers below {len(lengths)}", row=bad)
-    batch = batch_from_request(prepared.fields)
-    prepared.fields.clear()  # the batch holds its own tensors: the request's arrays can go
-    bd = grpo.evaluate(batch, config)
-    del batch
+    bd = grpo.evaluate(prepared.batch(), config)  # the request's arrays go once the batch holds its own
     limit = settings.full_token_limit
     return breakdown_to_json(bd, lengths, tokens, rows=token_rows, max_tokens=limit, every_row=heatmap_rows == "all")
 
@@ -145,7 +140,7 @@ def compare(body: bytes, settings: Settings) -> dict[str, Any]:
     configs = [resolve_config(c, settings, ("body", "configs", i)) for i, c in enumerate(request.configs)]
     lengths = prepared.lengths
     _check_tokens(request.tokens, lengths)
-    batch = batch_from_request(prepared.fields)
+    batch = prepared.batch()
     results = []
     for i, config in enumerate(configs):
         try:
@@ -225,21 +220,12 @@ def _upload(fields: dict[str, Any], texts: dict[str, Any], settings: Settings) -
     form_model = validated(UploadForm, {k: v for k, v in given_form.items() if v is not None}, ["body"])
     fields.pop("full_kl", None)
     input_dtypes = fields.pop(INPUT_DTYPES, {})
-    ignored: list[str] = []
-    if isinstance(fields.get("per_token_logps", []), list | Flat):  # JSON-like uploads get /loss's checks
-        prepared = prepare(fields, LossRequest, settings, ["body", "file"], dtype=_dtype(form_model.config))
-        tokens = prepared.model.tokens
-    else:  # named tensors: the ones that are no batch field are reported, not silently dropped
-        ignored = sorted(set(fields) - set(BatchRequest.model_fields))
-        tokens = fields.pop("tokens", None)
-        lengths = row_lengths({"per_token_logps": np.asarray(fields["per_token_logps"])})  # a number: 0 dims
-        check_cost(
-            lengths, sum(isinstance(v, np.ndarray) for v in fields.values()), _dtype(form_model.config), settings
-        )
-        prepared = Prepared(fields, lengths, None)
+    # JSON-like fields get /loss's checks; a binary file's named tensors are priced by their grid
+    prepared = prepare(fields, LossRequest, settings, ["body", "file"], dtype=_dtype(form_model.config), from_file=True)
+    tokens = prepared.fields.pop("tokens", None) if prepared.model is None else prepared.model.tokens
     config = resolve_config(form_model.config, settings)
     result = loss_json(prepared, config, settings, tokens, form_model.token_rows, form_model.heatmap_rows)
-    ignored_notes = [f"Ignored {name!r} in the file: not a batch field." for name in ignored]
+    ignored_notes = [f"Ignored {name!r} in the file: not a batch field." for name in prepared.ignored]
     add_warnings(result, ignored_notes + precision_notes(input_dtypes, config.dtype))
     return result
 

@@ -1,6 +1,6 @@
-"""Request fields -> a checked Batch: the one road from a decoder's output to ``grpo.Batch``.
-
-The road, for every entry point (the JSON body of ``/api/v1/loss``, every upload format, the CLI):
+"""Request fields -> a checked Batch: the road's steps from a decoder's output to ``grpo.Batch``. A caller
+takes the whole road with one call, ``grpo.road.read_request``; these are its parts (the CLI, the exporters and
+the examples, whose fields need no schema, call ``batch_from_request`` alone).
 
 1. A decoder turns bytes into request fields: ``grpo.io.read_arrays`` (JSON text: each per-token field as
    one ``Flat`` float64 array and its row lengths, no Python float per number), ``grpo.io.parse_json``
@@ -14,9 +14,9 @@ The road, for every entry point (the JSON body of ``/api/v1/loss``, every upload
    advantages. An array of the right dtype is not copied on the way in: the Batch's own copy (the padding
    zeroed) is the only one.
 
-The server prices a request (its padded positions, its memory) between 1 and 2, before any (B, T) array
-exists; ``within_bounds`` (the table's bounds, judged on every value given, padding included) tells it, before
-step 2, whether the request's own checks must run to name the position of a bad value.
+The road prices a request (its padded positions, its memory: the caller's ``Checks.price``) between 1 and 2,
+before any (B, T) array exists; ``within_bounds`` (the table's bounds, judged on every value given, padding
+included) tells it, before step 2, whether the caller's exact checks must run to name the position of a bad value.
 """
 
 from __future__ import annotations

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import grpo
-from app.ingest import NAMES, PER_TOKEN, PLACEHOLDER
 from app.schemas import BatchRequest
 from grpo import export, io, runs
 from grpo.fields import ALIASES, BATCH_FIELDS, BatchField, fields_of, padded, present, ragged, register_field
+from grpo.road import NAMES, PER_TOKEN, PLACEHOLDER
 
 
 def test_every_reader_and_writer_takes_its_fields_from_the_table() -> None:

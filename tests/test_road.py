@@ -1,15 +1,19 @@
-"""grpo.requests: the one road from a decoder's fields to a checked Batch.
+"""grpo.road and grpo.requests: the one road from a request's bytes (or a decoder's fields) to a checked Batch.
 
 A decoder's float32 arrays reach the Batch without a copy (the Batch's masked copy widens them), and the
 Batch they make is the one their float64 copies make, bit for bit; the vectorised bounds the server judges
 before building a batch agree with the Batch's own checks; ``padded_fields`` words a row's error as
-``grpo.from_rows`` does.
+``grpo.from_rows`` does. ``grpo.road.read_request`` takes the whole road in one call, the caller's schema
+and price beside it, in that order; the app makes that one call per request and none of the road's parts.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import tracemalloc
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +23,7 @@ import torch
 import grpo
 from grpo.fields import BATCH_FIELDS
 from grpo.requests import Flat, batch_from_request, padded_fields, within_bounds
+from grpo.road import PER_TOKEN, FlatRefused, read_request
 
 NAN, INF = float("nan"), float("inf")
 B, T = 16, 24
@@ -140,3 +145,113 @@ def test_padded_fields_mask_the_padding() -> None:
     )
     assert fields["per_token_logps"].tolist() == [[-1.0, -2.0], [-0.5, 0.0]]
     assert fields["completion_mask"].tolist() == [[1.0, 1.0], [1.0, 0.0]]
+
+
+# --- grpo.road.read_request: the whole road in one call, the caller's checks beside it ------------------------
+class Recorded:
+    """``grpo.road.Checks`` without a schema: every call noted in order; the other fields taken as given."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def not_json(self, exc: ValueError) -> Exception:
+        return LookupError(f"not JSON: {exc}")
+
+    def others(self, body: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        self.calls.append(("others", {k: body[k] for k in sorted(body) if k in PER_TOKEN}))
+        return "schema's object", {k: v for k, v in body.items() if k in BATCH_FIELDS and k not in PER_TOKEN}
+
+    def whole(self, body: Any) -> tuple[Any, dict[str, Any]]:
+        self.calls.append(("whole",))
+        return "schema's object", {k: v for k, v in body.items() if k in BATCH_FIELDS}
+
+    def price(self, lengths: Any, grids: int, model: Any) -> None:
+        self.calls.append(("price", [int(n) for n in lengths], grids))
+
+
+ROWS = {"per_token_logps": [[-1.0, -2.0], [-0.5]], "old_per_token_logps": [[-1.5, -2.0], [-0.25]], "rewards": [1, 0]}
+
+
+def test_the_road_checks_the_others_then_prices_then_pads_and_makes_the_batch_of_the_lists() -> None:
+    """JSON text: the per-token fields read straight into arrays, the caller's schema shown a placeholder in their
+    place (one value inside the bounds: 0 for a log-prob), the price asked for 2 rows of lengths 2 and 1 and two
+    (B, T) fields before any grid exists, then the grid padded with 0, its mask 1 where a row has a value."""
+    checks = Recorded()
+    road = read_request(json.dumps({**ROWS, "group_size": 2}).encode(), checks)
+    assert checks.calls == [
+        ("others", {"old_per_token_logps": [[0.0]], "per_token_logps": [[0.0]]}),
+        ("price", [2, 1], 2),
+    ]
+    assert road.lengths == [2, 1] and road.model == "schema's object"
+    assert road.fields["per_token_logps"].tolist() == [[-1.0, -2.0], [-0.5, 0.0]]
+    assert road.fields["completion_mask"].tolist() == [[1.0, 1.0], [1.0, 0.0]]
+    batch, exact = (
+        road.batch(),
+        grpo.from_rows(ROWS["per_token_logps"], old_per_token_logps=ROWS["old_per_token_logps"], rewards=[1, 0]),
+    )
+    assert road.fields == {}  # the batch holds its own tensors: the request's arrays are let go
+    for name in ("per_token_logps", "old_per_token_logps", "completion_mask", "rewards"):
+        assert torch.equal(getattr(batch, name), getattr(exact, name)), name
+
+
+def test_a_value_the_vectorised_checks_refuse_goes_to_the_callers_exact_check() -> None:
+    """A log-prob of +0.5 is past the field's bound (<= 0): the whole body goes to ``Checks.whole`` (in the server,
+    pydantic names its row and position) at once, priced as ragged lists; a Flat field is refused to its caller."""
+    checks = Recorded()
+    bad = {**ROWS, "per_token_logps": [[-1.0, 0.5], [-0.5]]}
+    road = read_request(json.dumps(bad).encode(), checks)
+    assert [c[0] for c in checks.calls] == ["others", "whole", "price"] and checks.calls[-1] == ("price", [2, 1], 2)
+    assert road.fields["per_token_logps"] == [[-1.0, 0.5], [-0.5]]  # as given: the exact check's
+    with pytest.raises(grpo.GrpoInputError) as found:
+        road.batch()
+    assert (found.value.field, found.value.row) == ("per_token_logps", 0)
+    flat = {"per_token_logps": Flat(np.array([-1.0, 0.5, -0.5]), np.array([2, 1])), "rewards": [1, 0]}
+    with pytest.raises(FlatRefused):
+        read_request(flat, Recorded())
+    with pytest.raises(LookupError, match="not JSON"):
+        read_request(b"{not json", Recorded())
+
+
+def test_a_files_tensors_are_priced_by_their_grid_and_the_unknown_ones_reported() -> None:
+    checks = Recorded()
+    fields = {"per_token_logps": -np.ones((2, 3)), "tokens": np.array([["a"] * 3] * 2), "foo": np.ones(3)}
+    road = read_request(fields, checks, from_file=True)
+    assert checks.calls == [("price", [3, 3], 2)]  # per_token_logps and foo: the display strings are no grid
+    assert road.ignored == ["foo"] and road.model is None
+
+
+@pytest.mark.parametrize("how", ["loss", "upload-json", "upload-safetensors"])
+def test_the_app_takes_the_road_in_one_call(how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request enters ``grpo.road.read_request`` once (the app calls none of the road's parts itself)."""
+    from fastapi.testclient import TestClient
+    from safetensors.numpy import save
+
+    import app.ingest
+    from app.main import create_app
+    from app.settings import Settings
+
+    calls: list[int] = []
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        calls.append(1)
+        return read_request(*args, **kw)
+
+    monkeypatch.setattr(app.ingest, "read_request", counted)
+    body = {**ROWS, "group_size": 2}
+    with TestClient(create_app(Settings(process_workers=0))) as http:
+        if how == "loss":
+            response = http.post("/api/v1/loss", json=body)
+        elif how == "upload-json":
+            response = http.post("/api/v1/upload", files={"file": ("b.json", json.dumps(body).encode())})
+        else:
+            arrays = {"per_token_logps": -np.ones((2, 3), dtype=np.float32), "rewards": np.array([1.0, 0.0])}
+            response = http.post("/api/v1/upload", files={"file": ("b.safetensors", save(arrays))})
+    assert response.status_code == 200, response.text
+    assert calls == [1]
+
+
+def test_the_app_imports_none_of_the_roads_parts() -> None:
+    parts = ("padded_fields", "within_bounds", "read_arrays", "batch_from_request", "from_rows", "Flat")
+    for path in sorted(Path(__file__).resolve().parent.parent.joinpath("app").glob("*.py")):
+        source = path.read_text()
+        assert not [p for p in parts if re.search(rf"\b{p}\b", source)], path.name
