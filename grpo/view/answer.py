@@ -200,7 +200,7 @@ def _per_token(
     # a code per token into why.names (the page maps codes to names): a name per token was a string
     # per position, a sixth of the answer's bytes on a small batch
     token_data["why"] = ragged(why.codes.to(torch.int8).cpu().numpy(), lengths, rows)
-    if why.bounds is not None and not torch.equal(why.bounds, why.codes):  # a token whose why is not its bound
+    if why.bounds is not None and why.laid_over():  # a token whose why is not its bound
         # which bound acted on each token (into why.names), where A = 0, a mask or a correction is its why:
         # the page's region column and the CSV's ("unbounded", not the region code's "trust")
         token_data["bound"] = ragged(why.bounds.to(torch.int8).cpu().numpy(), lengths, rows)

@@ -7,6 +7,7 @@ lies on its curve. Flat spans (clipped, zero gradient) are read off the objectiv
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -39,8 +40,15 @@ def unit_objective(ratio: Tensor, sign: Tensor, config: LossConfig) -> tuple[Ten
 def _per_row(config: LossConfig) -> bool:
     """Whether the objective's term is one per row (ObjectiveTerms.weight set: verl's geo_mean), so a token's own
     ratio does not give the term the objective uses: the curve is a one-token row's, the points their row's."""
+    return _weighs_rows(config, OBJECTIVES.get(config.objective))
+
+
+@lru_cache(maxsize=256)
+def _weighs_rows(config: LossConfig, objective: Callable[..., Any]) -> bool:
+    """``_per_row``, asked of the objective once per config (a call on one token, per answer twice): ``objective``
+    (the registered function) is part of the key, so a plugin that registers the name again is asked again."""
     one = torch.ones(1, 1, dtype=torch.float64)
-    return OBJECTIVES.get(config.objective)(one, one, one, config).weight is not None
+    return objective(one, one, one, config).weight is not None
 
 
 def _row_terms(bd: Breakdown) -> Tensor:
@@ -107,8 +115,9 @@ def objective_curves(
     counted = tokens.n > 0  # no token counts (all masked): no points, and the objectives never see an empty batch
     low, high = 0.5, 2.0
     if counted:
-        low = min(low, float(tokens.values(ratio).min()) / 1.5)
-        high = max(high, float(tokens.values(ratio).max()) * 1.5)
+        smallest, largest = torch.aminmax(tokens.values(ratio))
+        low = min(low, float(smallest) / 1.5)
+        high = max(high, float(largest) * 1.5)
     low, high = max(low, 1e-6), min(high, 1e6)
     # The first max_points counted tokens in row order: only the rows that hold them are searched.
     reach = int(torch.searchsorted(torch.tensor(tokens.lengths, dtype=torch.int64).cumsum(0), max_points)) + 1

@@ -155,6 +155,9 @@ def negative_kl_sentence(bd: Breakdown, counted: Counted) -> str | None:
     """A KL estimate below 0 (k1 = logp - ref is, wherever pi < pi_ref): flagged, and whether its
     gradient is the same on every token (beta times the token's weight, as k1's is)."""
     kl = counted.values(bd.tokens.kl)
+    low = float(kl.min()) if kl.numel() else 0.0
+    if low >= 0:  # no negative estimate (NaN is not >= 0: counted below): one reduction, no count
+        return None
     n_negative = int(torch.count_nonzero(kl < 0))
     if not n_negative:
         return None
@@ -162,7 +165,7 @@ def negative_kl_sentence(bd: Breakdown, counted: Counted) -> str | None:
     batch_kl = mark("metrics/kl", bd.metrics["kl"] if "kl" in bd.metrics else float(kl.mean()))
     text = (
         f"The KL estimate is negative on {mark('lens/why/kl_negative', n_negative, 12)} of {n} tokens (as low as "
-        f"{mark('lens/why/kl_min', float(kl.min()))}; the batch's kl is {batch_kl}): an estimator "
+        f"{mark('lens/why/kl_min', low)}; the batch's kl is {batch_kl}): an estimator "
         "like k1 = logp - ref goes below 0 wherever the policy gives a token less probability than the "
         "reference, so beta·KL lowers the loss there instead of penalising the drift."
     )

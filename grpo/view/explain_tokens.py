@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from grpo.loss import Breakdown
 from grpo.marks import mark, percent
-from grpo.view.counted import Counted
+from grpo.view.counted import Counted, extent
 from grpo.view.why import (
     CORRECTION_WHYS,
     ENTROPY_MASKED,
@@ -64,8 +64,8 @@ def selected_sentence(bd: Breakdown, why: TokenWhy, counted: Counted) -> str | N
     n_picked, n_all = mark(f"why/{why.selected}", k, 12), mark("lens/num_tokens", counted.n, 12)
     text = f"{n_picked} of {n_all} tokens picked by the objective's rule"
     if k:
-        picked = why.codes == why.names.index(why.selected)
-        top = float(bd.tokens.log_ratio[picked].abs().max())
+        low, high = extent(bd.tokens.log_ratio, why.where([why.selected]))
+        top = max(abs(low), abs(high))  # the largest |log-ratio| is one of the two ends
         text += f" (|log-ratio| up to {mark('lens/why/selected_log_ratio_max', top)})"
     return f"{text}; a picked token is {marked_why_text(bd.config, why.selected)}."
 
@@ -99,11 +99,7 @@ def _flat_span(bd: Breakdown, why: TokenWhy, bounded: list[str]) -> str:
     """The ratios of the tokens a bound of the objective's holds (``bounded``: their codes, each with a token)."""
     if not bounded:
         return ""
-    flat = why.codes == why.names.index(bounded[0])
-    for name in bounded[1:]:
-        flat |= why.codes == why.names.index(name)
-    ratios = bd.tokens.ratio[flat]
-    lo, hi = float(ratios.min()), float(ratios.max())
+    lo, hi = extent(bd.tokens.ratio, why.where(bounded))
     span = (
         f"ratio {mark('lens/why/flat_ratio_min', lo)}"
         if lo == hi
@@ -127,7 +123,7 @@ def unbounded_sentence(bd: Breakdown, why: TokenWhy) -> str | None:
     k = why.counts()["unbounded"]
     if not k:
         return None
-    top = float(bd.tokens.ratio[why.codes == why.names.index("unbounded")].max())
+    top = extent(bd.tokens.ratio, why.where(["unbounded"]))[1]
     if "delta" not in why.names:  # another objective's (GMPO, Clip-Cov): its rule's own sentence, no clip advice
         ratio = mark("lens/why/unbounded_ratio_max", top)
         return (

@@ -7,7 +7,7 @@ A = 0, the token masks and the rollout correction laid over it; every count and 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Any
@@ -20,6 +20,7 @@ from grpo.corrections import MASKED, REJECTED, SEQUENCE_MASKED
 from grpo.loss import Breakdown, entropy_threshold
 from grpo.marks import mark, number
 from grpo.objectives import OBJECTIVES, REGIONS
+from grpo.view.counted import extent
 
 ZERO_ADVANTAGE = "zero_advantage"
 ZERO_ADVANTAGE_TEXT = (
@@ -122,7 +123,7 @@ class TokenWhy:
     @cached_property
     def _counts(self) -> dict[str, int]:
         """``counts``, tallied once: the answer and the sentences each read them."""
-        found = torch.bincount(self.codes.flatten(), minlength=len(self.names)).tolist()
+        found = code_counts(self.codes, len(self.names)).tolist()
         return {name: int(n) for name, n in zip(self.names, found, strict=True) if name not in ("masked", RS_REJECTED)}
 
     @property
@@ -136,8 +137,33 @@ class TokenWhy:
             and name not in CORRECTION_WHYS  # the heatmaps mark these as the correction's (tokens.correction)
         )
 
+    def laid_over(self) -> bool:
+        """Whether some token's why is not its bound (``bounds`` given): an overlay (A = 0, a token mask, a
+        correction) took it. Each overlay's code is past every code of the objective's own (``token_why`` appends
+        its name), so this is the largest code's test, one int8 reduction (torch.equal of the two is several)."""
+        first = self.names.index(ZERO_ADVANTAGE)  # the first name token_why lays over the objective's
+        return self.bounds is not None and self.codes.numel() > 0 and int(self.codes.max()) >= first
+
+    def where(self, names: Iterable[str]) -> Tensor:
+        """int8 (B, T): 1 on the tokens whose code is one of ``names`` (each one of ``self.names``)."""
+        found = torch.zeros(self.codes.shape, dtype=torch.int8, device=self.codes.device)
+        for name in names:
+            found |= indicator(torch.eq, self.codes, self.names.index(name))
+        return found
+
     def code_names(self) -> list[list[str]]:
         return [[self.names[c] for c in row] for row in self.codes.tolist()]
+
+
+def code_counts(codes: Tensor, n: int) -> Tensor:
+    """(n,) how many of the int8 ``codes`` (each in [0, n)) hold each code. bincount runs serially, one element
+    after another: it counts the pairs of neighbouring codes instead, each pair's two bytes read as one int16 (a
+    + 256·b), half as many elements; a code's count is its pairs with it as a plus those with it as b."""
+    flat = codes.flatten()
+    if flat.numel() % 2 or flat.storage_offset() % 2:  # no whole pairs to read: one by one
+        return torch.bincount(flat, minlength=n)
+    pairs = torch.bincount(flat.view(torch.int16), minlength=256 * n).view(n, 256)[:, :n]  # [b, a]
+    return pairs.sum(0) + pairs.sum(1)
 
 
 @lru_cache(maxsize=256)
@@ -170,14 +196,15 @@ def token_why(bd: Breakdown) -> TokenWhy:
     if selected is not None and t.selected is not None:  # the objective's own pick, whatever the region
         codes.masked_fill_(t.selected > 0, names.index(selected))
     names = (*names, ZERO_ADVANTAGE, ENTROPY_MASKED)
-    bounds = codes.masked_fill_(~t.mask, 0)  # the objective's reading, before the overlays; "masked" is code 0
-    zero = (t.advantage == 0) & (bounds == names.index("trust"))  # A = 0 on a counted token in the trust region
-    codes = bounds.masked_fill(zero, names.index(ZERO_ADVANTAGE))
+    counted = t.mask.view(torch.int8)  # 1 where a token counts: the bool mask's bytes
+    bounds = codes.mul_(counted)  # the objective's reading, before the overlays; "masked" is code 0
+    zero = _zero_advantage(bd, bounds, names.index("trust"))
+    codes = _laid_over(bounds.clone(), zero, names.index(ZERO_ADVANTAGE))
     if config.top_entropy_quantile < 1:  # the entropy mask acts before any bound: it silences the token
-        codes.masked_fill_((t.policy_kept == 0) & t.mask, names.index(ENTROPY_MASKED))
+        _laid_over(codes, indicator(torch.eq, t.policy_kept, 0) & counted, names.index(ENTROPY_MASKED))
     if t.tool_output is not None:  # a tool's output does not count, but it is named apart from the padding
         names = (*names, TOOL_OUTPUT)
-        codes.masked_fill_(t.tool_output, names.index(TOOL_OUTPUT))
+        _laid_over(codes, t.tool_output.to(torch.int8), names.index(TOOL_OUTPUT))
         texts[TOOL_OUTPUT] = TOOL_OUTPUT_TEXT
     names, codes, corrected = _correction_whys(bd, names, codes, texts)
     texts |= _overlay_texts(bd, zero)
@@ -189,13 +216,35 @@ def token_why(bd: Breakdown) -> TokenWhy:
     return TokenWhy(names, codes, texts, no_gradient | silenced, labels, selected, masks, bounds)
 
 
+def indicator(compare: Callable[..., Tensor], x: Tensor, value: float) -> Tensor:
+    """``compare(x, value)`` (torch.eq, torch.lt, ...) as int8 0/1: on CPU a comparison written into bool runs
+    several times slower than into int8, and int8 indicators combine with ``&`` and ``|`` in cheap passes."""
+    return compare(x, value, out=torch.empty(x.shape, dtype=torch.int8, device=x.device))
+
+
+def _laid_over(codes: Tensor, where: Tensor, code: int) -> Tensor:
+    """``codes`` set to ``code`` where the int8 indicator ``where`` is 1, in place. Each overlay's code is past
+    every code laid before it (its name is appended last), so setting it is a maximum: one int8 pass, where
+    ``masked_fill`` reads a bool mask at several times the cost."""
+    return torch.maximum(codes, where * code, out=codes)
+
+
+def _zero_advantage(bd: Breakdown, bounds: Tensor, trust: int) -> Tensor:
+    """int8 (B, T): 1 on a counted token in the trust region with A = 0 (``bounds`` is 0 where nothing counts).
+    Given per row, a row's A is each of its counted tokens' (tokens.advantage is it times the mask): compared
+    once per row."""
+    advantage = bd.tokens.advantage if bd.per_token_advantages else bd.advantages[:, None]  # (B, T) or (B, 1)
+    return indicator(torch.eq, advantage, 0) & indicator(torch.eq, bounds, trust)
+
+
 def _overlay_texts(bd: Breakdown, zero: Tensor) -> dict[str, str]:
-    """The sentences of A = 0 (the weight its ``zero`` tokens still carry) and of the entropy mask (its
-    threshold on this batch)."""
+    """The sentences of A = 0 (the weight its ``zero`` tokens, an int8 indicator, still carry) and of the entropy
+    mask (its threshold on this batch)."""
     config = bd.config
-    rows = zero.any(-1).nonzero().squeeze(1)  # (B, T) -> (k, T): the rows with such a token, then their tokens
-    weight = bd.tokens.weight[rows][zero[rows]]
-    note = "not shown: no token has A = 0" if not weight.numel() else f"{number(float(weight.max()))} per token here"
+    rows = zero.amax(-1).nonzero().squeeze(1)  # (B, T) -> (k, T): the rows with such a token
+    note = "not shown: no token has A = 0"
+    if rows.numel():
+        note = f"{number(extent(bd.tokens.weight[rows], zero[rows])[1])} per token here"
     template = ENTROPY_MASKED_TEXT.replace("{gradient}", ENTROPY_MASKED_GRADIENT[config.importance_sampling_level])
     threshold = entropy_threshold_of(bd)
     return {
@@ -214,10 +263,11 @@ def _correction_whys(
     config, t = bd.config, bd.tokens
     if not t.correction.numel() or int(t.correction.max()) < MASKED:  # no token dropped or rejected: one pass
         return names, codes, set()
+    counted = t.mask.view(torch.int8)
     given = (
-        (IS_DROPPED, t.mask & (t.correction == MASKED), IS_DROPPED_TEXT),
-        (OFF_POLICY_DROPPED, t.mask & (t.correction == SEQUENCE_MASKED), OFF_POLICY_DROPPED_TEXT),
-        (RS_REJECTED, t.correction == REJECTED, RS_REJECTED_TEXT),
+        (IS_DROPPED, counted & indicator(torch.eq, t.correction, MASKED), IS_DROPPED_TEXT),
+        (OFF_POLICY_DROPPED, counted & indicator(torch.eq, t.correction, SEQUENCE_MASKED), OFF_POLICY_DROPPED_TEXT),
+        (RS_REJECTED, indicator(torch.eq, t.correction, REJECTED), RS_REJECTED_TEXT),
     )
     values = {
         "correction": config.rollout_correction,
@@ -228,11 +278,11 @@ def _correction_whys(
     }
     silenced = set()
     for name, where, text in given:
-        if not bool(where.any()):
+        if not int(where.max()):
             continue
         names = (*names, name)
-        codes.masked_fill_(where, names.index(name))
-        none = name == RS_REJECTED or not bool(t.grad_policy[where].any())
+        _laid_over(codes, where, names.index(name))
+        none = name == RS_REJECTED or not bool(t.grad_policy[where.view(torch.bool)].any())
         if none:
             silenced.add(name)
         values_here = {**values, "threshold": config.rollout_rs_threshold or "off"} if name == RS_REJECTED else values
