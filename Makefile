@@ -75,7 +75,8 @@ lint: $(STAMP) $(NODE_STAMP)
 test: $(STAMP) $(TRAINERS) chromium lint
 	$(PY) -c 'import torch; print("CPU kernel set:", torch.backends.cpu.get_cpu_capability())'
 	$(PY) -m pytest
-	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -m numerical -p no:cacheprovider
+	# the files that mark numerical tests (collecting the other files again took seconds for none of them)
+	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -m numerical -p no:cacheprovider $$(grep -l numerical tests/test_*.py)
 
 # The browser tests drive Debian's Chromium (Playwright never downloads a browser here).
 chromium:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -40,18 +41,38 @@ def test_core_covers_every_registered_loss() -> None:
     assert verl == set(core_algos.POLICY_LOSS_REGISTRY) - {"bypass_mode"}
 
 
-def run(script: str, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, f"bench/{script}.py", "--quick", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done.stdout
-
-
-def test_core_quick_pairs_agree() -> None:
-    """Each family's line: the breakdown and the trainer's loss agree to float32 round-off (else exit 1)."""
+@pytest.fixture(scope="module")
+def quick() -> Iterator[dict[str, subprocess.Popen[str]]]:
+    """bench/core.py's and bench/capture.py's ``--quick`` runs, started together (each is seconds of imports
+    and small batches, on one core): the process of each script."""
     pytest.importorskip("trl")
-    out = run("core")
+    started = {
+        script: subprocess.Popen(
+            [sys.executable, f"bench/{script}.py", "--quick"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for script in ("core", "capture")
+    }
+    try:
+        yield started
+    finally:
+        for proc in started.values():
+            proc.kill()
+            proc.communicate()
+
+
+def run(quick: dict[str, subprocess.Popen[str]], script: str) -> str:
+    stdout, stderr = quick[script].communicate(timeout=600)
+    assert quick[script].returncode == 0, stdout[-3000:] + stderr[-3000:]
+    return stdout
+
+
+def test_core_quick_pairs_agree(quick: dict[str, subprocess.Popen[str]]) -> None:
+    """Each family's line: the breakdown and the trainer's loss agree to float32 round-off (else exit 1)."""
+    out = run(quick, "core")
     lines = [line for line in out.splitlines() if line.startswith(("trl ", "verl "))]
     core = bench("core")
     assert len(lines) == len(core.TRL_FAMILIES) + len(core.VERL_FAMILIES) + 2  # + the two off-policy subjects
@@ -61,8 +82,7 @@ def test_core_quick_pairs_agree() -> None:
     assert "MISMATCH" not in out
 
 
-def test_capture_quick_records_the_even_steps() -> None:
-    pytest.importorskip("trl")
-    out = run("capture")
+def test_capture_quick_records_the_even_steps(quick: dict[str, subprocess.Popen[str]]) -> None:
+    out = run(quick, "capture")
     assert "step files: 2," in out  # steps 2 and 4 of 5
     assert "every step : median wall" in out and "every=10" in out

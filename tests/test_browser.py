@@ -8,10 +8,8 @@ that the page logged no errors.
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -24,6 +22,8 @@ from conftest import FULL_TOKEN_LIMIT
 from safetensors.torch import save
 
 import grpo
+from app.main import create_app
+from app.settings import Settings
 from grpo.examples import SCENARIOS
 from grpo.requests import batch_from_request
 
@@ -44,25 +44,33 @@ def _free_port() -> int:
 
 
 def serve(env: dict[str, str], port: int | None = None) -> Iterator[str]:
-    """A real uvicorn on 127.0.0.1 with ``env`` added to this process's: yields its URL, stops it after."""
+    """A real uvicorn on 127.0.0.1 serving ``create_app`` in a thread of this process: yields its URL, stops it
+    after. Its settings are the environment's with ``env`` added, read here once, so ``env`` never reaches this
+    process's other tests. In process, not ``uvicorn app.main:app``: a server process imports torch again,
+    seconds for each test file. Every caller runs large requests in threads (``GRPO_LENS_PROCESS_WORKERS=0``): no
+    worker process starts from the test process."""
+    import uvicorn
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        settings = Settings()
+    assert settings.process_workers == 0, "serve() runs large requests in threads: GRPO_LENS_PROCESS_WORKERS=0"
     port = port or _free_port()
-    cmd = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(1200):  # 120 s: importing torch on a loaded 2-core machine takes tens of seconds
-        try:
-            urllib.request.urlopen(f"{url}/healthz", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.1)
-    else:
-        proc.kill()
-        raise RuntimeError("the server did not start")
-    yield url
-    proc.terminate()
-    proc.wait(10)
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120  # a loaded 2-core machine
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        assert not thread.is_alive(), "the server did not stop"
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +122,10 @@ class Page:
 
     def drawn(self) -> int:
         return int(self.page.evaluate("Number(document.body.dataset.drawn || 0)"))
+
+    def painted(self) -> None:
+        """Until two frames have been painted: a scroll or a style just added is on screen after them."""
+        self.page.evaluate("() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
 
     def wait_drawn(self, after: int) -> int:
         self.wait_for(f"Number(document.body.dataset.drawn || 0) > {after}")

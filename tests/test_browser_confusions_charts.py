@@ -8,7 +8,6 @@ readable. Screenshots go to test-artifacts/confusions-charts/."""
 # ruff: noqa: F811  (the fixtures imported from test_browser are the test functions' parameters)
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ def _shot(page: Page, selector: str, name: str) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.page.add_style_tag(content=".topbar { position: static !important; }")
     page.page.locator(selector).scroll_into_view_if_needed()
-    time.sleep(0.3)
+    page.painted()  # the scroll's repaint
     page.page.locator(selector).screenshot(path=str(SHOTS / name))
 
 

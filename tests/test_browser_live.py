@@ -6,7 +6,6 @@ Screenshots in /tmp/shots_live/."""
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,7 +44,7 @@ def api_timeline(url: str) -> dict[str, Any]:
 def shoot(page: Page, name: str) -> None:
     SHOTS.mkdir(exist_ok=True)
     page.page.evaluate("document.getElementById('run-timeline').scrollIntoView()")
-    time.sleep(0.5)  # the scroll's repaint
+    page.painted()  # the scroll's repaint
     page.page.screenshot(path=str(SHOTS / name), full_page=False)
 
 

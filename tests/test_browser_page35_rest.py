@@ -10,7 +10,6 @@ under TRL's correction with vLLM (sequence_mask, C_max 3): row 3 is dropped."""
 # ruff: noqa: F811  (the fixtures imported from test_browser are the test functions' parameters)
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -74,7 +73,7 @@ def _shot(page: Page, name: str, selector: str | None = None) -> None:
         return
     page.page.add_style_tag(content=".topbar { position: static !important; }")
     page.page.locator(selector).scroll_into_view_if_needed()
-    time.sleep(0.3)
+    page.painted()  # the scroll's repaint
     page.page.locator(selector).screenshot(path=str(SHOTS / name))
 
 

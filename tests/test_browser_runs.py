@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,7 @@ def shoot_section(page: Page, section: str, name: str) -> None:
     """A screenshot of the viewport with the element ``section`` scrolled into it, as test-artifacts/``name``."""
     ARTIFACTS.mkdir(exist_ok=True)
     page.page.evaluate(f"document.getElementById('{section}').scrollIntoView()")
-    time.sleep(0.5)  # the scroll's repaint
+    page.painted()  # the scroll's repaint
     page.page.screenshot(path=str(ARTIFACTS / name), full_page=False)
 
 

@@ -5,7 +5,6 @@ the whole view back and the run's charts are drawn. Screenshots in /tmp/shots_em
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -55,7 +54,7 @@ def empty_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
 def shoot(page: Page, name: str) -> None:
     SHOTS.mkdir(exist_ok=True)
     page.page.evaluate("document.getElementById('runs').scrollIntoView()")
-    time.sleep(0.5)  # the scroll's repaint
+    page.painted()  # the scroll's repaint
     page.page.screenshot(path=str(SHOTS / name), full_page=False)
 
 

@@ -6,7 +6,6 @@ heatmaps), a click on a point opening its step, and a second run laid beside the
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,7 +63,7 @@ def traces(page: Page, series: str) -> dict[str, dict[str, Any]]:
 def shoot(page: Page, element: str, name: str) -> None:
     SHOTS.mkdir(exist_ok=True)
     page.page.evaluate(f"document.getElementById('{element}').scrollIntoView()")
-    time.sleep(0.5)  # the scroll's repaint
+    page.painted()  # the scroll's repaint
     page.page.screenshot(path=str(SHOTS / name), full_page=False)
 
 

@@ -87,18 +87,23 @@ class Driver:
         return whole | {"response_mask": after, "rollout_is_weights": weights}
 
 
+# each verl import's process and its capture directory, by whether it was given one
+Imports = dict[bool, tuple[subprocess.Popen[str], Path]]
 PATHS = os.pathsep.join([str(ROOT), str(ROOT / "tests")])  # this checkout's grpo and the test helpers
 
 
-@pytest.fixture
-def local_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.delenv(CAPTURE_DIR, raising=False)
-    job = {"env_vars": {"PYTHONPATH": PATHS}}
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False, runtime_env=job)
-    try:
-        yield
-    finally:
-        ray.shutdown()
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    """One local Ray for the module (its start and stop take seconds): each test starts its own actors, with
+    their own environment, writing into its own run directory."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv(CAPTURE_DIR, raising=False)
+        job = {"env_vars": {"PYTHONPATH": PATHS}}
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False, runtime_env=job)
+        try:
+            yield
+        finally:
+            ray.shutdown()
 
 
 def test_ray_workers_capture_through_the_verl_plugin(local_ray: None, tmp_path: Path) -> None:
@@ -168,19 +173,39 @@ def test_the_drivers_correction_reaches_the_workers_files(local_ray: None, tmp_p
     assert all(m.rel_error is not None and m.rel_error <= 1e-5 for m in check.micro)
 
 
-@pytest.mark.parametrize("capture", [False, True])
-def test_importing_verl_loads_the_plugin_which_acts_only_when_asked(capture: bool, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def verl_imports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Imports]:
+    """A process importing verl without and one with a capture directory, started together (each import takes
+    seconds, on one core)."""
     script = (
         "import sys, verl\n"
         "from verl.trainer.ppo import core_algos\n"
         "print(core_algos.kl_penalty.__qualname__, 'grpo.capture.verl_plugin' in sys.modules)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != CAPTURE_DIR} | ({CAPTURE_DIR: str(tmp_path)} if capture else {})
-    done = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    hooked = "VerlCapture.kl_hook" in done.stdout
-    assert done.stdout.split()[-1] == "True"  # the entry point was loaded either way (pyproject.toml)
+    started = {}
+    for capture in (False, True):
+        capture_dir = tmp_path_factory.mktemp(f"capture-{capture}")
+        env = {k: v for k, v in os.environ.items() if k != CAPTURE_DIR} | (
+            {CAPTURE_DIR: str(capture_dir)} if capture else {}
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        started[capture] = (proc, capture_dir)
+    try:
+        yield started
+    finally:
+        for proc, _ in started.values():
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.parametrize("capture", [False, True])
+def test_importing_verl_loads_the_plugin_which_acts_only_when_asked(capture: bool, verl_imports: Imports) -> None:
+    proc, capture_dir = verl_imports[capture]
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-2000:]
+    hooked = "VerlCapture.kl_hook" in stdout
+    assert stdout.split()[-1] == "True"  # the entry point was loaded either way (pyproject.toml)
     assert hooked == capture
-    assert list(tmp_path.iterdir()) == []  # no loss call: nothing written
+    assert list(capture_dir.iterdir()) == []  # no loss call: nothing written
