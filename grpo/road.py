@@ -11,7 +11,8 @@
    whose error names the field, the row and the position.
 3. ``Checks.price`` judges the request's padded positions and memory before any (B, T) array exists.
 4. The per-token fields become (B, T) arrays padded with 0 (``grpo.requests.padded_fields``): one copy.
-5. ``CheckedRequest.batch`` builds the ``grpo.Batch``, which checks every bound once more at the counted tokens.
+5. ``CheckedRequest.batch`` builds the ``grpo.Batch``, which checks every bound once more at the counted tokens
+   (a file's float32 arrays go in as tensors: the batch stays float32, as the file was).
 
 A binary file's named tensors (``grpo.io.load_file``) take steps 3 and 5: their shapes and dtypes are the file's.
 """
@@ -24,6 +25,8 @@ from itertools import chain
 from typing import Any, Protocol
 
 import numpy as np
+import torch
+from torch import Tensor
 
 from grpo.batch import Batch
 from grpo.fields import ALIASES, BATCH_FIELDS, BatchField, fields_of, given_per_token, names_of
@@ -75,9 +78,25 @@ class CheckedRequest:
 
     def batch(self) -> Batch:
         """The ``grpo.Batch`` of these fields; the fields are let go (the batch holds its own tensors)."""
-        batch = batch_from_request(self.fields)
+        batch = batch_from_request(_float32_as_tensors(self.fields))
         self.fields.clear()
         return batch
+
+
+def _float32_as_tensors(fields: dict[str, Any]) -> dict[str, Any]:
+    """A file's fields whose floating-point arrays are all float32 with those arrays as tensors sharing their memory:
+    the Batch then keeps float32 as ``grpo.Batch`` keeps a float32 tensor, where an array that is not a tensor
+    becomes float64 (a copy twice the size, and every check and the evaluation's cast on it). The answer is the
+    same bit for bit: float32 widens to float64 exactly, and the loss is computed in the config's dtype either way.
+    Any other mix (JSON's float64, a float64 field beside float32 ones) is left as it is: nothing is rounded."""
+    floats = {str(v.dtype) for v in fields.values() if isinstance(v, np.ndarray) and v.dtype.kind == "f"}
+    if floats != {"float32"}:
+        return fields
+    return {k: _shared(v) if isinstance(v, np.ndarray) and v.dtype.kind == "f" else v for k, v in fields.items()}
+
+
+def _shared(values: np.ndarray) -> Tensor:
+    return torch.from_numpy(values if values.flags.writeable else values.copy())
 
 
 class FlatRefused(Exception):

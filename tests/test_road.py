@@ -1,7 +1,8 @@
 """grpo.road and grpo.requests: the one road from a request's bytes (or a decoder's fields) to a checked Batch.
 
 A decoder's float32 arrays reach the Batch without a copy (the Batch's masked copy widens them), and the
-Batch they make is the one their float64 copies make, bit for bit; the vectorised bounds the server judges
+Batch they make is the one their float64 copies make, bit for bit; through the road (a file's fields) they make
+a float32 batch instead, whose answers are the float64 batch's for every registered variant; the vectorised bounds the server judges
 before building a batch agree with the Batch's own checks; ``padded_fields`` words a row's error as
 ``grpo.from_rows`` does. ``grpo.road.read_request`` takes the whole road in one call, the caller's schema
 and price beside it, in that order; the app makes that one call per request and none of the road's parts.
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 import torch
 
@@ -99,6 +101,68 @@ def test_a_float32_array_is_not_copied_before_the_batch_owns_it() -> None:
     assert batch.logp.dtype == torch.float64 and float(batch.logp.sum()) == -256 * 4096
     assert np.array_equal(logp, before)  # the decoder's array is not written to
     assert batch.logp.data_ptr() != logp.ctypes.data  # the Batch holds its own copy
+
+
+def _configs() -> list[dict[str, Any]]:
+    """Every registered variant of every kind, under verl's preset, in float32 and float64, with and without a
+    rollout correction (the batch carries the sampler's log-probs)."""
+    from grpo.config import REGISTRIES
+
+    variants = (
+        {},
+        {"dtype": "float64"},
+        {"rollout_correction": "token_truncate"},
+        {"rollout_correction": "sequence_mask"},
+    )
+    return [
+        {"preset": "verl-grpo", "beta": 0.04, "dro_beta": 0.1, **extra, kind: name}
+        for kind, registry in REGISTRIES.items()
+        for name in registry.names()
+        for extra in variants
+    ]
+
+
+@pytest.mark.numerical
+def test_a_files_float32_arrays_make_a_float32_batch_with_the_same_answer() -> None:
+    """The road hands a file's float32 arrays to the Batch as tensors: the batch stays float32 (no float64 copy
+    twice the size, no cast in the evaluation), and every answer equals the float64 batch's bit for bit, as
+    float32 widens to float64 exactly and the loss is computed in the config's dtype either way. The one text
+    that differs is the entropies', shown as given: the float32 batch writes them as float32 (``0.43368205``),
+    the float64 one as their widened value (``0.43368205428123474``): the same float32 numbers."""
+    from grpo.road import CheckedRequest
+    from grpo.view.answer import breakdown_to_json, dumps
+
+    f32 = _float32_fields()
+    before = {k: v.copy() for k, v in f32.items()}
+    road = CheckedRequest({**f32, "group_size": 4}, [T] * B, None).batch()
+    wide = batch_from_request({**{k: v.astype(np.float64) for k, v in f32.items()}, "group_size": 4})
+    assert road.logp.dtype == torch.float32 and wide.logp.dtype == torch.float64
+    assert all(np.array_equal(f32[k], before[k], equal_nan=True) for k in f32)  # the file's arrays not written to
+    assert road.logp.data_ptr() != f32["per_token_logps"].ctypes.data  # the Batch holds its own copy
+    compared = refused = 0
+    for fields in _configs():
+        try:
+            config = grpo.LossConfig.resolve(fields)
+            answers = [orjson.loads(dumps(breakdown_to_json(grpo.evaluate(batch, config)))) for batch in (road, wide)]
+        except grpo.GrpoInputError:  # a variant this batch cannot feed (ReMax's baselines, Σπ²): both refuse it
+            refused += 1
+            continue
+        shown = [np.array(a["tokens"].pop("entropies"), dtype=np.float32) for a in answers]
+        assert np.array_equal(shown[0], shown[1]) and shown[0].shape == (B, T), fields
+        assert orjson.dumps(answers[0]) == orjson.dumps(answers[1]), fields
+        compared += 1
+    assert compared >= 100 and refused < compared, (compared, refused)
+
+
+def test_float64_beside_float32_keeps_the_road_in_float64() -> None:
+    """A float64 field beside float32 ones: nothing is rounded to float32 (the Batch widens all of them)."""
+    from grpo.road import CheckedRequest
+
+    f32 = _float32_fields()
+    f32["rewards"] = f32["rewards"].astype(np.float64) + 1e-12
+    batch = CheckedRequest({**f32, "group_size": 4}, [T] * B, None).batch()
+    assert batch.logp.dtype == torch.float64 and batch.rewards is not None
+    assert torch.equal(batch.rewards, torch.from_numpy(f32["rewards"]))
 
 
 CASES = {
