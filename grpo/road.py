@@ -86,9 +86,10 @@ class CheckedRequest:
 def _float32_as_tensors(fields: dict[str, Any]) -> dict[str, Any]:
     """A file's fields whose floating-point arrays are all float32 with those arrays as tensors sharing their memory:
     the Batch then keeps float32 as ``grpo.Batch`` keeps a float32 tensor, where an array that is not a tensor
-    becomes float64 (a copy twice the size, and every check and the evaluation's cast on it). The answer is the
-    same bit for bit: float32 widens to float64 exactly, and the loss is computed in the config's dtype either way.
-    Any other mix (JSON's float64, a float64 field beside float32 ones) is left as it is: nothing is rounded."""
+    becomes float64 (a copy twice the size, and every check and the evaluation's cast on it). Every number computed
+    is the same bit for bit (float32 widens to float64 exactly; the loss is computed in the config's dtype either
+    way); the entropies, shown as given, are written as the float32 numbers they are. Any other mix (JSON's
+    float64, a float64 field beside float32 ones) is left as it is: nothing is rounded."""
     floats = {str(v.dtype) for v in fields.values() if isinstance(v, np.ndarray) and v.dtype.kind == "f"}
     if floats != {"float32"}:
         return fields
