@@ -2,10 +2,10 @@
 
 A decoder's float32 arrays reach the Batch without a copy (the Batch's masked copy widens them), and the
 Batch they make is the one their float64 copies make, bit for bit; through the road (a file's fields) they make
-a float32 batch instead, whose answers are the float64 batch's for every registered variant; the vectorised bounds the server judges
-before building a batch agree with the Batch's own checks; ``padded_fields`` words a row's error as
-``grpo.from_rows`` does. ``grpo.road.read_request`` takes the whole road in one call, the caller's schema
-and price beside it, in that order; the app makes that one call per request and none of the road's parts.
+a float32 batch instead, whose answers are the float64 batch's for every registered variant; the vectorised
+bounds the server judges before building a batch agree with the Batch's own checks; ``padded_fields`` words a
+row's error as ``grpo.from_rows`` does. ``grpo.road.read_request`` takes the whole road in one call, the caller's
+schema and price beside it, in that order; the app makes that one call per request and none of the road's parts.
 """
 
 from __future__ import annotations
