@@ -13,7 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from trainers import grpo_trainer
+from trainers import end_process_group, grpo_trainer
 
 import grpo.capture
 
@@ -23,3 +23,4 @@ if __name__ == "__main__":
     ranks = [int(r) for r in sys.argv[5].split(",")] if len(sys.argv) > 5 else None
     with grpo.capture.trl(trainer, run, ranks=ranks):
         trainer.train()
+    end_process_group()

@@ -18,7 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from trainers import grpo_trainer, save_model
+from trainers import end_process_group, grpo_trainer, save_model
 
 import grpo.capture
 from grpo.check import check_run
@@ -91,3 +91,4 @@ if __name__ == "__main__":  # one process of the run, under torchrun
     trainer = grpo_trainer(out, "dapo", steps=STEPS, model_dir=model, logging_steps=LOGGING_STEPS)
     with grpo.capture.trl(trainer, run):
         trainer.train()
+    end_process_group()

@@ -105,3 +105,15 @@ def grpo_trainer(
         processing_class=tokenizer,
         rollout_func=rollout_func,
     )
+
+
+def end_process_group() -> None:
+    """Close this process's gloo group before Python exits: left to the interpreter's teardown, gloo's threads
+    are destroyed while still joinable and a rank aborts ("terminate called without an active exception",
+    SIGABRT) after the run has finished and written everything; torchrun then fails the whole launch. The barrier
+    lets no rank close while another still sends."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
