@@ -29,8 +29,6 @@ back as a file the server sends in chunks (``Reply.path``), never whole through 
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import logging
 import multiprocessing
 import os
@@ -55,35 +53,13 @@ import anyio
 from app.auth import cookie_values
 from app.errors import error_item, error_json
 from app.ingest import Costly, cheap_work
+from app.memory import allow_huge_pages_in_children, huge_pages_for, release_memory
 from app.settings import Settings
 from app.work import Reply, replying
 
 T = TypeVar("T")
 
 log = logging.getLogger("grpo_lens")
-
-
-def release_memory() -> None:
-    """Hand the heap's free pages back to the OS (glibc's malloc_trim; a no-op elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return
-    with suppress(OSError, AttributeError):  # not glibc: nothing to trim
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-
-
-HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
-
-
-def allow_huge_pages_in_children() -> None:
-    """Processes started from here on (the spawned workers) let glibc's malloc ask for transparent huge pages
-    (``madvise``; the kernel's ``transparent_hugepage`` must be ``madvise`` or ``always``, else nothing changes).
-    A worker trims its heap once idle, so a large request arriving later faults its buffers in again: a JSON
-    body of 62 MB about 100k faults of 4 KiB, 80-140 ms of a 300 ms request (``bench/api.py``'s figure 2); in
-    2 MiB pages that cost is gone. Tunables are read when a process starts, so this process is unchanged; an
-    operator's own ``glibc.malloc.hugetlb`` in ``GLIBC_TUNABLES`` is kept as it is."""
-    tunables = os.environ.get("GLIBC_TUNABLES", "")
-    if "glibc.malloc.hugetlb" not in tunables:
-        os.environ["GLIBC_TUNABLES"] = ":".join(t for t in (tunables, HUGE_PAGES_TUNABLE) if t)
 
 
 def exit_with_parent(parent: int, poll: float = 0.5) -> None:
@@ -332,7 +308,8 @@ def _in_worker(fn: Any, idle: float, *args: Any) -> Reply:
     trim_when_idle(None)
     try:
         args = unspooled(args)
-        reply = replying(getattr(fn, "__name__", "request"), fn, *args)
+        with huge_pages_for(sum(len(a) for a in args if isinstance(a, bytes))):
+            reply = replying(getattr(fn, "__name__", "request"), fn, *args)
         if reply.download and len(reply.body) >= REPLY_FILE_BYTES:
             spooled = Spooled(reply.body)
             reply.body, reply.path = b"", spooled.path

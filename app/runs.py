@@ -21,7 +21,8 @@ from app import summaries, timelines
 from app.api import JSONBytes, answer, as_response, multipart_body
 from app.deps import LabDep, LanesDep, RunStreamsDep, SettingsDep, StoreDep, StreamClientDep, WatcherDep
 from app.lab_streams import LastEventId, event_stream_route
-from app.lanes import Lanes, release_memory
+from app.lanes import Lanes
+from app.memory import release_memory
 from app.schemas import HEATMAP_ROWS, Count, ErrorResponse, HeatmapRows
 from app.settings import Settings
 from app.store import LAB_REMOVE_SECONDS, RunStore, valid_name

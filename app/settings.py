@@ -102,7 +102,8 @@ class Settings(BaseSettings):
     worker_huge_pages: bool = Field(
         True,
         description="Worker processes allocate in transparent huge pages (glibc.malloc.hugetlb=1, where the "
-        "kernel allows them: a large request's buffers, faulted in again after each trim, take 512x fewer faults).",
+        "kernel allows them: a large request's buffers, faulted in again after each trim, take 512x fewer faults); "
+        "a job under 16 MiB of request bytes runs with them off.",
     )
     trim_idle: float = Field(
         0.5, ge=0, description="Seconds without large work before a process gives its freed memory back to the OS."

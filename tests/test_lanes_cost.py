@@ -211,6 +211,54 @@ def test_a_worker_allocates_large_buffers_in_huge_pages(pooled: TestClient) -> N
     assert pool.submit(huge_pages_after_touching, 64 * MB).result(timeout=60) >= 32 * MB
 
 
+def huge_pages_of_a_job(body: bytes) -> dict[str, int]:
+    """A worker's job (``body``: its request bytes): 32 MiB allocated and written; the bytes of it that came in
+    huge pages (``AnonHugePages`` grown meanwhile), and whether the process had them turned off."""
+    import ctypes
+
+    def anon_huge() -> int:
+        with open("/proc/self/smaps_rollup") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("AnonHugePages:")) * 1024
+
+    before = anon_huge()
+    block = np.ones(32 * MB // 8)
+    grown = anon_huge() - before
+    del block
+    off = ctypes.CDLL(None).prctl(42, 0, 0, 0, 0)  # PR_GET_THP_DISABLE
+    return {"huge": grown, "off": off}
+
+
+@pytest.mark.skipif(
+    not LINUX or not os.path.exists(THP) or "[never]" in open(THP).read(),  # noqa: SIM115
+    reason="transparent huge pages are Linux's, where the kernel allows them",
+)
+def test_a_workers_small_job_faults_in_small_pages_and_a_large_one_in_huge_pages() -> None:
+    """Huge pages pay off for a large request's buffers only: a job of a few MB would pay for each 2 MiB page
+    it touches (zeroed whole) and again when the trim splits them. A job under ``HUGE_PAGE_JOB_BYTES`` request
+    bytes runs with them off and leaves them on; a larger one keeps them (its 32 MiB mostly in 2 MiB pages).
+    A worker of its own: one whose heap earlier jobs have faulted in 4 KiB pages keeps those page tables."""
+    from functools import partial
+
+    from app.lanes import _in_worker
+    from app.memory import HUGE_PAGE_JOB_BYTES, release_memory
+
+    with app_client(process_workers=1) as http:
+        pool = lanes_of(http).pool
+        assert pool is not None
+
+        def job(size: int) -> dict[str, int]:
+            reply = pool.submit(partial(_in_worker, huge_pages_of_a_job, 60.0), b"x" * size).result(timeout=60)
+            pool.submit(release_memory).result(timeout=60)
+            assert reply.status == 200, reply.body
+            found: dict[str, int] = json.loads(reply.body)
+            return found
+
+        large, small = job(HUGE_PAGE_JOB_BYTES), job(HUGE_PAGE_JOB_BYTES - 1)
+        assert large["off"] == 0 and large["huge"] >= 16 * MB
+        assert small == {"huge": 0, "off": 1}
+        assert pool.submit(huge_pages_of_a_job, b"").result(timeout=60)["off"] == 0  # on again after the small job
+
+
 def test_huge_pages_keep_the_operators_own_tunables(monkeypatch: pytest.MonkeyPatch) -> None:
     from app.lanes import allow_huge_pages_in_children
 
