@@ -8,6 +8,7 @@ ESLint and Prettier come from is pinned and hashed."""
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from pathlib import Path
 
@@ -134,3 +135,20 @@ def test_make_lint_runs_eslint_and_prettier() -> None:
     assert "eslint" in recipe.group(1) and "prettier --check" in recipe.group(1)
     assert re.search(r"npm ci --ignore-scripts --no-audit --no-fund", makefile)
     assert "node_modules/" in (ROOT / ".gitignore").read_text().split()
+
+
+def test_the_dashboard_preloads_every_module_its_entry_imports() -> None:
+    """index.html names every module main.js reaches (imports of imports included) in a modulepreload: the browser
+    then fetches them all at once. A module left out is found only once the module importing it has been parsed,
+    a serial step on every navigation before the first view (live.js, imported by runs.js, was one)."""
+    html = (ROOT / "templates" / "index.html").read_text()
+    preloaded = set(re.findall(r'<link rel="modulepreload" href="/static/js/([^"]+)">', html))
+    reached, todo = set(), ["main.js"]
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            for spec in re.findall(r'^\s*import\b[^;]*?from\s+"(\.[^"]+)"', _code(JS / name), flags=re.M):
+                todo.append(posixpath.normpath(posixpath.join(posixpath.dirname(name), spec)))  # charts/../dom.js
+    assert {"runs.js", "live.js", "charts/base.js"} <= reached  # the scan follows nested imports
+    assert reached - {"main.js"} - preloaded == set()
