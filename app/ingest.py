@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 import grpo
 from app.errors import BODY_EXPECTED, LimitError, Loc, error_item, invalid
+from app.memory import pages_for_work
 from app.settings import Settings
 from grpo.io import HELD_BYTES, UnpackLimitError, file_shapes, load_file, parse_json
 from grpo.road import CheckedRequest, FlatRefused, read_request
@@ -86,7 +87,8 @@ def in_cheap_lane() -> bool:
 
 def price(cost: int, limit: int, what: str, here: bool = False) -> None:
     """``Costly`` when work priced at ``cost`` bytes is past ``limit`` and runs as cheap work (``here``: work
-    that must stay in this process)."""
+    that must stay in this process). A worker's job this costly may go on in small pages (``pages_for_work``)."""
+    pages_for_work(cost)
     if cost > limit and in_cheap_lane():
         raise Costly(f"{what}: priced at {cost // MB} MB, past {limit // MB} MB", here)
 

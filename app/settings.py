@@ -100,10 +100,11 @@ class Settings(BaseSettings):
     )
     worker_torch_threads: int = Field(1, ge=0, description="torch threads per worker process (0: torch's default).")
     worker_huge_pages: bool = Field(
-        True,
+        False,
         description="Worker processes allocate in transparent huge pages (glibc.malloc.hugetlb=1, where the "
         "kernel allows them: a large request's buffers, faulted in again after each trim, take 512x fewer faults); "
-        "a job under 16 MiB of request bytes runs with them off.",
+        "a job under 16 MiB of request bytes, or priced past 512 MiB of working memory, runs with them off. Off by "
+        "default: on a VM whose host takes back the guest's free memory the largest requests ran 3x slower.",
     )
     trim_idle: float = Field(
         0.5, ge=0, description="Seconds without large work before a process gives its freed memory back to the OS."
