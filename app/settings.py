@@ -107,7 +107,11 @@ class Settings(BaseSettings):
         "default: on a VM whose host takes back the guest's free memory the largest requests ran 3x slower.",
     )
     trim_idle: float = Field(
-        0.5, ge=0, description="Seconds without large work before a process gives its freed memory back to the OS."
+        2.0,
+        ge=0,
+        description="Seconds without large work before a process gives its freed memory back to the OS (a large "
+        "request within them reuses the pages already mapped; below worker_recycle_idle, so that a worker is "
+        "judged grown on its trimmed heap).",
     )
     auth_token: str | None = Field(
         None, description="Shared secret: when set, every route but /healthz asks for it (bearer or sign-in cookie)."
