@@ -7,7 +7,8 @@ pages that cost is gone. A job of a few MB gains nothing from them and pays for 
 A job whose working memory is priced past ``HUGE_PAGE_WORK_BYTES`` goes on in 4 KiB pages too: on a VM whose
 host takes back the guest's free memory (virtio-balloon free page reporting, as on the machines of
 ``docs/benchmarks.md``), its 2 MiB pages come from the blocks the host took back, each a fresh fault on the
-host: the largest request (``bench/api.py``'s figure 4, 736 MB priced) ran 2.7x slower with them.
+host: the largest request (``bench/api.py``'s figure 4, 736 MB priced) ran 2.7x slower with them. Even so
+its JSON parse, before the price is known, pays for them, so they are off unless ``worker_huge_pages`` asks.
 """
 
 from __future__ import annotations
