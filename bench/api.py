@@ -1088,9 +1088,11 @@ def long_run_zip(members: int, micro_batches: int = 4, rows: int = 4, tokens: in
         return buffer.getvalue()
 
 
-def fetch_pages(base: str, auth: dict[str, str], path: str, clients: int, seconds: float, out: Any) -> None:
+def fetch_pages(base: str, auth: dict[str, str], path: str, clients: int, seconds: float, out: Any, done: Any) -> None:
     """``clients`` threads GET ``path`` (each once when ``seconds`` is 0, else again and again for ``seconds``);
-    each (status, seconds) into ``out``, then None."""
+    each (status, seconds) into ``out``, then None; ``done`` set when the last answer came. (The caller stops
+    on ``done``, not on this process's end: a process whose queue holds more than its pipe takes cannot end
+    until someone reads it, and the warm phase's answers can fill it.)"""
 
     def one() -> None:
         with httpx.Client(base_url=base, timeout=1800, headers=auth) as client:
@@ -1107,11 +1109,12 @@ def fetch_pages(base: str, auth: dict[str, str], path: str, clients: int, second
         t.start()
     for t in threads:
         t.join()
+    done.set()
     out.put(None)
 
 
 async def beside(base: str, seconds: float, pages: Any = None) -> tuple[list[float], list[float], list[str]]:
-    """/healthz every 50 ms and a small /loss every 100 ms, for ``seconds`` or until ``pages`` (a process) ends."""
+    """/healthz every 50 ms and a small /loss every 100 ms, for ``seconds`` or until ``pages`` (an event) is set."""
     small = json.dumps(batch(8, 64, fields=3, seed=1, digits=4)).encode()
     health: list[float] = []
     loss: list[float] = []
@@ -1120,7 +1123,7 @@ async def beside(base: str, seconds: float, pages: Any = None) -> tuple[list[flo
     async with httpx.AsyncClient(base_url=base, timeout=120, headers=STATE["auth"]) as client:
 
         def running() -> bool:
-            return pages.is_alive() if pages is not None else time.perf_counter() < stop
+            return not pages.is_set() if pages is not None else time.perf_counter() < stop
 
         async def healthz() -> None:
             while running():
@@ -1159,11 +1162,11 @@ def run_pages(base: str, members: int, seconds: float, streams: bool = False) ->
         # each phase opens its streams on a lab run of its own: a stream ends with its run's last event, and a
         # first read longer than the lab run's training would leave the warm phase without streams
         with streams_open(base) if streams else nullcontext({}) as counts:
-            queue = spawn.Queue()
+            queue, done = spawn.Queue(), spawn.Event()
             path = f"/api/v1/runs/{name}"
-            pages = spawn.Process(target=fetch_pages, args=(base, STATE["auth"], path, 4, repeat, queue))
+            pages = spawn.Process(target=fetch_pages, args=(base, STATE["auth"], path, 4, repeat, queue, done))
             pages.start()
-            health, loss, errors = asyncio.run(beside(base, 0, pages))
+            health, loss, errors = asyncio.run(beside(base, 0, done))
             got = []
             while (item := queue.get()) is not None:
                 got.append(item)
