@@ -155,21 +155,6 @@ def test_a_large_body_arrives_whole_and_with_the_sink_wakes_the_app_once(spool_d
     assert list(spool_dir.iterdir()) == []
 
 
-def test_a_client_that_waits_for_100_continue_gets_it_and_then_sinks_its_body(spool_dir: Path) -> None:
-    # curl asks before sending a body past 1 MB: the body comes only after the server's 100 Continue, which
-    # uvicorn writes on the app's first receive (after BodyLimit has asked for the sink)
-    body = os.urandom(2 * 1024 * KIB)
-    seen = Seen()
-    with serving(HeaderTimeoutHttpTools, seen) as address, socket.create_connection(address, timeout=30) as sock:
-        head = f"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\nExpect: 100-continue\r\n\r\n"
-        sock.sendall(head.encode())
-        assert sock.recv(1024) == b"HTTP/1.1 100 Continue\r\n\r\n"
-        sock.sendall(body)
-        assert read_answers(sock, 1) == [expected(body)]
-    assert seen.bodies[0][1:] == (len(body), True) and seen.receives == [1]
-    assert list(spool_dir.iterdir()) == []
-
-
 def test_a_chunked_or_small_body_is_read_as_before(spool_dir: Path) -> None:
     # chunked: no Content-Length, so BodyLimit reads it chunk by chunk (its size checked against the limit as
     # it comes) and spools it itself; a small one is joined in memory
