@@ -62,7 +62,6 @@ def _local(location: bytes) -> bytes:
 
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-BODY_SINK = "grpo_lens.body_sink"  # the scope's key for the server's body sink (``app.server``), where it has one
 TRANSPORT = "grpo_lens.transport"  # the scope's key for the connection's asyncio transport (or None)
 
 
@@ -201,9 +200,6 @@ class BodyLimit:
 
     async def _read(self, scope: Scope, receive: Receive, send: Send, limit: int, body: _Body) -> None:
         more = True
-        length = dict(scope["headers"]).get(b"content-length", b"")
-        if length.isdigit() and int(length) >= (self.spool_bytes or 0) > 0 and BODY_SINK in scope:
-            body.sink_into(scope[BODY_SINK])  # its whole size is known and within the limit: to the file as it comes
         with anyio.move_on_after(self.timeout) as deadline:  # a client that sends too slowly is dropped
             while more:
                 message = await receive()
@@ -218,23 +214,18 @@ class BodyLimit:
             msg = f"the body did not arrive within {self.timeout:g} s (a setting); {body.size} bytes came"
             await _refuse(send, 408, msg, "timeout")
             return
-        body.check_sunk(int(length) if length.isdigit() else None)
         await self.app(body.hand_over(scope), body.replay(receive), send)
 
 
 class _Body:
     """A request's body as it arrives: chunks joined once at the end (a copy while this process holds the
-    GIL), or, from ``spool_bytes`` on, written to a spool file chunk by chunk: by the server's parser itself
-    where it has a sink (``sink_into``), else here as ``receive`` hands each chunk over."""
+    GIL), or, from ``spool_bytes`` on, written to a spool file chunk by chunk."""
 
     def __init__(self, spool_bytes: int | None) -> None:
         self.spool_bytes = spool_bytes
         self.chunks: list[bytes] = []
         self.size = 0
         self.spooled: Spooled | None = None
-        self.sunk = False  # the server's parser writes the body (``sink_into``)
-        self.discarded = False
-        self.failed: Exception | None = None  # a sink's write that raised (the rest of the body was dropped)
 
     def add(self, chunk: bytes) -> None:
         self.size += len(chunk)
@@ -247,27 +238,6 @@ class _Body:
             for held in self.chunks:
                 self.spooled.append(held)
             self.chunks.clear()
-
-    def sink_into(self, sink: Callable[[Callable[[bytes], None]], bytes]) -> None:
-        """Spool from the start, the server's parser writing each chunk (``app.server``'s ``BODY_SINK``)."""
-        self.spooled, self.sunk = Spooled(), True
-        self._write(sink(self._write))
-
-    def _write(self, chunk: bytes) -> None:
-        if self.discarded:  # refused or abandoned: the parser drops the rest
-            raise RuntimeError("the body was discarded")
-        try:
-            self.add(chunk)
-        except Exception as exc:
-            self.failed = exc
-            raise
-
-    def check_sunk(self, length: int | None) -> None:
-        """The body whole: a write that failed raises here, in the app's hands, as it would have in ``add``."""
-        if self.failed is not None:
-            raise self.failed
-        if self.sunk and length is not None and self.size != length:  # the parser ends a body at its length
-            raise RuntimeError(f"a body of {self.size} bytes spooled where its Content-Length said {length}")
 
     def hand_over(self, scope: Scope) -> Scope:
         """The scope the app sees: a spooled body rides in it under ``SPOOLED_BODY``."""
@@ -297,7 +267,6 @@ class _Body:
         return replayed_receive
 
     def discard(self) -> None:
-        self.discarded = True
         if self.spooled is not None:
             self.spooled.discard()
 

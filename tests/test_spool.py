@@ -242,11 +242,9 @@ def test_a_spooled_body_answers_as_a_joined_one(
     assert list(spool_dir.iterdir()) == []
 
 
-@pytest.fixture(scope="module", params=["auto", "app.server:HeaderTimeoutHttpTools"])
-def server(request: pytest.FixtureRequest) -> Iterator[str]:
-    """One worker process, large_request_bytes at its default (1 MiB); uvicorn's own protocol, and the one
-    `make run` serves, whose parser writes a spooled body itself (tests/test_body_sink.py)."""
-    with serve(http=request.param) as url:
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    with serve() as url:  # one worker process, large_request_bytes at its default (1 MiB)
         yield url
 
 
