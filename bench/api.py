@@ -71,6 +71,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
+from functools import partial
 from pathlib import Path
 from queue import Empty
 from typing import Any, NamedTuple
@@ -1113,8 +1114,10 @@ def fetch_pages(base: str, auth: dict[str, str], path: str, clients: int, second
     out.put(None)
 
 
-async def beside(base: str, seconds: float, pages: Any = None) -> tuple[list[float], list[float], list[str]]:
-    """/healthz every 50 ms and a small /loss every 100 ms, for ``seconds`` or until ``pages`` (an event) is set."""
+async def beside(
+    base: str, seconds: float, fetching: Callable[[], bool] | None = None
+) -> tuple[list[float], list[float], list[str]]:
+    """/healthz every 50 ms and a small /loss every 100 ms, for ``seconds`` or while ``fetching()`` holds."""
     small = json.dumps(batch(8, 64, fields=3, seed=1, digits=4)).encode()
     health: list[float] = []
     loss: list[float] = []
@@ -1123,7 +1126,7 @@ async def beside(base: str, seconds: float, pages: Any = None) -> tuple[list[flo
     async with httpx.AsyncClient(base_url=base, timeout=120, headers=STATE["auth"]) as client:
 
         def running() -> bool:
-            return not pages.is_set() if pages is not None else time.perf_counter() < stop
+            return fetching() if fetching is not None else time.perf_counter() < stop
 
         async def healthz() -> None:
             while running():
@@ -1140,6 +1143,11 @@ async def beside(base: str, seconds: float, pages: Any = None) -> tuple[list[flo
 
         await asyncio.gather(healthz(), small_loss())
     return health, loss, errors
+
+
+def _fetching(done: Any, pages: Any) -> bool:
+    """The pages process still fetching: its last answer not come, and the process not gone (a crash)."""
+    return not done.is_set() and pages.is_alive()
 
 
 def run_pages(base: str, members: int, seconds: float, streams: bool = False) -> None:
@@ -1166,9 +1174,10 @@ def run_pages(base: str, members: int, seconds: float, streams: bool = False) ->
             path = f"/api/v1/runs/{name}"
             pages = spawn.Process(target=fetch_pages, args=(base, STATE["auth"], path, 4, repeat, queue, done))
             pages.start()
-            health, loss, errors = asyncio.run(beside(base, 0, done))
+            fetching = partial(_fetching, done, pages)
+            health, loss, errors = asyncio.run(beside(base, 0, fetching))
             got = []
-            while (item := queue.get()) is not None:
+            while (item := queue.get(timeout=600)) is not None:
                 got.append(item)
             pages.join()
         rows.append((label, health, loss, errors, got, counts))
