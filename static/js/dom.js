@@ -84,3 +84,30 @@ export function setStatus(text, kind = "") {
   node.textContent = text;
   node.className = `status ${kind}`;
 }
+
+// Scroll to `target` (an element) and keep it there while the page settles. The views above it are laid out only
+// when they come near (app.css: content-visibility), their charts drawn once in view and the later views built once
+// the page is quiet, so the page grows after a jump and pushed the target away (the Runs link landed in the Glossary
+// table). Each time the page changes size, the target is put back in its place, for LAND_LIMIT_MS or until the
+// reader scrolls, clicks or types (or another landing starts).
+const LAND_LIMIT_MS = 10000;
+const READER_MOVES = ["wheel", "touchstart", "keydown", "pointerdown"];
+let landing = null; // the landing under way: its stop
+export function landOn(target) {
+  landing?.();
+  const margin = () => parseFloat(getComputedStyle(target).scrollMarginTop) || 0;
+  const resized = new ResizeObserver(() => {
+    if (Math.abs(target.getBoundingClientRect().top - margin()) >= 1) target.scrollIntoView();
+  });
+  const stop = () => {
+    resized.disconnect();
+    clearTimeout(timer);
+    for (const type of READER_MOVES) removeEventListener(type, stop, { capture: true });
+    if (landing === stop) landing = null;
+  };
+  const timer = setTimeout(stop, LAND_LIMIT_MS);
+  for (const type of READER_MOVES) addEventListener(type, stop, { capture: true, passive: true });
+  landing = stop;
+  target.scrollIntoView();
+  resized.observe(document.body);
+}

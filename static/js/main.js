@@ -9,7 +9,7 @@
 import { ApiError, postForm, postJSON } from "./api.js";
 import * as compare from "./compare.js";
 import { buildControls, renderControls } from "./controls.js";
-import { $, download, el, setStatus } from "./dom.js";
+import { $, download, el, landOn, setStatus } from "./dom.js";
 import { fmt } from "./format.js";
 import * as input from "./input.js";
 import * as lab from "./lab.js";
@@ -201,8 +201,19 @@ async function init() {
   );
   $("#export-csv").addEventListener("click", exportCSV);
   $("#copy-link").addEventListener("click", copyLink);
+  // a view's link scrolls to it and keeps it there while the views above it are laid out; the address keeps its
+  // hash (the lab's link)
+  $("nav.viewnav").addEventListener("click", (e) => {
+    const link = e.target.closest("a[href^='#']");
+    const view = link && document.getElementById(link.getAttribute("href").slice(1));
+    if (!view) return;
+    e.preventDefault();
+    landOn(view);
+  });
   compare.setup();
   await compute(first);
+  const named = location.hash && document.getElementById(decodeURIComponent(location.hash.slice(1)));
+  if (named) landOn(named); // an address naming a view (the browser's own jump is undone as the page grows)
   // Below the first view: built once the page has been quiet a moment. plotly.js runs when a chart
   // first needs it (a view scrolled to, or idle drawing): no long task follows the first view, so a
   // control moved or a reload right after it is not kept waiting.
@@ -250,7 +261,7 @@ async function setupRuns() {
   const linked = state.ui.linkedStep;
   if (!linked) return;
   state.ui.linkedStep = null;
-  $("#runs").scrollIntoView();
+  landOn($("#runs"));
   await runs.openRun(linked.run, { ...linked, config: state.config });
 }
 
