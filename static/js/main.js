@@ -201,6 +201,11 @@ async function init() {
   );
   $("#export-csv").addEventListener("click", exportCSV);
   $("#copy-link").addEventListener("click", copyLink);
+  // the header's height, for the views' landing line and the sidebar's place under it (app.css)
+  const topbar = $(".topbar");
+  new ResizeObserver(() =>
+    document.documentElement.style.setProperty("--topbar-height", `${topbar.offsetHeight}px`),
+  ).observe(topbar);
   // a view's link scrolls to it and keeps it there while the views above it are laid out; the address keeps its
   // hash (the lab's link)
   $("nav.viewnav").addEventListener("click", (e) => {
