@@ -92,9 +92,8 @@ export function setStatus(text, kind = "") {
 // reader scrolls, clicks or types (or another landing starts).
 const LAND_LIMIT_MS = 10000;
 const READER_MOVES = ["wheel", "touchstart", "keydown", "pointerdown"];
-let landing = null; // the landing under way: its stop
 export function landOn(target) {
-  landing?.();
+  state.ui.landing?.();
   const margin = () => parseFloat(getComputedStyle(target).scrollMarginTop) || 0;
   const resized = new ResizeObserver(() => {
     if (Math.abs(target.getBoundingClientRect().top - margin()) >= 1) target.scrollIntoView();
@@ -103,11 +102,11 @@ export function landOn(target) {
     resized.disconnect();
     clearTimeout(timer);
     for (const type of READER_MOVES) removeEventListener(type, stop, { capture: true });
-    if (landing === stop) landing = null;
+    if (state.ui.landing === stop) state.ui.landing = null;
   };
   const timer = setTimeout(stop, LAND_LIMIT_MS);
   for (const type of READER_MOVES) addEventListener(type, stop, { capture: true, passive: true });
-  landing = stop;
+  state.ui.landing = stop;
   target.scrollIntoView();
   resized.observe(document.body);
 }

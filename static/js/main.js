@@ -217,7 +217,7 @@ async function init() {
   });
   compare.setup();
   await compute(first);
-  const named = location.hash && document.getElementById(decodeURIComponent(location.hash.slice(1)));
+  const named = location.hash && document.getElementById(location.hash.slice(1));
   if (named) landOn(named); // an address naming a view (the browser's own jump is undone as the page grows)
   // Below the first view: built once the page has been quiet a moment. plotly.js runs when a chart
   // first needs it (a view scrolled to, or idle drawing): no long task follows the first view, so a

@@ -28,6 +28,7 @@ export const state = {
     // Each module's own slice below: read and written by that module only.
     requests: new Map(), // api.js: channel name -> { controller } of its latest request (a newer one aborts it)
     plotly: null, // dom.js: the promise of plotly.js loading (null until a chart first needs it)
+    landing: null, // dom.js: the stop of the view landing under way (landOn), null when none
     controls: new Map(), // controls.js: field name (and "name:on", "name:touched", "name:label") -> element
     hovers: new WeakMap(), // views.js: a /api/v1/loss response -> its heatmaps' hover data (built once)
     // views.js: the rows table's window (its data, column order, first row drawn, row height)
