@@ -55,6 +55,7 @@ from app.errors import error_item, error_json
 from app.ingest import Costly, cheap_work
 from app.memory import allow_huge_pages_in_children, huge_pages_for, release_memory
 from app.settings import Settings
+from app.small_first import SmallFirst
 from app.work import Reply, replying
 
 T = TypeVar("T")
@@ -401,6 +402,7 @@ class Lanes:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.threads = anyio.CapacityLimiter(settings.threads)
+        self.small_first = SmallFirst(settings.small_first_wait)  # a large body's reading waits for them
         # threads of their own, never the small ones': large binary files and run zips, priced as they are read
         self.large_threads = ThreadPoolExecutor(max(1, settings.threads // 2), "large")
         # costly work that stays in this process, niced (a thread once niced is never un-niced: a pool of its own)
@@ -472,7 +474,8 @@ class Lanes:
         that prices itself costly in those threads (``Costly``) starts again in a worker process, or, where it
         must stay in this process or there is no pool, in the costly threads (niced)."""
         if size < self.settings.large_request_bytes:
-            done = await self._thread(self.threads, "small", fn, *args)
+            with self.small_first.small():
+                done = await self._thread(self.threads, "small", fn, *args)
         elif light or self.pool is None:
             done = await self._thread(self.large_threads, "large", fn, *args)
         else:

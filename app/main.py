@@ -105,6 +105,7 @@ def _add_middleware(app: FastAPI, settings: Settings) -> None:
         ),
         timeout=settings.request_timeout,
         spool_bytes=max(settings.large_request_bytes, Spooled.HEAD_BYTES),  # large bodies into a file as they come
+        before_large_chunk=app.state.lanes.small_first.before_large_chunk,
     )
     _add_guards(app, settings)
     app.add_middleware(SecurityHeaders)

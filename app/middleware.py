@@ -6,7 +6,7 @@ connection's transport handed to the response that tunes it (``KeepTransport``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from ipaddress import ip_address
 from urllib.parse import urlsplit
 
@@ -176,9 +176,15 @@ class BodyLimit:
     """
 
     def __init__(
-        self, app: ASGIApp, limit: Callable[[str], int], timeout: float = 60.0, spool_bytes: int | None = None
+        self,
+        app: ASGIApp,
+        limit: Callable[[str], int],
+        timeout: float = 60.0,
+        spool_bytes: int | None = None,
+        before_large_chunk: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.app = app
+        self.before_large_chunk = before_large_chunk
         self.limit = limit
         self.timeout = timeout
         self.spool_bytes = spool_bytes
@@ -202,6 +208,8 @@ class BodyLimit:
         more = True
         with anyio.move_on_after(self.timeout) as deadline:  # a client that sends too slowly is dropped
             while more:
+                if body.spooled is not None and self.before_large_chunk is not None:
+                    await self.before_large_chunk()  # small requests first (app.small_first)
                 message = await receive()
                 if message["type"] == "http.disconnect":
                     return

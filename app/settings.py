@@ -106,6 +106,13 @@ class Settings(BaseSettings):
         "a job under 16 MiB of request bytes, or priced past 512 MiB of working memory, runs with them off. Off by "
         "default: on a VM whose host takes back the guest's free memory the largest requests ran 3x slower.",
     )
+    small_first_wait: float = Field(
+        0.01,
+        ge=0,
+        le=1,
+        description="Seconds a large body's next chunk waits while small requests are computed (their cores first: "
+        "the sender's, the kernel's and the server's copies of the body pause); 0 reads large bodies at once.",
+    )
     trim_idle: float = Field(
         2.0,
         ge=0,

@@ -102,6 +102,33 @@ def test_a_large_body_is_written_to_the_file_as_it_arrives_and_the_route_takes_t
     assert list(spool_dir.iterdir()) == []
 
 
+def test_each_chunk_of_a_large_body_asks_small_requests_first_and_a_small_body_never_does(spool_dir: Path) -> None:
+    asked: list[int] = []
+
+    async def before_large_chunk() -> None:  # app.small_first: records the spool file's size when asked
+        asked.append(sum(p.stat().st_size for p in spool_dir.glob("*")))
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+
+    def limit(path: str) -> int:
+        return 4 * 1024 * KIB
+
+    large, small = os.urandom(1024 * KIB), os.urandom(128 * KIB)
+    call(
+        BodyLimit(app, limit, spool_bytes=SPOOL_BYTES, before_large_chunk=before_large_chunk),
+        receiving(chunks_of(large)),
+    )
+    # 16 chunks of 64 KiB: spooled from the 4th on, so chunks 5 to 16 are read after asking, each after the one before
+    assert asked == [64 * KIB * k for k in range(4, 16)]
+    asked.clear()
+    call(
+        BodyLimit(app, limit, spool_bytes=SPOOL_BYTES, before_large_chunk=before_large_chunk),
+        receiving(chunks_of(small)),
+    )
+    assert asked == []
+
+
 def test_a_route_that_reads_its_body_gets_the_bytes_and_the_file_goes(spool_dir: Path) -> None:
     body = os.urandom(600 * KIB)
     got: list[dict[str, Any]] = []
