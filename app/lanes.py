@@ -42,7 +42,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import suppress
+from contextlib import nullcontext, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import partial
@@ -55,7 +55,7 @@ from app.errors import error_item, error_json
 from app.ingest import Costly, cheap_work
 from app.memory import allow_huge_pages_in_children, huge_pages_for, release_memory
 from app.settings import Settings
-from app.small_first import SmallFirst
+from app.small_first import PausedForSmall, SmallFirst
 from app.work import Reply, replying
 
 T = TypeVar("T")
@@ -77,11 +77,12 @@ def exit_with_parent(parent: int, poll: float = 0.5) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def _worker_start(settings: Settings, parent: int) -> None:
+def _worker_start(settings: Settings, parent: int, small_running: Any) -> None:
     """A worker process: below the server's priority, its own torch threads, glibc tuned for (B, T) buffers,
-    gone with its parent."""
+    gone with its parent, pausing its jobs while the server computes a small request (``small_running``)."""
     exit_with_parent(parent)
     SERVER["pid"] = parent  # the spool files it writes are its server's
+    SERVER["small_first"] = PausedForSmall(small_running, settings.small_first_wait)
     import torch
 
     from grpo._allocator import keep_freed_memory
@@ -191,7 +192,7 @@ class Spooled:
 SPOOL_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 # The server process whose spool files this process writes (in a worker: its parent's), in their names, so that
 # a server starting can remove the files of servers that are gone (killed before they could).
-SERVER = {"pid": os.getpid()}
+SERVER: dict[str, Any] = {"pid": os.getpid(), "small_first": nullcontext()}
 SPOOL_NAME = re.compile(r"grpo-lens-(\d+)-")
 
 
@@ -309,7 +310,7 @@ def _in_worker(fn: Any, idle: float, *args: Any) -> Reply:
     trim_when_idle(None)
     try:
         args = unspooled(args)
-        with huge_pages_for(sum(len(a) for a in args if isinstance(a, bytes))):
+        with huge_pages_for(sum(len(a) for a in args if isinstance(a, bytes))), SERVER["small_first"]:
             reply = replying(getattr(fn, "__name__", "request"), fn, *args)
         if reply.download and len(reply.body) >= REPLY_FILE_BYTES:
             spooled = Spooled(reply.body)
@@ -433,7 +434,7 @@ class Lanes:
         context = multiprocessing.get_context("spawn")
         if self.settings.worker_huge_pages:
             allow_huge_pages_in_children()
-        start = (self.settings, os.getpid())
+        start = (self.settings, os.getpid(), self.small_first.flag)
         self.pool = ProcessPoolExecutor(
             self.settings.process_workers, mp_context=context, initializer=_worker_start, initargs=start
         )

@@ -1,29 +1,46 @@
-"""Small requests first: while any small request is being computed, a large body waits before its next chunk
-is read (at most ``wait`` seconds a chunk).
+"""Small requests first: while a small request is being computed, the large work beside it steps back, each
+part of it at most ``wait`` seconds at a time.
 
-A large upload costs CPU on both sides of the socket while it streams in: the sender's copies into the kernel,
-the kernel's out of it, this process's writes to the spool file. On a machine of few cores that time is taken
-from the small requests beside it, whose compute stretches. Not reading the socket for a few milliseconds
-stops all three (the kernel's buffer fills and the sender waits), so the cores go to the small request;
-the upload loses that much and no more: the wait ends as soon as no small request is running, and a chunk
-waits at most ``wait`` seconds, so a stream of small requests slows a large body but never stops it.
-Everything here runs on the event loop (one thread): no lock.
+On a machine of few cores a small request's compute stretches beside large work: a streaming upload costs CPU
+on both sides of the socket (the sender's copies into the kernel, the kernel's out of it, this process's
+writes to the spool file), and a worker process computing a large batch takes a core and sweeps the shared
+caches (niced, it still slowed the small requests' compute by a quarter). So while any small request runs:
+
+- a large body's next chunk is not read (``before_large_chunk``): the kernel's buffer fills and the sender
+  waits, and the three copies pause;
+- a worker process pauses before its next torch operation (``PausedForSmall``, told through a flag in shared
+  memory): a large evaluation is a few hundred operations, so it steps back within about a millisecond.
+
+Neither starves: a body's chunk waits at most ``wait`` s and goes on as soon as no small request runs; a worker
+pauses at most ``wait`` s at a time and then computes at least as long as it paused before it pauses again,
+so under a stream of small requests it keeps at least half its pace. What the work computes is unchanged
+(the worker calls each operation as it was called, only later). The counting runs on the event loop (one
+thread, no lock).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import multiprocessing
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import anyio
+from torch.overrides import TorchFunctionMode
+
+POLL = 0.0005  # seconds between a paused worker's looks at the flag
 
 
 class SmallFirst:
     def __init__(self, wait: float) -> None:
         self.wait = wait
         self.running = 0  # small requests in their threads now
-        self.waited = 0.0  # seconds large bodies waited, in all (for the benchmark)
+        self.waited = 0.0  # seconds large bodies waited, in all
+        # read by the worker processes (shared memory, given to them as they start): a small request runs
+        self.flag: Any = multiprocessing.get_context("spawn").RawValue(ctypes.c_bool, False)
         self._quiet: asyncio.Event | None = None
 
     def _event(self) -> asyncio.Event:
@@ -38,11 +55,13 @@ class SmallFirst:
         quiet = self._event()
         self.running += 1
         quiet.clear()
+        self.flag.value = self.wait > 0
         try:
             yield
         finally:
             self.running -= 1
             if not self.running:
+                self.flag.value = False
                 quiet.set()
 
     async def before_large_chunk(self) -> None:
@@ -53,3 +72,25 @@ class SmallFirst:
         with anyio.move_on_after(self.wait):
             await self._event().wait()
         self.waited += asyncio.get_running_loop().time() - started
+
+
+class PausedForSmall(TorchFunctionMode):
+    """In a worker process, around a job: before each torch operation, while ``flag`` says a small request
+    runs in the server, wait (at most ``wait`` s, then at least as long computing before the next pause)."""
+
+    def __init__(self, flag: Any, wait: float) -> None:
+        super().__init__()
+        self.flag = flag
+        self.wait = wait
+        self.next_pause = 0.0
+        self.paused = 0.0  # seconds, in all (for tests)
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if self.flag.value and (now := time.perf_counter()) >= self.next_pause:
+            deadline = now + self.wait
+            while self.flag.value and time.perf_counter() < deadline:
+                time.sleep(POLL)
+            end = time.perf_counter()
+            self.paused += end - now
+            self.next_pause = end + (end - now)
+        return func(*args, **(kwargs or {}))

@@ -1,19 +1,25 @@
 """Small requests first (``app.small_first``): while a small request is being computed, a large body's next
-chunk waits, at most ``small_first_wait`` seconds; with none running it is read at once. bench/api.py's
-figure 5 measures what it is for (small requests beside a stream of 24 MB uploads)."""
+chunk waits and a worker process pauses before its next torch operation, each at most ``small_first_wait``
+seconds at a time; with none running neither waits, and what the worker computes is unchanged.
+bench/api.py's figure 5 measures what it is for (small requests beside a stream of 24 MB uploads)."""
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from typing import Any
 
 import anyio
 import pytest
+import torch
 
-from app.lanes import Lanes
+import grpo
+from app.lanes import SERVER, Lanes
 from app.settings import Settings
-from app.small_first import SmallFirst
+from app.small_first import PausedForSmall, SmallFirst
 from app.work import Reply
+from grpo.view.answer import breakdown_to_json, dumps
 
 
 async def _waited(gate: SmallFirst) -> float:
@@ -112,3 +118,103 @@ def test_the_small_lane_marks_its_work_running_and_unmarks_it_when_it_ends_or_fa
         assert reply.status == 200 and b'"running":1' in reply.body.replace(b" ", b"")
     assert lanes.small_first.running == 0
     assert lanes.used["small"] == 1  # a failure is a Reply too (500)
+
+
+def test_the_flag_the_workers_read_is_up_exactly_while_small_requests_run() -> None:
+    gate = SmallFirst(wait=0.01)
+    assert not gate.flag.value
+    with gate.small():
+        with gate.small():
+            assert gate.flag.value
+        assert gate.flag.value  # one still runs
+    assert not gate.flag.value
+    with SmallFirst(wait=0.0).small() as _:
+        pass  # wait 0: the workers are never told to pause
+
+
+class _Flag:
+    def __init__(self, value: bool) -> None:
+        self.value = value
+
+
+def _ops(n: int) -> torch.Tensor:
+    x = torch.zeros(4)
+    for _ in range(n):
+        x = x + 1
+    return x
+
+
+def test_a_worker_job_pauses_before_a_torch_operation_while_the_flag_is_up_and_goes_on_when_it_drops() -> None:
+    flag = _Flag(True)
+    mode = PausedForSmall(flag, wait=5.0)
+    threading.Timer(0.2, lambda: setattr(flag, "value", False)).start()  # the small request ends after 0.2 s
+    started = time.perf_counter()
+    with mode:
+        out = _ops(10)
+    took = time.perf_counter() - started
+    assert torch.equal(out, torch.full((4,), 10.0))
+    assert 0.15 <= mode.paused <= took < 1.0  # the small request's 0.2 s, far from the 5 s cap
+
+
+def test_with_the_flag_down_a_worker_job_never_pauses() -> None:
+    mode = PausedForSmall(_Flag(False), wait=5.0)
+    with mode:
+        _ops(100)
+    assert mode.paused == 0.0
+
+
+def test_under_small_requests_that_never_stop_a_worker_keeps_at_least_half_its_pace() -> None:
+    mode = PausedForSmall(_Flag(True), wait=0.02)
+    started = time.perf_counter()
+    with mode:
+        while time.perf_counter() - started < 0.5:
+            _ops(50)
+    took = time.perf_counter() - started
+    # each pause (at most 0.02 s) is followed by at least as long computing: at most half the time paused
+    assert 0.0 < mode.paused <= took / 2 + 0.02
+
+
+def test_a_job_paused_for_small_requests_computes_every_bit_as_without() -> None:
+    torch.manual_seed(0)
+    batch = grpo.Batch(
+        per_token_logps=-torch.rand(4, 16) * 3,
+        old_per_token_logps=-torch.rand(4, 16) * 3,
+        ref_per_token_logps=-torch.rand(4, 16) * 3,
+        advantages=torch.randn(4),
+        completion_mask=torch.ones(4, 16),
+    )
+    config = grpo.LossConfig.from_preset("trl-grpo", beta=0.04)
+    plain = grpo.evaluate(batch, config)
+    mode = PausedForSmall(_Flag(True), wait=0.001)
+    with mode:
+        paused = grpo.evaluate(batch, config)
+    assert mode.paused > 0
+    assert dumps(breakdown_to_json(plain)) == dumps(breakdown_to_json(paused))  # every tensor, metric, sentence
+
+
+def torch_ops_paused(body: bytes, settings: Settings) -> dict[str, Any]:
+    """In a worker process (module level: it imports it): a few torch operations, and the seconds this job's
+    pause for small requests took."""
+    mode = SERVER["small_first"]
+    before = mode.paused
+    _ops(20)
+    return {"paused": mode.paused - before}
+
+
+@pytest.mark.parametrize("small_running", [True, False])
+def test_a_worker_process_pauses_its_job_while_the_server_computes_a_small_request(small_running: bool) -> None:
+    settings = Settings(process_workers=1, small_first_wait=0.2)
+    lanes = Lanes(settings)
+    lanes.start()
+    try:
+        lanes.small_first.flag.value = small_running  # as SmallFirst.small sets it while a small request runs
+        reply: Reply = anyio.run(lanes.run, settings.large_request_bytes, torch_ops_paused, b"", settings)
+    finally:
+        lanes.stop()
+    assert reply.status == 200
+    paused = json.loads(reply.body)["paused"]
+    assert lanes.used["process"] == 1
+    if small_running:
+        assert 0.15 <= paused <= 0.5  # the cap: 0.2 s, then at least as long computing (longer than the job)
+    else:
+        assert paused == 0.0
