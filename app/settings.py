@@ -110,8 +110,8 @@ class Settings(BaseSettings):
         0.01,
         ge=0,
         le=1,
-        description="Seconds a large body's next chunk waits while small requests are computed (their cores first: "
-        "the sender's, the kernel's and the server's copies of the body pause); 0 reads large bodies at once.",
+        description="Small requests first: while one is computed, a large body's next chunk waits and a worker "
+        "pauses before its next torch operation, each at most this many seconds at a time (0: neither waits).",
     )
     trim_idle: float = Field(
         2.0,

@@ -11,9 +11,9 @@ caches (niced, it still slowed the small requests' compute by a quarter). So whi
 - a worker process pauses before its next torch operation (``PausedForSmall``, told through a flag in shared
   memory): a large evaluation is a few hundred operations, so it steps back within about a millisecond.
 
-Neither starves: a body's chunk waits at most ``wait`` s and goes on as soon as no small request runs; a worker
-pauses at most ``wait`` s at a time and then computes at least as long as it paused before it pauses again,
-so under a stream of small requests it keeps at least half its pace. What the work computes is unchanged
+Neither starves: each waits at most ``wait`` s at a time and goes on as soon as no small request runs, and
+after a wait it reads or computes at least as long as it waited before it waits again, so under a stream of
+small requests large work keeps at least half its pace. What the work computes is unchanged
 (the worker calls each operation as it was called, only later). The counting runs on the event loop (one
 thread, no lock).
 """
@@ -42,6 +42,7 @@ class SmallFirst:
         # read by the worker processes (shared memory, given to them as they start): a small request runs
         self.flag: Any = multiprocessing.get_context("spawn").RawValue(ctypes.c_bool, False)
         self._quiet: asyncio.Event | None = None
+        self._next_wait = 0.0  # the event loop's time before which large bodies read on (they waited just before)
 
     def _event(self) -> asyncio.Event:
         if self._quiet is None:  # made on the event loop, at first use
@@ -65,13 +66,17 @@ class SmallFirst:
                 quiet.set()
 
     async def before_large_chunk(self) -> None:
-        """Before a large body's next chunk is read: wait while small requests run (at most ``wait`` s)."""
-        if not self.running or self.wait <= 0:
+        """Before a large body's next chunk is read: wait while small requests run (at most ``wait`` s, and
+        after a wait, none for as long as it lasted)."""
+        loop = asyncio.get_running_loop()
+        if not self.running or self.wait <= 0 or loop.time() < self._next_wait:
             return
-        started = asyncio.get_running_loop().time()
+        started = loop.time()
         with anyio.move_on_after(self.wait):
             await self._event().wait()
-        self.waited += asyncio.get_running_loop().time() - started
+        ended = loop.time()
+        self.waited += ended - started
+        self._next_wait = ended + (ended - started)
 
 
 class PausedForSmall(TorchFunctionMode):

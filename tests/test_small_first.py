@@ -67,6 +67,22 @@ def test_a_stream_of_small_requests_slows_a_chunk_by_at_most_the_wait() -> None:
     assert gate.waited == pytest.approx(took, abs=0.05)
 
 
+def test_after_a_wait_large_bodies_read_on_for_as_long_before_they_wait_again() -> None:
+    gate = SmallFirst(wait=0.1)
+
+    async def main() -> list[float]:
+        took = []
+        with gate.small():  # small requests that never stop
+            took.append(await _waited(gate))  # the first chunk waits the cap
+            took.append(await _waited(gate))  # the next ones read on, for as long as it waited
+            await anyio.sleep(0.15)  # past that: a chunk waits again
+            took.append(await _waited(gate))
+        return took
+
+    first, second, later = anyio.run(main)
+    assert 0.08 <= first < 1.0 and second < 0.05 and 0.08 <= later < 1.0
+
+
 def test_wait_zero_reads_large_bodies_at_once() -> None:
     gate = SmallFirst(wait=0.0)
 
