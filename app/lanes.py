@@ -489,17 +489,24 @@ class Lanes:
         return await self._in_process(fn, *done.args)
 
     async def _thread(self, lane: Any, name: str, fn: Any, *args: Any) -> Reply | Escalated:
-        """Cheap work in ``lane``: the small requests' threads (a limiter) or the large lane's (an executor)."""
+        """Cheap work in ``lane``: the small requests' threads (a limiter) or the large lane's (an executor, whose
+        torch work pauses for small requests as a worker's does)."""
         job = partial(_cheap, fn, *args)
         done: Reply | Escalated
         if isinstance(lane, ThreadPoolExecutor):
-            done = await asyncio.wrap_future(lane.submit(job))
+            done = await asyncio.wrap_future(lane.submit(self._stepping_back, job))
             trim_when_idle(self.settings.trim_idle)
         else:
             done = await anyio.to_thread.run_sync(job, limiter=lane)
         if isinstance(done, Reply):
             self.used[name] += 1
         return done
+
+    def _stepping_back(self, job: Callable[[], T]) -> T:
+        """``job()`` in a large or costly thread, its torch operations paused while a small request runs
+        (``app.small_first``): a pause sleeps, so the small request has this process's GIL as well as the core."""
+        with PausedForSmall(self.small_first.flag, self.settings.small_first_wait):
+            return job()
 
     async def _placed(self, places: Places, work: Callable[[], Awaitable[Reply]]) -> Reply:
         """``work()`` once its sender (``MEMBER``) has a place in ``places``; else the refusal (503 or 429)."""
@@ -518,7 +525,8 @@ class Lanes:
 
     async def _in_costly_thread(self, fn: Any, *args: Any) -> Reply:
         try:
-            reply: Reply = await asyncio.wrap_future(self.costly_threads.submit(_costly, fn, *args))
+            job = partial(_costly, fn, *args)
+            reply: Reply = await asyncio.wrap_future(self.costly_threads.submit(self._stepping_back, job))
         finally:
             trim_when_idle(self.settings.trim_idle)
         self.used["costly"] += 1

@@ -9,7 +9,9 @@ caches (niced, it still slowed the small requests' compute by a quarter). So whi
 - a large body's next chunk is not read (``before_large_chunk``): the kernel's buffer fills and the sender
   waits, and the three copies pause;
 - a worker process pauses before its next torch operation (``PausedForSmall``, told through a flag in shared
-  memory): a large evaluation is a few hundred operations, so it steps back within about a millisecond.
+  memory): a large evaluation is a few hundred operations, so it steps back within about a millisecond. The
+  large and costly threads of the server's own process pause the same way (their pause sleeps: the small
+  request gets the GIL as well as the core).
 
 Neither starves: each waits at most ``wait`` s at a time and goes on as soon as no small request runs, and
 after a wait it reads or computes at least as long as it waited before it waits again, so under a stream of

@@ -1,6 +1,7 @@
 """Small requests first (``app.small_first``): while a small request is being computed, a large body's next
-chunk waits and a worker process pauses before its next torch operation, each at most ``small_first_wait``
-seconds at a time; with none running neither waits, and what the worker computes is unchanged.
+chunk waits, and a worker process and the server's large and costly threads pause before their next torch
+operation, each at most ``small_first_wait`` seconds at a time; with none running nothing waits, and what the
+paused work computes is unchanged.
 bench/api.py's figure 5 measures what it is for (small requests beside a stream of 24 MB uploads)."""
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 import json
 import threading
 import time
+from contextlib import nullcontext
+from functools import partial
 from typing import Any
 
 import anyio
@@ -15,6 +18,7 @@ import pytest
 import torch
 
 import grpo
+from app.ingest import price
 from app.lanes import SERVER, Lanes
 from app.settings import Settings
 from app.small_first import PausedForSmall, SmallFirst
@@ -234,3 +238,41 @@ def test_a_worker_process_pauses_its_job_while_the_server_computes_a_small_reque
         assert 0.15 <= paused <= 0.5  # the cap: 0.2 s, then at least as long computing (longer than the job)
     else:
         assert paused == 0.0
+
+
+def ops_and_their_pause(body: bytes, settings: Settings) -> dict[str, Any]:
+    """A few torch operations, and the pause the lane put around them (None: no pause at all)."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    modes = [m for m in _get_current_function_mode_stack() if isinstance(m, PausedForSmall)]
+    _ops(20)
+    return {"paused": modes[0].paused if modes else None}
+
+
+def priced_costly_ops(body: bytes, settings: Settings) -> dict[str, Any]:
+    """Work that prices itself past the cheap limits and must stay in this process: the costly threads."""
+    price(2 * 1024 * 1024, 1024 * 1024, "a test's work", here=True)
+    return ops_and_their_pause(body, settings)
+
+
+def lane_reply(lanes: Lanes, size: int, fn: Any, settings: Settings, light: bool = False) -> dict[str, Any]:
+    reply: Reply = anyio.run(partial(lanes.run, size, fn, b"", settings, light=light))
+    assert reply.status == 200
+    answer: dict[str, Any] = json.loads(reply.body)
+    return answer
+
+
+@pytest.mark.parametrize("small_running", [True, False])
+def test_the_large_and_costly_threads_pause_for_small_requests_and_the_small_threads_never_do(
+    small_running: bool,
+) -> None:
+    settings = Settings(process_workers=0, small_first_wait=0.2)
+    lanes = Lanes(settings)
+    with lanes.small_first.small() if small_running else nullcontext():  # a small request running meanwhile
+        large = lane_reply(lanes, settings.large_request_bytes, ops_and_their_pause, settings, light=True)
+        costly = lane_reply(lanes, 100, priced_costly_ops, settings)  # small, priced costly, kept in this process
+        small = lane_reply(lanes, 100, ops_and_their_pause, settings)
+    assert lanes.used == {"large": 1, "escalated": 1, "costly": 1, "small": 1}
+    assert small["paused"] is None  # the small lane is what the others step back for
+    for paused in (large["paused"], costly["paused"]):
+        assert (0.15 <= paused <= 0.5) if small_running else paused == 0.0
