@@ -82,7 +82,7 @@ def _worker_start(settings: Settings, parent: int, small_running: Any) -> None:
     gone with its parent, pausing its jobs while the server computes a small request (``small_running``)."""
     exit_with_parent(parent)
     SERVER["pid"] = parent  # the spool files it writes are its server's
-    SERVER["small_first"] = PausedForSmall(small_running, settings.small_first_wait)
+    WORKER["paused_for_small"] = PausedForSmall(small_running, settings.small_first_wait)
     import torch
 
     from grpo._allocator import keep_freed_memory
@@ -192,7 +192,9 @@ class Spooled:
 SPOOL_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 # The server process whose spool files this process writes (in a worker: its parent's), in their names, so that
 # a server starting can remove the files of servers that are gone (killed before they could).
-SERVER: dict[str, Any] = {"pid": os.getpid(), "small_first": nullcontext()}
+SERVER = {"pid": os.getpid()}
+# In a worker process: its jobs' pause for the server's small requests (app.small_first); elsewhere nothing.
+WORKER: dict[str, Any] = {"paused_for_small": nullcontext()}
 SPOOL_NAME = re.compile(r"grpo-lens-(\d+)-")
 
 
@@ -310,7 +312,7 @@ def _in_worker(fn: Any, idle: float, *args: Any) -> Reply:
     trim_when_idle(None)
     try:
         args = unspooled(args)
-        with huge_pages_for(sum(len(a) for a in args if isinstance(a, bytes))), SERVER["small_first"]:
+        with huge_pages_for(sum(len(a) for a in args if isinstance(a, bytes))), WORKER["paused_for_small"]:
             reply = replying(getattr(fn, "__name__", "request"), fn, *args)
         if reply.download and len(reply.body) >= REPLY_FILE_BYTES:
             spooled = Spooled(reply.body)

@@ -19,7 +19,7 @@ import torch
 
 import grpo
 from app.ingest import price
-from app.lanes import SERVER, Lanes
+from app.lanes import WORKER, Lanes
 from app.settings import Settings
 from app.small_first import PausedForSmall, SmallFirst
 from app.work import Reply
@@ -215,7 +215,7 @@ def test_a_job_paused_for_small_requests_computes_every_bit_as_without() -> None
 def torch_ops_paused(body: bytes, settings: Settings) -> dict[str, Any]:
     """In a worker process (module level: it imports it): a few torch operations, and the seconds this job's
     pause for small requests took."""
-    mode = SERVER["small_first"]
+    mode = WORKER["paused_for_small"]
     before = mode.paused
     _ops(20)
     return {"paused": mode.paused - before}
